@@ -1,0 +1,78 @@
+"""One etcd for a whole test session; every cluster lives under its own prefix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from ._errors import TestbedError
+from ._net import LOOPBACK, free_port, http_get
+from ._process import ManagedProcess, wait_until
+
+
+class Etcd:
+    """An etcd member on loopback with fsync disabled (data lives for one session)."""
+
+    def __init__(self, binary: Path, workdir: Path) -> None:
+        self._binary = binary
+        self._workdir = workdir
+        self.client_port = 0
+        self._process: ManagedProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.client_port}"
+
+    @property
+    def process(self) -> ManagedProcess | None:
+        return self._process
+
+    def _healthy(self) -> bool:
+        answer = http_get(self.client_port, "/health", timeout=1.0)
+        if answer is None or answer[0] != 200:
+            return False
+        try:
+            return bool(json.loads(answer[1]).get("health") == "true")
+        except ValueError:
+            return False
+
+    def _await_health(self, process: ManagedProcess, timeout: float) -> bool:
+        wait_until(lambda: self._healthy() or not process.running, timeout)
+        return self._healthy()
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start with a fresh data directory and wait for ``/health``."""
+        data_dir = self._workdir / "etcd-data"
+        shutil.rmtree(data_dir, ignore_errors=True)
+        for _attempt in range(3):
+            self.client_port, peer_port = free_port(), free_port()
+            peer = f"http://{LOOPBACK}:{peer_port}"
+            self._process = ManagedProcess(
+                "etcd",
+                [
+                    str(self._binary),
+                    f"--data-dir={data_dir}",
+                    f"--listen-client-urls={self.url}",
+                    f"--advertise-client-urls={self.url}",
+                    f"--listen-peer-urls={peer}",
+                    f"--initial-advertise-peer-urls={peer}",
+                    f"--initial-cluster=default={peer}",
+                    "--unsafe-no-fsync",
+                    "--log-level=warn",
+                ],
+                self._workdir / "logs" / "etcd.log",
+            )
+            process = self._process
+            process.start()
+            if self._await_health(process, timeout):
+                return
+            tail = process.log_tail()
+            process.stop()
+            if "address already in use" not in tail:
+                raise TestbedError(f"etcd did not become healthy within {timeout:.0f}s:\n{tail}")
+        raise TestbedError("etcd could not bind loopback ports after 3 attempts")
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.stop()

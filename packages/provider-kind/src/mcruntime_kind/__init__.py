@@ -1,0 +1,15 @@
+"""mcruntime provider for local kind clusters.
+
+Clusters from local kind clusters, discovered through the kind CLI. The provider
+only discovers; engaging, replacing and removing clusters is the core's
+``ClusterSet``'s job, so the provider package stays small and behaves like every
+other provider at the edges.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import version
+
+__version__ = version("mcruntime-provider-kind")
+
+__all__ = ["__version__"]
