@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from kubernetes_asyncio import client, config
+
+import mcruntime as mcr
+from mcruntime.testing import ControlPlane
+
+CONFIGMAP = mcr.Kind("v1", "ConfigMap")
+NAMESPACE = mcr.Kind("v1", "Namespace")
 
 
 @asynccontextmanager
@@ -28,3 +36,85 @@ async def make_namespace(api: client.CoreV1Api, prefix: str = "test") -> str:
     name = unique(prefix)
     await api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     return name
+
+
+def configmap(name: str, namespace: str, **data: str) -> dict[str, Any]:
+    """A ConfigMap manifest as JSON-shaped data."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace},
+        "data": dict(data),
+    }
+
+
+async def wait_for(condition: Any, timeout: float = 30.0, interval: float = 0.05) -> None:
+    """Await until ``condition()`` (sync or async) is truthy; fail after ``timeout``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = condition()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if loop.time() >= deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {condition}")
+        await asyncio.sleep(interval)
+
+
+@asynccontextmanager
+async def running_cluster(
+    plane: ControlPlane, name: str | None = None, options: mcr.ClusterOptions | None = None
+) -> AsyncIterator[mcr.Cluster]:
+    """An mcruntime Cluster for a testbed control plane, stopped afterwards."""
+    config = mcr.kubeconfig_from_dict(plane.kubeconfig(), trust=mcr.TrustPolicy.untrusted())
+    async with mcr.Cluster(name or plane.name, config, options) as cluster:
+        yield cluster
+
+
+async def new_namespace(cluster: mcr.Cluster, prefix: str = "test") -> str:
+    """Create a namespace of the test's own and return its name."""
+    name = unique(prefix)
+    await cluster.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    return name
+
+
+async def install_widget_crd(cluster: mcr.Cluster) -> mcr.Kind:
+    """Install a namespaced CRD of a group of its own (with a status subresource)
+    and wait until it is established; returns its Kind."""
+    group = f"{unique('g')}.test.mcruntime.dev"
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"widgets.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+    kind = mcr.Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+    await cluster.client.create(crd)
+
+    async def established() -> bool:
+        current = await cluster.client.get(kind, f"widgets.{group}")
+        conditions = (current.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+    await wait_for(established)
+    return mcr.Kind(f"{group}/v1", "Widget")

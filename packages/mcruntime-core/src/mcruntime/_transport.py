@@ -1,0 +1,422 @@
+"""An authenticated HTTP connection to one API server.
+
+This is the seam between mcruntime and the HTTP stack: it turns a
+:class:`ClusterConfig` into an aiohttp session with the right TLS context and an
+``Authorization`` header that stays fresh (token files are re-read when they
+change, exec plugins re-run before expiry and after a 401). Everything above it
+speaks paths and bytes, so swapping the base client later stays a local change.
+
+Retries live here because only here is it known whether a request reached the
+server: idempotent requests retry 429 (honouring Retry-After), 5xx and
+connection failures with jittered exponential backoff; other requests retry
+only what provably never reached the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import logging
+import os
+import random
+import shutil
+import ssl
+import tempfile
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio.config.kube_config import KubeConfigLoader
+
+from ._errors import Unreachable
+from ._kubeconfig import ClusterConfig
+
+log = logging.getLogger("mcruntime.transport")
+
+_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+_CONNECT_TIMEOUT = 10.0
+_EXPIRY_SKEW = datetime.timedelta(minutes=5)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard to retry a request that may succeed a moment later."""
+
+    attempts: int = 5
+    base_delay: float = 0.2
+    max_delay: float = 10.0
+
+    def delay(self, attempt: int, retry_after: float | None = None) -> float:
+        """Full-jitter exponential backoff, never shorter than the server's Retry-After."""
+        backoff = random.uniform(0, min(self.max_delay, self.base_delay * 2**attempt))  # noqa: S311
+        return max(backoff, retry_after or 0.0)
+
+
+@dataclass
+class Health:
+    """What the transport saw last: when the server last answered, and the last failure."""
+
+    last_contact: float | None = None
+    last_error: str | None = None
+    last_error_at: float | None = None
+
+    def contact(self) -> None:
+        self.last_contact = time.time()
+
+    def failure(self, message: str) -> None:
+        self.last_error = message
+        self.last_error_at = time.time()
+
+
+class _Credentials:
+    """Produces the Authorization header for each request; ``invalidate`` after a 401."""
+
+    def __init__(self, config: ClusterConfig, workdir: Path) -> None:
+        self._user = config.user
+        self._token_file: Path | None = None
+        self._token_file_stamp: tuple[float, int] | None = None
+        self._header: str | None = None
+        self._loader: KubeConfigLoader | None = None
+        user = config.user
+        if user.get("token"):
+            self._header = f"Bearer {user['token']}"
+        elif user.get("tokenFile"):
+            self._token_file = Path(user["tokenFile"])
+        elif user.get("username") is not None and user.get("password") is not None:
+            raw = f"{user['username']}:{user['password']}".encode()
+            self._header = f"Basic {base64.b64encode(raw).decode()}"
+        elif "exec" in user or "auth-provider" in user:
+            exec_config = {k: v for k, v in dict(user.get("exec") or {}).items() if k != "_base_dir"}
+            user_entry = dict(user, exec=exec_config) if exec_config else dict(user)
+            base_dir = (user.get("exec") or {}).get("_base_dir", "")
+            self._loader = KubeConfigLoader(
+                {
+                    "clusters": [{"name": "c", "cluster": dict(config.cluster)}],
+                    "users": [{"name": "u", "user": user_entry}],
+                    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                    "current-context": "x",
+                },
+                config_base_path=base_dir,
+                temp_file_path=str(workdir),
+            )
+
+    async def header(self) -> str | None:
+        if self._token_file is not None:
+            return await self._read_token_file()
+        if self._loader is not None and (self._header is None or self._expiring()):
+            self._header = await self._run_plugin()
+        return self._header
+
+    def _expiring(self) -> bool:
+        expiry = getattr(self._loader, "exec_plugin_expiry", None)
+        if not isinstance(expiry, datetime.datetime):
+            return False
+        return expiry - datetime.datetime.now(datetime.UTC) < _EXPIRY_SKEW
+
+    async def _read_token_file(self) -> str | None:
+        assert self._token_file is not None
+        try:
+            status = self._token_file.stat()
+        except OSError:
+            return self._header  # keep the last good token while the file is swapped
+        stamp = (status.st_mtime, status.st_ino)
+        if stamp != self._token_file_stamp or self._header is None:
+            token = (await asyncio.to_thread(self._token_file.read_text)).strip()
+            if token:
+                self._header = f"Bearer {token}"
+                self._token_file_stamp = stamp
+        return self._header
+
+    async def _run_plugin(self) -> str | None:
+        assert self._loader is not None
+        loader = self._loader
+        provider: str | None = getattr(loader, "provider", None)
+        if provider == "gcp":
+            await loader.load_gcp_token()
+        elif provider == "oidc":
+            await loader._load_oid_token()
+        elif "exec" in self._user:
+            await loader.load_from_exec_plugin()
+        token = getattr(loader, "token", None)
+        return token if isinstance(token, str) else None
+
+    def invalidate(self) -> None:
+        """Forget the current credential so the next request fetches a fresh one."""
+        if self._token_file is not None:
+            self._token_file_stamp = None
+        if self._loader is not None:
+            self._header = None
+            if hasattr(self._loader, "exec_plugin_expiry"):
+                del self._loader.exec_plugin_expiry
+
+
+class Transport:
+    """One API server's HTTP session, credentials and health; open, then close once."""
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        cluster: str,
+        *,
+        request_timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.config = config
+        self.cluster = cluster
+        self.health = Health()
+        self._request_timeout = request_timeout
+        self._retry = retry or RetryPolicy()
+        self._workdir: Path | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._credentials: _Credentials | None = None
+        self._files: dict[str, str] = {}
+        self._open_lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"<Transport cluster={self.cluster!r} server={self.config.server}>"
+
+    @property
+    def server(self) -> str:
+        return self.config.server
+
+    # --- lifetime --------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Create the private directory, the TLS context and the HTTP session."""
+        async with self._open_lock:
+            if self._session is not None:
+                return
+            self._workdir = Path(tempfile.mkdtemp(prefix="mcruntime-"))
+            os.chmod(self._workdir, 0o700)
+            self._credentials = _Credentials(self.config, self._workdir)
+            context = await asyncio.to_thread(self._ssl_context)
+            connector = aiohttp.TCPConnector(ssl=context, limit=0, enable_cleanup_closed=True)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                trust_env=False,  # a cluster's proxy comes from its kubeconfig, not the environment
+                skip_auto_headers=("User-Agent",),
+                headers={"User-Agent": "mcruntime"},
+            )
+
+    async def close(self) -> None:
+        """Close every connection (watches included) and delete the private files."""
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+            self._files.clear()
+
+    @property
+    def closed(self) -> bool:
+        return self._session is None
+
+    def _material_file(self, field_name: str, entry: Mapping[str, Any]) -> str | None:
+        """A path holding a certificate or key.
+
+        The referenced file, or inline data written once into the private
+        directory (removed by ``close``).
+        """
+        data_field = f"{field_name}-data"
+        if entry.get(data_field):
+            if field_name not in self._files:
+                assert self._workdir is not None
+                target = self._workdir / field_name.replace("-", "_")
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(base64.b64decode(str(entry[data_field])))
+                self._files[field_name] = str(target)
+            return self._files[field_name]
+        path = entry.get(field_name)
+        return str(path) if path else None
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        cluster, user = self.config.cluster, self.config.user
+        ca_file = self._material_file("certificate-authority", cluster)
+        context = ssl.create_default_context(cafile=ca_file)
+        if cluster.get("insecure-skip-tls-verify"):
+            log.warning("cluster %r: TLS verification is disabled by its kubeconfig", self.cluster)
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        cert = self._material_file("client-certificate", user)
+        key = self._material_file("client-key", user)
+        if cert and key:
+            context.load_cert_chain(cert, key)
+        return context
+
+    async def kubernetes_configuration(self) -> k8s_client.Configuration:
+        """An isolated kubernetes-asyncio ``Configuration`` for typed API calls.
+
+        For code that wants the generated API classes; it shares this
+        transport's private files, so it is valid until the transport closes.
+        The Authorization header is a snapshot: prefer the mcruntime client.
+        """
+        if self._workdir is None:
+            raise RuntimeError(f"cluster {self.cluster!r}: the transport is not open")
+        assert self._credentials is not None
+        configuration = k8s_client.Configuration(host=self.server)
+        configuration.ssl_ca_cert = self._material_file("certificate-authority", self.config.cluster)
+        configuration.cert_file = self._material_file("client-certificate", self.config.user)
+        configuration.key_file = self._material_file("client-key", self.config.user)
+        configuration.verify_ssl = not self.config.cluster.get("insecure-skip-tls-verify")
+        if self.config.cluster.get("tls-server-name"):
+            configuration.tls_server_name = self.config.cluster["tls-server-name"]
+        if self.config.cluster.get("proxy-url"):
+            configuration.proxy = self.config.cluster["proxy-url"]
+        authorization = await self.authorization()
+        if authorization and authorization.startswith("Bearer "):
+            configuration.api_key["BearerToken"] = authorization
+        return configuration
+
+    async def authorization(self) -> str | None:
+        """The current Authorization header value (for interop; never log it)."""
+        assert self._credentials is not None
+        return await self._credentials.header()
+
+    # --- requests ----------------------------------------------------------------
+
+    async def _headers(self, accept: str, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": accept}
+        if content_type:
+            headers["Content-Type"] = content_type
+        assert self._credentials is not None
+        authorization = await self._credentials.header()
+        if authorization:
+            headers["Authorization"] = authorization
+        return headers
+
+    def _request_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        if self.config.cluster.get("proxy-url"):
+            options["proxy"] = self.config.cluster["proxy-url"]
+        if self.config.cluster.get("tls-server-name"):
+            options["server_hostname"] = self.config.cluster["tls-server-name"]
+        return options
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+        content_type: str | None = None,
+        accept: str = "application/json",
+        idempotent: bool | None = None,
+        timeout: float | None = None,
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """Send one request (with retries) and return status, headers and body.
+
+        Non-2xx statuses are returned, not raised: the client maps them to typed
+        errors with the object they concern. Raises :class:`Unreachable` when no
+        response arrived after the retries.
+        """
+        if self._session is None:
+            await self.open()
+        assert self._session is not None and self._credentials is not None
+        safe = idempotent if idempotent is not None else method in ("GET", "HEAD", "PUT", "DELETE")
+        url = self.server + path
+        client_timeout = aiohttp.ClientTimeout(
+            total=timeout or self._request_timeout, sock_connect=_CONNECT_TIMEOUT
+        )
+        reauthenticated = False
+        attempt = 0
+        while True:
+            headers = await self._headers(accept, content_type)
+            try:
+                async with self._session.request(
+                    method,
+                    url,
+                    params=params,
+                    data=body,
+                    headers=headers,
+                    timeout=client_timeout,
+                    **self._request_options(),
+                ) as response:
+                    payload = await response.read()
+                    status = response.status
+                    response_headers = dict(response.headers)
+            except (aiohttp.ClientError, TimeoutError, ssl.SSLError) as error:
+                never_sent = isinstance(error, aiohttp.ClientConnectorError)
+                message = _describe_connection_error(error)
+                self.health.failure(message)
+                if (safe or never_sent) and attempt + 1 < self._retry.attempts:
+                    await asyncio.sleep(self._retry.delay(attempt))
+                    attempt += 1
+                    continue
+                raise Unreachable(message, cluster=self.cluster) from None
+            self.health.contact()
+            if status == 401 and not reauthenticated:
+                # A rotated token file or an expired exec credential: fetch it anew once.
+                self._credentials.invalidate()
+                reauthenticated = True
+                continue
+            if status in _RETRY_STATUSES and (safe or status == 429) and attempt + 1 < self._retry.attempts:
+                retry_after = _retry_after(response_headers)
+                await asyncio.sleep(self._retry.delay(attempt, retry_after))
+                attempt += 1
+                continue
+            if status >= 500:
+                self.health.failure(f"HTTP {status} on {method} {path}")
+            return status, response_headers, payload
+
+    @asynccontextmanager
+    async def stream(
+        self,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        read_timeout: float | None = None,
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """Open a long-lived GET (a watch); ``read_timeout`` bounds silence on the socket.
+
+        The caller checks the status; a silent connection raises a timeout within
+        ``read_timeout`` instead of hanging forever.
+        """
+        if self._session is None:
+            await self.open()
+        assert self._session is not None and self._credentials is not None
+        headers = await self._headers("application/json", None)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=_CONNECT_TIMEOUT, sock_read=read_timeout)
+        try:
+            async with self._session.get(
+                self.server + path, params=params, headers=headers, timeout=timeout, **self._request_options()
+            ) as response:
+                self.health.contact()
+                if response.status == 401:
+                    self._credentials.invalidate()
+                yield response
+        except (aiohttp.ClientConnectorError, ssl.SSLError) as error:
+            message = _describe_connection_error(error)
+            self.health.failure(message)
+            raise Unreachable(message, cluster=self.cluster) from None
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    value = headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return min(float(value), 60.0)
+    except ValueError:
+        return None
+
+
+def _describe_connection_error(error: BaseException) -> str:
+    """A short, secret-free description of why no response arrived."""
+    if isinstance(error, TimeoutError | asyncio.TimeoutError):
+        return "timed out waiting for the API server"
+    if isinstance(error, aiohttp.ClientConnectorCertificateError):
+        return f"TLS verification failed: {error.certificate_error}"
+    if isinstance(error, aiohttp.ClientConnectorError):
+        return f"cannot connect: {error.os_error.strerror or error.os_error}"
+    if isinstance(error, ssl.SSLError):
+        return f"TLS error: {error.reason or error}"
+    return f"{type(error).__name__}: {error}"
