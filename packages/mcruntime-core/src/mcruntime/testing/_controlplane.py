@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import http.client
-import json
 import os
 import secrets
 import shutil
@@ -109,6 +107,7 @@ class APIServer:
             "--allow-privileged=true",
             "--profiling=false",
             f"--cert-dir={files / 'cert-dir'}",
+            *plane.extra_args,
         ]
 
     def _spawn(self) -> ManagedProcess:
@@ -182,8 +181,18 @@ class ControlPlane:
     stays), ``remove`` deletes it.
     """
 
-    def __init__(self, name: str, *, etcd: Etcd, binary: Path, directory: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        etcd: Etcd,
+        binary: Path,
+        directory: Path,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        """``extra_args`` go to every kube-apiserver of this cluster (``--watch-cache=false``, say)."""
         self.name = name
+        self.extra_args = extra_args
         self.etcd = etcd
         self.binary = binary
         self.directory = directory
@@ -285,10 +294,7 @@ class ControlPlane:
     def remove(self) -> None:
         """Stop the cluster and delete its data and files."""
         self.stop()
-        key = self.etcd_prefix.rstrip("/").encode()
-        end = key[:-1] + bytes([key[-1] + 1])
-        # etcd's JSON gateway: delete every key under the prefix.
-        _etcd_delete_range(self.etcd, key, end)
+        self.etcd.delete_prefix(self.etcd_prefix.rstrip("/") + "/")
         shutil.rmtree(self.directory, ignore_errors=True)
 
     # --- users and kubeconfigs --------------------------------------------------
@@ -416,15 +422,3 @@ def _rss(process: ManagedProcess | None) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     return 0
-
-
-def _etcd_delete_range(etcd: Etcd, key: bytes, range_end: bytes) -> None:
-    body = json.dumps({"key": _b64(key), "range_end": _b64(range_end)})
-    connection = http.client.HTTPConnection(LOOPBACK, etcd.client_port, timeout=5)
-    try:
-        connection.request("POST", "/v3/kv/deleterange", body=body)
-        connection.getresponse().read()
-    except OSError:
-        pass  # etcd already gone: nothing left to delete
-    finally:
-        connection.close()

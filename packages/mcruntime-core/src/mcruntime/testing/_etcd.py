@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import http.client
 import json
 import shutil
 from pathlib import Path
@@ -72,6 +75,43 @@ class Etcd:
             if "address already in use" not in tail:
                 raise TestbedError(f"etcd did not become healthy within {timeout:.0f}s:\n{tail}")
         raise TestbedError("etcd could not bind loopback ports after 3 attempts")
+
+    def _gateway(self, path: str, body: dict[str, object]) -> dict[str, object]:
+        connection = http.client.HTTPConnection(LOOPBACK, self.client_port, timeout=10)
+        try:
+            connection.request("POST", path, body=json.dumps(body))
+            response = connection.getresponse()
+            payload = response.read()
+        finally:
+            connection.close()
+        if response.status != 200:
+            raise TestbedError(f"etcd {path} -> {response.status}: {payload[:200]!r}")
+        result = json.loads(payload)
+        assert isinstance(result, dict)
+        return result
+
+    def revision(self) -> int:
+        """The store's current revision (what resourceVersions count)."""
+        reply = self._gateway("/v3/kv/range", {"key": base64.b64encode(b"/").decode(), "limit": 1})
+        header = reply.get("header")
+        assert isinstance(header, dict)
+        return int(header["revision"])
+
+    def compact(self) -> int:
+        """Compact every revision before the current one; returns the current revision."""
+        revision = self.revision()
+        self._gateway("/v3/kv/compaction", {"revision": revision, "physical": True})
+        return revision
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every key under ``prefix`` (a removed cluster's data); no-op if etcd is down."""
+        key = prefix.encode()
+        end = key[:-1] + bytes([key[-1] + 1])
+        with contextlib.suppress(OSError, TestbedError):
+            self._gateway(
+                "/v3/kv/deleterange",
+                {"key": base64.b64encode(key).decode(), "range_end": base64.b64encode(end).decode()},
+            )
 
     def stop(self) -> None:
         if self._process is not None:

@@ -90,19 +90,37 @@ class Fleet:
             if candidate not in self._clusters and not (self.workdir / candidate).exists():
                 return candidate
 
-    def add(self, name: str | None = None, timeout: float = START_TIMEOUT) -> ControlPlane:
-        """Start one more cluster and wait until it serves requests."""
+    def add(
+        self, name: str | None = None, timeout: float = START_TIMEOUT, extra_args: tuple[str, ...] = ()
+    ) -> ControlPlane:
+        """Start one more cluster and wait until it serves requests.
+
+        ``extra_args`` are passed to its kube-apiserver, e.g. ``("--watch-cache=false",)``
+        so that watches read etcd directly and :meth:`compact` makes old
+        resourceVersions expire (410 Gone) on demand.
+        """
         name = name or self.new_name()
         if name in self._clusters:
             raise TestbedError(f"the fleet already has a cluster named {name!r}")
         plane = ControlPlane(
-            name, etcd=self.etcd, binary=self.assets.kube_apiserver, directory=self.workdir / name
+            name,
+            etcd=self.etcd,
+            binary=self.assets.kube_apiserver,
+            directory=self.workdir / name,
+            extra_args=extra_args,
         )
         started = time.monotonic()
         plane.start(timeout)
         self.start_seconds[name] = time.monotonic() - started
         self._clusters[name] = plane
         return plane
+
+    def compact(self) -> int:
+        """Compact etcd up to its current revision; returns that revision.
+
+        Every resourceVersion before it is gone for watches served from etcd.
+        """
+        return self.etcd.compact()
 
     def remove(self, name: str) -> None:
         """Stop a cluster and delete its data."""

@@ -1,0 +1,148 @@
+"""A cluster: a name, a client, a cache and a lifetime.
+
+Everything that talks to one API server hangs off its ``Cluster``: the HTTP
+session, discovery, every informer task. ``stop`` ends all of it (watches
+closed, sessions closed, private files deleted), so removing a cluster from a
+fleet leaves no task and no socket behind.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from ._cache import Cache
+from ._client import Client
+from ._discovery import Discovery
+from ._informer import Transform, strip_managed_fields
+from ._kubeconfig import ClusterConfig
+from ._tasks import TaskSet
+from ._transport import RetryPolicy, Transport
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio import client as k8s_client
+
+
+@dataclass(frozen=True)
+class ClusterHealth:
+    """When the API server last answered, and the last failure seen (both wall-clock)."""
+
+    last_contact: float | None
+    last_error: str | None
+    last_error_at: float | None
+
+    @property
+    def healthy(self) -> bool:
+        """Contact happened after the last error (or there was no error yet)."""
+        if self.last_error_at is None:
+            return True
+        return self.last_contact is not None and self.last_contact > self.last_error_at
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """Tuning for one cluster's client and cache."""
+
+    request_timeout: float = 30.0
+    watch_read_timeout: float = 90.0
+    cache_sync_timeout: float = 60.0
+    resync_period: float | None = None
+    discovery_refresh_interval: float = 5.0
+    transform: Transform | None = strip_managed_fields
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+class Cluster:
+    """One API server and everything mcruntime runs against it.
+
+    Usable as ``async with Cluster(name, config) as cluster:``; ``start`` is cheap
+    (no request is made until something reads), ``stop`` is idempotent.
+    """
+
+    def __init__(self, name: str, config: ClusterConfig, options: ClusterOptions | None = None) -> None:
+        self.name = name
+        self.config = config
+        self.options = options or ClusterOptions()
+        self._tasks = TaskSet(f"cluster {name}")
+        self.transport = Transport(
+            config, name, request_timeout=self.options.request_timeout, retry=self.options.retry
+        )
+        self.client = Client(
+            self.transport,
+            Discovery(self.transport, min_refresh_interval=self.options.discovery_refresh_interval),
+        )
+        self.cache = Cache(
+            self.client,
+            self._tasks,
+            sync_timeout=self.options.cache_sync_timeout,
+            transform=self.options.transform,
+            resync_period=self.options.resync_period,
+            read_timeout=self.options.watch_read_timeout,
+        )
+        self.started_at: float | None = None
+        self._stopped = False
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._stopped else "started" if self.started_at else "new"
+        return f"<Cluster {self.name!r} {self.config.server} {state}>"
+
+    @property
+    def reader(self) -> Cache:
+        """The cache-backed reader (``get``/``list``); an alias of :attr:`cache`."""
+        return self.cache
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    @property
+    def tasks(self) -> TaskSet:
+        """The owner of this cluster's background work.
+
+        Components engaged with the cluster may spawn into it so that they end
+        with it.
+        """
+        return self._tasks
+
+    async def start(self) -> None:
+        """Open the HTTP session; informers start lazily on first read."""
+        if self._stopped:
+            raise RuntimeError(f"cluster {self.name!r} was stopped; create a new Cluster")
+        await self.transport.open()
+        self.started_at = time.time()
+
+    async def stop(self) -> None:
+        """End every watch and task, close every connection, delete private files."""
+        if self._stopped:
+            return
+        self._stopped = True
+        await self._tasks.close()
+        await self.transport.close()
+
+    async def __aenter__(self) -> Cluster:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def health(self) -> ClusterHealth:
+        """Last successful contact and last error, from every request and watch."""
+        health = self.transport.health
+        return ClusterHealth(health.last_contact, health.last_error, health.last_error_at)
+
+    async def kubernetes_configuration(self) -> k8s_client.Configuration:
+        """An isolated kubernetes-asyncio ``Configuration`` for typed API classes.
+
+        Valid while the cluster runs. Bearer tokens are set as a snapshot at the
+        time of the call.
+        """
+        return await self.transport.kubernetes_configuration()

@@ -1,0 +1,77 @@
+"""A Cluster's lifetime: stopping it releases every task and socket it owned."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+from kube_helpers import CONFIGMAP, NAMESPACE, configmap, install_widget_crd, new_namespace, running_cluster
+
+import mcruntime as mcr
+from mcruntime.testing import Fleet
+
+
+def _sockets() -> set[str]:
+    """Inodes of this process's open sockets."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            found.add(target)
+    return found
+
+
+async def test_stop_leaves_no_task_no_socket_and_no_private_file(fleet: Fleet) -> None:
+    tasks_before = asyncio.all_tasks()
+    sockets_before = _sockets()
+    plane = fleet["cluster-1"]
+    cluster = mcr.Cluster("lifetime", mcr.kubeconfig_from_dict(plane.kubeconfig()))
+    await cluster.start()
+    namespace = await new_namespace(cluster)
+    await cluster.client.create(configmap("x", namespace, v="1"))
+    await cluster.reader.list(CONFIGMAP, namespace=namespace)
+    await cluster.reader.list(NAMESPACE)
+    cluster.cache.informer(CONFIGMAP, namespace=namespace, label_selector="a=b")
+    widget = await install_widget_crd(cluster)
+    await cluster.reader.list(widget)
+    assert len(cluster.cache.informers()) == 4
+    assert len(asyncio.all_tasks()) > len(tasks_before)
+    assert len(_sockets()) > len(sockets_before)
+    private = Path(cluster.transport._workdir or "")
+    assert private.is_dir()
+
+    await cluster.stop()
+    await asyncio.sleep(0)  # let closed transports drop their sockets
+
+    assert asyncio.all_tasks() == tasks_before
+    assert _sockets() <= sockets_before
+    assert not private.exists()
+
+
+async def test_the_cluster_reports_health_and_serves_typed_clients(fleet: Fleet) -> None:
+    from kubernetes_asyncio import client as k8s
+
+    async with running_cluster(fleet["cluster-2"]) as cluster:
+        before = cluster.health
+        assert before.last_contact is None
+        await cluster.client.list(NAMESPACE)
+        after = cluster.health
+        assert after.healthy
+        assert after.last_contact is not None
+        configuration = await cluster.kubernetes_configuration()
+        async with k8s.ApiClient(configuration) as api_client:
+            namespaces = await k8s.CoreV1Api(api_client).list_namespace()
+        assert any(item.metadata.name == "default" for item in namespaces.items)
+
+
+async def test_a_stopped_cluster_cannot_be_restarted(fleet: Fleet) -> None:
+    async with running_cluster(fleet["cluster-2"]) as cluster:
+        pass
+    assert cluster.stopped
+    with pytest.raises(RuntimeError, match="was stopped"):
+        await cluster.start()
