@@ -8,7 +8,10 @@ fleet leaves no task and no socket behind.
 
 from __future__ import annotations
 
+import inspect
+import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -23,6 +26,9 @@ from ._transport import RetryPolicy, Transport
 
 if TYPE_CHECKING:
     from kubernetes_asyncio import client as k8s_client
+
+log = logging.getLogger("mcruntime.cluster")
+StopCallback = Callable[[], Awaitable[None] | None]
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,7 @@ class Cluster:
         )
         self.started_at: float | None = None
         self._stopped = False
+        self._stop_callbacks: list[StopCallback] = []
 
     def __repr__(self) -> str:
         state = "stopped" if self._stopped else "started" if self.started_at else "new"
@@ -113,13 +120,56 @@ class Cluster:
         await self.transport.open()
         self.started_at = time.time()
 
+    def on_stop(self, callback: StopCallback) -> Callable[[], None]:
+        """Call ``callback`` (sync or async) when the cluster stops; returns an unregister.
+
+        This is how disengagement follows the cluster's lifetime: a controller
+        engaged with the cluster removes its handlers and purges its queued
+        requests here, before the cluster's tasks and sockets go.
+        """
+        self._stop_callbacks.append(callback)
+
+        def unregister() -> None:
+            if callback in self._stop_callbacks:
+                self._stop_callbacks.remove(callback)
+
+        return unregister
+
     async def stop(self) -> None:
-        """End every watch and task, close every connection, delete private files."""
+        """Tell everyone engaged, then end every task, connection and private file.
+
+        Stop callbacks run first (disengagement), then every watch and task is
+        cancelled, every connection closed and the private files deleted.
+        """
         if self._stopped:
             return
         self._stopped = True
+        for callback in list(reversed(self._stop_callbacks)):
+            try:
+                result = callback()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("cluster %r: a stop callback failed", self.name)
+        self._stop_callbacks.clear()
         await self._tasks.close()
+        await self.client.discovery.close()
         await self.transport.close()
+
+    def replace_credentials(self, config: ClusterConfig) -> bool:
+        """Swap in a rotated credential without restarting caches, when possible.
+
+        Possible when only the user's token (or token file) changed: the next
+        request carries the new one. Returns ``False`` when the endpoint, the
+        trust or a client certificate changed, which needs a new cluster.
+        """
+        if config.endpoint_fingerprint() != self.config.endpoint_fingerprint():
+            return False
+        if config.auth_kind != "token" or self.config.auth_kind != "token":
+            return False
+        self.transport.replace_credentials(config)
+        self.config = config
+        return True
 
     async def __aenter__(self) -> Cluster:
         await self.start()

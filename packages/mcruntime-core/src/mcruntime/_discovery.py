@@ -72,6 +72,13 @@ class Discovery:
             self._refreshing = asyncio.create_task(self._load(), name=f"discovery:{self._transport.cluster}")
         await asyncio.shield(self._refreshing)
 
+    async def close(self) -> None:
+        """Cancel a refresh in flight (the cluster is stopping)."""
+        task, self._refreshing = self._refreshing, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
     def resources(self) -> list[Resource]:
         """Everything known from the last load (no request)."""
         return list(self._resources.values())

@@ -188,7 +188,8 @@ class Informer:
     async def wait_for_sync(self, timeout: float | None = None) -> bool:
         """Wait until the first list is in the store; ``False`` if ``timeout`` passed first."""
         try:
-            await asyncio.wait_for(self._synced.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._synced.wait()
         except TimeoutError:
             return False
         return True

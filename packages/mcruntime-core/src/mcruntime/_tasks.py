@@ -49,10 +49,19 @@ class TaskSet:
         return self._closed
 
     async def close(self) -> None:
-        """Cancel every member and wait until all have finished."""
+        """Cancel every member and wait until all have finished.
+
+        A member that swallows its cancellation (third-party code does) is
+        cancelled again every second, with a warning, rather than blocking its
+        owner's shutdown forever.
+        """
         self._closed = True
         while self._tasks:
             pending = list(self._tasks)
             for task in pending:
                 task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            _done, still = await asyncio.wait(pending, timeout=1.0)
+            for task in still:
+                log.warning(
+                    "%s: task %s ignored cancellation; cancelling it again", self.owner, task.get_name()
+                )

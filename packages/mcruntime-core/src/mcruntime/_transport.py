@@ -177,6 +177,7 @@ class Transport:
         self._credentials: _Credentials | None = None
         self._files: dict[str, str] = {}
         self._open_lock = asyncio.Lock()
+        self._closed = False
 
     def __repr__(self) -> str:
         return f"<Transport cluster={self.cluster!r} server={self.config.server}>"
@@ -190,6 +191,8 @@ class Transport:
     async def open(self) -> None:
         """Create the private directory, the TLS context and the HTTP session."""
         async with self._open_lock:
+            if self._closed:
+                raise Unreachable("the cluster was stopped", cluster=self.cluster)
             if self._session is not None:
                 return
             self._workdir = Path(tempfile.mkdtemp(prefix="mcruntime-"))
@@ -205,7 +208,12 @@ class Transport:
             )
 
     async def close(self) -> None:
-        """Close every connection (watches included) and delete the private files."""
+        """Close every connection (watches included) and delete the private files.
+
+        A closed transport stays closed: later requests fail with :class:`Unreachable`
+        instead of quietly opening a session nobody would close.
+        """
+        self._closed = True
         session, self._session = self._session, None
         if session is not None:
             await session.close()
@@ -216,7 +224,7 @@ class Transport:
 
     @property
     def closed(self) -> bool:
-        return self._session is None
+        return self._closed
 
     def _material_file(self, field_name: str, entry: Mapping[str, Any]) -> str | None:
         """A path holding a certificate or key.
@@ -275,6 +283,13 @@ class Transport:
             configuration.api_key["BearerToken"] = authorization
         return configuration
 
+    def replace_credentials(self, config: ClusterConfig) -> None:
+        """Use ``config``'s user from the next request on (same endpoint, new credential)."""
+        assert self._workdir is not None or self._session is None
+        self.config = config
+        if self._workdir is not None:
+            self._credentials = _Credentials(config, self._workdir)
+
     async def authorization(self) -> str | None:
         """The current Authorization header value (for interop; never log it)."""
         assert self._credentials is not None
@@ -318,9 +333,8 @@ class Transport:
         errors with the object they concern. Raises :class:`Unreachable` when no
         response arrived after the retries.
         """
-        if self._session is None:
-            await self.open()
-        assert self._session is not None and self._credentials is not None
+        await self.open()
+        assert self._credentials is not None
         safe = idempotent if idempotent is not None else method in ("GET", "HEAD", "PUT", "DELETE")
         url = self.server + path
         client_timeout = aiohttp.ClientTimeout(
@@ -330,8 +344,11 @@ class Transport:
         attempt = 0
         while True:
             headers = await self._headers(accept, content_type)
+            session = self._session
+            if session is None:
+                raise Unreachable("the cluster was stopped", cluster=self.cluster)
             try:
-                async with self._session.request(
+                async with session.request(
                     method,
                     url,
                     params=params,
@@ -380,13 +397,15 @@ class Transport:
         The caller checks the status; a silent connection raises a timeout within
         ``read_timeout`` instead of hanging forever.
         """
-        if self._session is None:
-            await self.open()
-        assert self._session is not None and self._credentials is not None
+        await self.open()
+        assert self._credentials is not None
         headers = await self._headers("application/json", None)
+        session = self._session
+        if session is None:
+            raise Unreachable("the cluster was stopped", cluster=self.cluster)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=_CONNECT_TIMEOUT, sock_read=read_timeout)
         try:
-            async with self._session.get(
+            async with session.get(
                 self.server + path, params=params, headers=headers, timeout=timeout, **self._request_options()
             ) as response:
                 self.health.contact()
