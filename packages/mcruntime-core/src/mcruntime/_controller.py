@@ -1,0 +1,300 @@
+"""Controllers: one work queue, its workers, and watches in every engaged cluster.
+
+``engage`` attaches the controller's sources to a cluster's shared informers and
+returns at once: cache sync is waited for in the background, in a task owned by
+the cluster, with a timeout, and a failure is reported for that cluster alone.
+When the cluster stops, its handlers are removed and its queued requests purged,
+so nothing is retried for a cluster that is gone. A controller created after
+clusters were engaged is engaged with all of them by the manager.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ._context import _enter, _leave
+from ._errors import ClusterNotFound
+from ._predicate import Event, Predicate, matches
+from ._ratelimit import RateLimiter, default_rate_limiter
+from ._reconcile import ReconcileFunction, Request, Result, TerminalError
+from ._source import Attachment, ChannelSource, KindSource
+from ._workqueue import QueueMetrics, QueueShutDown, WorkQueue
+
+if TYPE_CHECKING:
+    from ._cluster import Cluster
+
+log = logging.getLogger("mcruntime.controller")
+
+
+@dataclass
+class _Engagement:
+    cluster: Cluster
+    attachments: list[tuple[KindSource, Attachment]] = field(default_factory=list)
+    unregister: Callable[[], None] | None = None
+    synced: bool = False
+    sync_error: str | None = None
+
+
+@dataclass
+class ReconcileStats:
+    """Counts per outcome, for tests and metrics."""
+
+    success: int = 0
+    requeue: int = 0
+    requeue_after: int = 0
+    error: int = 0
+    terminal: int = 0
+    dropped_cluster_gone: int = 0
+
+
+ReconcileObserver = Callable[[str, Request, str, float], None]
+
+
+class Controller:
+    """Reconciles requests from its sources with up to ``max_concurrent_reconciles`` workers."""
+
+    def __init__(
+        self,
+        name: str,
+        reconcile: ReconcileFunction,
+        *,
+        max_concurrent_reconciles: int = 1,
+        rate_limiter: RateLimiter | None = None,
+        cache_sync_timeout: float = 60.0,
+        event_filters: tuple[Predicate, ...] = (),
+        has_provider: bool = False,
+        queue_metrics: QueueMetrics | None = None,
+    ) -> None:
+        if max_concurrent_reconciles < 1:
+            raise ValueError(f"controller {name!r}: max_concurrent_reconciles must be at least 1")
+        self.name = name
+        self._reconcile = reconcile
+        self.max_concurrent_reconciles = max_concurrent_reconciles
+        self.queue: WorkQueue[Request] = WorkQueue(
+            rate_limiter=rate_limiter or default_rate_limiter(), metrics=queue_metrics
+        )
+        self._cache_sync_timeout = cache_sync_timeout
+        self._event_filters = event_filters
+        self.has_provider = has_provider
+        self._sources: list[KindSource] = []
+        self._channels: list[ChannelSource] = []
+        self._engaged: dict[str, _Engagement] = {}
+        self._workers: list[asyncio.Task[None]] = []
+        self._readers: list[asyncio.Task[None]] = []
+        self._started = False
+        self.stats = ReconcileStats()
+        self.observers: list[ReconcileObserver] = []
+        self.active_workers = 0
+
+    def __repr__(self) -> str:
+        return f"<Controller {self.name!r} clusters={sorted(self._engaged)}>"
+
+    # --- wiring -----------------------------------------------------------------------
+
+    def watch(self, source: KindSource | ChannelSource) -> None:
+        """Add a source; a kind source is attached to every cluster already engaged."""
+        if isinstance(source, ChannelSource):
+            self._channels.append(source)
+            if self._started:
+                self._readers.append(asyncio.create_task(self._read_channel(source)))
+            return
+        self._sources.append(source)
+        for cluster_name, engagement in self._engaged.items():
+            self._attach(cluster_name, engagement, [source])
+
+    @property
+    def sources(self) -> list[KindSource]:
+        return list(self._sources)
+
+    # --- clusters -----------------------------------------------------------------------
+
+    async def engage(self, name: str, cluster: Cluster) -> None:
+        """Start watching ``cluster`` under ``name``; returns without waiting for sync.
+
+        Idempotent for the same cluster object; a different object under the same
+        name replaces the old engagement (its handlers go, its queued requests are
+        purged first).
+        """
+        current = self._engaged.get(name)
+        if current is not None and current.cluster is cluster:
+            return
+        if current is not None:
+            self._disengage(name, current.cluster)
+        if cluster.stopped:
+            return
+        engagement = _Engagement(cluster)
+        self._engaged[name] = engagement
+        engagement.unregister = cluster.on_stop(lambda: self._disengage(name, cluster))
+        self._attach(name, engagement, self._sources)
+
+    def _attach(self, name: str, engagement: _Engagement, sources: list[KindSource]) -> None:
+        fresh = []
+        for source in sources:
+            if not source.clusters.includes(name, has_provider=self.has_provider):
+                continue
+            attachment = source.attach(name, engagement.cluster, self._sink(source))
+            engagement.attachments.append((source, attachment))
+            fresh.append(attachment)
+        if fresh:
+            engagement.synced = False
+            engagement.cluster.tasks.spawn(self._await_sync(name, engagement, fresh), f"sync:{self.name}")
+
+    async def _await_sync(self, name: str, engagement: _Engagement, attachments: list[Attachment]) -> None:
+        results = await asyncio.gather(
+            *(attachment.informer.wait_for_sync(self._cache_sync_timeout) for attachment in attachments)
+        )
+        if all(results):
+            engagement.synced = True
+            engagement.sync_error = None
+            return
+        engagement.sync_error = f"cache did not sync within {self._cache_sync_timeout:.0f}s"
+        errors = {a.informer.stats.last_error for a in attachments if a.informer.stats.last_error}
+        log.warning(
+            "controller %s: cluster %r %s%s; its informers keep retrying",
+            self.name,
+            name,
+            engagement.sync_error,
+            f" ({'; '.join(sorted(errors))})" if errors else "",
+        )
+
+    def _disengage(self, name: str, cluster: Cluster) -> None:
+        engagement = self._engaged.get(name)
+        if engagement is None or engagement.cluster is not cluster:
+            return  # an old instance's stop must never remove its replacement
+        del self._engaged[name]
+        for _source, attachment in engagement.attachments:
+            attachment.detach()
+        if engagement.unregister is not None:
+            engagement.unregister()
+        purged = self.queue.purge(name)
+        log.info("controller %s: disengaged cluster %r (%d queued requests dropped)", self.name, name, purged)
+
+    def engaged(self) -> dict[str, Cluster]:
+        """The clusters this controller is engaged with, by name."""
+        return {name: engagement.cluster for name, engagement in self._engaged.items()}
+
+    def synced(self, name: str) -> bool:
+        """Whether every informer this controller uses in ``name`` has synced."""
+        engagement = self._engaged.get(name)
+        return engagement is not None and (engagement.synced or not engagement.attachments)
+
+    # --- events ---------------------------------------------------------------------------
+
+    def _sink(self, source: KindSource) -> Callable[[Event], None]:
+        return lambda event: self._dispatch(source, event)
+
+    def _dispatch(self, source: KindSource | ChannelSource, event: Event) -> None:
+        if not matches(source.predicates, event) or not matches(self._event_filters, event):
+            return
+        for request in source.handler.requests(event):
+            self.queue.add(request)
+
+    async def _read_channel(self, source: ChannelSource) -> None:
+        while True:
+            item = await source.channel.get()
+            if isinstance(item, Request):
+                self.queue.add(item)
+            else:
+                self._dispatch(source, item)
+
+    # --- workers ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Run the workers until :meth:`shutdown` (or cancellation)."""
+        if self._started:
+            raise RuntimeError(f"controller {self.name!r} is already running")
+        self._started = True
+        self._workers = [
+            asyncio.create_task(self._work(), name=f"controller:{self.name}:worker-{index}")
+            for index in range(self.max_concurrent_reconciles)
+        ]
+        self._readers = [asyncio.create_task(self._read_channel(source)) for source in self._channels]
+        try:
+            # Workers end on shutdown (queue shut down) or when shutdown cancels them.
+            await asyncio.gather(*self._workers, return_exceptions=True)
+        finally:
+            await self._cancel_all()
+
+    async def _cancel_all(self) -> None:
+        tasks = [*self._workers, *self._readers]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def shutdown(self, grace: float = 30.0) -> bool:
+        """Stop intake, let in-flight reconciles finish within ``grace``, then stop workers.
+
+        Returns whether everything in flight finished in time.
+        """
+        self.queue.shut_down()
+        for reader in self._readers:
+            reader.cancel()
+        drained = await self.queue.shut_down_with_drain(grace)
+        await self._cancel_all()
+        return drained
+
+    async def _work(self) -> None:
+        while True:
+            try:
+                request = await self.queue.get()
+            except QueueShutDown:
+                return
+            self.active_workers += 1
+            try:
+                await self._reconcile_one(request)
+            finally:
+                self.active_workers -= 1
+                self.queue.done(request)
+
+    async def _reconcile_one(self, request: Request) -> None:
+        token = _enter(self.name, request)
+        started = time.monotonic()
+        outcome = "success"
+        try:
+            result = await self._reconcile(request)
+        except ClusterNotFound:
+            outcome = "dropped"
+            self.stats.dropped_cluster_gone += 1
+            self.queue.forget(request)
+            log.info("controller %s: %s dropped: cluster %r is gone", self.name, request, request.cluster)
+        except TerminalError:
+            outcome = "terminal"
+            self.stats.terminal += 1
+            self.queue.forget(request)
+            log.exception("controller %s: %s failed terminally; not retrying", self.name, request)
+        except Exception:
+            outcome = "error"
+            self.stats.error += 1
+            self.queue.add_rate_limited(request)
+            log.exception(
+                "controller %s: reconcile of %s failed (retry %d)",
+                self.name,
+                request,
+                self.queue.num_requeues(request),
+            )
+        else:
+            outcome = self._apply_result(request, result)
+        finally:
+            _leave(token)
+        elapsed = time.monotonic() - started
+        for observer in self.observers:
+            observer(self.name, request, outcome, elapsed)
+
+    def _apply_result(self, request: Request, result: Result | None) -> str:
+        if result is not None and result.requeue_after:
+            self.stats.requeue_after += 1
+            self.queue.forget(request)
+            self.queue.add_after(request, result.requeue_after)
+            return "requeue_after"
+        if result is not None and result.requeue:
+            self.stats.requeue += 1
+            self.queue.add_rate_limited(request)
+            return "requeue"
+        self.stats.success += 1
+        self.queue.forget(request)
+        return "success"
