@@ -8,9 +8,14 @@ bottom to top: kubeconfig → transport/client → informer/cache → cluster.
 
 from __future__ import annotations
 
+from ._builder import Builder, BuilderError, controller_managed_by
 from ._cache import Cache, CacheSyncTimeout, field_getter
 from ._client import Client, ObjectList, PatchType, WatchEvent
+from ._clients import FleetClient, FleetResult, RoutedClient
 from ._cluster import Cluster, ClusterHealth, ClusterOptions
+from ._clusterset import ClusterSet, ClusterState, ClusterStatus
+from ._context import ReconcileContext, current_reconcile, current_request
+from ._controller import Controller, ReconcileStats
 from ._discovery import Discovery
 from ._errors import (
     AlreadyExists,
@@ -32,6 +37,7 @@ from ._errors import (
     Unauthorized,
     Unreachable,
 )
+from ._handler import EventHandler, enqueue_for_object, enqueue_for_owner, enqueue_mapped
 from ._informer import (
     HandlerRegistration,
     Informer,
@@ -52,28 +58,64 @@ from ._kubeconfig import (
     load_kubeconfig_env,
 )
 from ._labels import LabelSelector
+from ._manager import Manager, Runnable, run_manager
 from ._objects import json_copy, object_key, to_json_shape
+from ._predicate import (
+    Event,
+    Predicate,
+    all_of,
+    annotations_changed,
+    any_of,
+    generation_changed,
+    has_labels,
+    in_clusters,
+    in_namespaces,
+    labels_changed,
+    negate,
+    resource_version_changed,
+)
+from ._provider import Aware, Provider, ProviderRunnable
+from ._providers import MultiProvider, SingleProvider, StaticProvider
 from ._ratelimit import ExponentialBackoff, MaxOf, RateLimiter, TokenBucket, default_rate_limiter
+from ._reconcile import LOCAL_CLUSTER, ReconcileFunction, Reconciler, Request, Result, TerminalError
+from ._source import EVERY_CLUSTER, LOCAL_ONLY, PROVIDER_ONLY, ChannelSource, ClusterSelection, KindSource
 from ._transport import RetryPolicy
 from ._workqueue import NoMetrics, QueueMetrics, QueueShutDown, WorkQueue
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "EVERY_CLUSTER",
+    "LOCAL_CLUSTER",
+    "LOCAL_ONLY",
+    "PROVIDER_ONLY",
     "APIError",
     "AlreadyExists",
+    "Aware",
     "BadRequest",
+    "Builder",
+    "BuilderError",
     "Cache",
     "CacheSyncTimeout",
+    "ChannelSource",
     "Client",
     "Cluster",
     "ClusterConfig",
     "ClusterHealth",
     "ClusterNotFound",
     "ClusterOptions",
+    "ClusterSelection",
+    "ClusterSet",
+    "ClusterState",
+    "ClusterStatus",
     "Conflict",
+    "Controller",
     "Discovery",
+    "Event",
+    "EventHandler",
     "ExponentialBackoff",
+    "FleetClient",
+    "FleetResult",
     "Forbidden",
     "Gone",
     "HandlerRegistration",
@@ -82,23 +124,40 @@ __all__ = [
     "Invalid",
     "Kind",
     "KindNotFound",
+    "KindSource",
     "KubeconfigError",
     "LabelSelector",
     "MCRuntimeError",
+    "Manager",
     "MaxOf",
+    "MultiProvider",
     "NoMetrics",
     "NotFound",
     "ObjectList",
     "PatchType",
+    "Predicate",
+    "Provider",
+    "ProviderRunnable",
     "QueueMetrics",
     "QueueShutDown",
     "RateLimiter",
+    "ReconcileContext",
+    "ReconcileFunction",
+    "ReconcileStats",
+    "Reconciler",
+    "Request",
     "Resource",
     "ResourceEventHandler",
+    "Result",
     "RetryPolicy",
+    "RoutedClient",
+    "Runnable",
     "ServerError",
     "ServerTimeout",
+    "SingleProvider",
+    "StaticProvider",
     "Store",
+    "TerminalError",
     "TokenBucket",
     "TooManyRequests",
     "TrustPolicy",
@@ -108,16 +167,33 @@ __all__ = [
     "WatchEvent",
     "WorkQueue",
     "__version__",
+    "all_of",
+    "annotations_changed",
+    "any_of",
+    "controller_managed_by",
+    "current_reconcile",
+    "current_request",
     "default_rate_limiter",
+    "enqueue_for_object",
+    "enqueue_for_owner",
+    "enqueue_mapped",
     "field_getter",
+    "generation_changed",
+    "has_labels",
     "in_cluster_config",
+    "in_clusters",
+    "in_namespaces",
     "json_copy",
     "kubeconfig_from_dict",
     "kubeconfig_paths_from_env",
+    "labels_changed",
     "list_contexts",
     "load_kubeconfig",
     "load_kubeconfig_env",
+    "negate",
     "object_key",
+    "resource_version_changed",
+    "run_manager",
     "strip_managed_fields",
     "to_json_shape",
 ]

@@ -1,0 +1,265 @@
+"""The manager: runs the provider and the controllers, and engages clusters.
+
+The manager is the :class:`Aware` a provider talks to. ``engage`` fans a
+cluster out to every engaged component concurrently and remembers it, so a
+controller added later is engaged with every cluster already there (the basic
+coordinator of multicluster-runtime forgets this). Without a provider the
+manager engages only its local cluster, and the same controllers and
+reconcilers run single-cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Protocol, runtime_checkable
+
+from ._clients import FleetClient, RoutedClient
+from ._cluster import Cluster, ClusterOptions
+from ._controller import Controller
+from ._errors import ClusterNotFound
+from ._informer import IndexFunc
+from ._kind import Kind
+from ._kubeconfig import ClusterConfig
+from ._provider import Aware, Provider, ProviderRunnable
+from ._reconcile import LOCAL_CLUSTER
+
+log = logging.getLogger("mcruntime.manager")
+
+
+@runtime_checkable
+class Runnable(Protocol):
+    """Anything the manager runs alongside its controllers until shutdown."""
+
+    async def start(self) -> None:
+        """Run until cancelled."""
+        ...
+
+
+class Manager:
+    """Owns the local cluster, the provider's clusters and every controller.
+
+    ``provider`` discovers clusters (``None``: the local cluster only).
+    ``local`` is the hub cluster's config (a kubeconfig, in-cluster, or ``None``
+    for none); it is engaged under the name ``""``.
+    """
+
+    def __init__(
+        self,
+        provider: Provider | None = None,
+        *,
+        local: ClusterConfig | None = None,
+        cluster_options: ClusterOptions | None = None,
+        graceful_shutdown_timeout: float = 30.0,
+        handle_signals: bool = True,
+    ) -> None:
+        if provider is None and local is None:
+            raise ValueError("a manager needs a provider, a local cluster, or both")
+        self.provider = provider
+        self._local_config = local
+        self._cluster_options = cluster_options
+        self.graceful_shutdown_timeout = graceful_shutdown_timeout
+        self._handle_signals = handle_signals
+        self.local: Cluster | None = None
+        self.controllers: dict[str, Controller] = {}
+        self._awares: list[Aware] = []
+        self._runnables: list[Runnable] = []
+        self._engaged: dict[str, Cluster] = {}
+        self._tasks: dict[object, asyncio.Task[None]] = {}
+        self._stop = asyncio.Event()
+        self._started = asyncio.Event()
+        self._running = False
+        self.client = RoutedClient(self.get_cluster)
+        self.fleet = FleetClient(self.clusters)
+        self.engage_listeners: list[Callable[[str, Cluster], None]] = []
+        self.disengage_listeners: list[Callable[[str, Cluster], None]] = []
+
+    def __repr__(self) -> str:
+        return f"<Manager clusters={sorted(self._engaged)} controllers={sorted(self.controllers)}>"
+
+    @property
+    def has_provider(self) -> bool:
+        return self.provider is not None
+
+    # --- components ---------------------------------------------------------------------
+
+    def add(self, component: Controller | Runnable | Aware) -> None:
+        """Register a controller, a runnable, or an aware; later additions start at once."""
+        if isinstance(component, Controller):
+            if component.name in self.controllers:
+                raise ValueError(f"a controller named {component.name!r} is already registered")
+            self.controllers[component.name] = component
+        if isinstance(component, Aware):
+            self._awares.append(component)
+        if isinstance(component, Runnable):
+            self._runnables.append(component)
+        if self._running:
+            self._launch(component)
+
+    def _launch(self, component: object) -> None:
+        if isinstance(component, Runnable):
+            self._tasks[component] = asyncio.create_task(component.start(), name=f"runnable:{component!r}")
+        if isinstance(component, Aware):
+            for name, cluster in list(self._engaged.items()):
+                self._tasks[(component, name)] = asyncio.create_task(component.engage(name, cluster))
+
+    # --- clusters -------------------------------------------------------------------------
+
+    async def engage(self, name: str, cluster: Cluster) -> None:
+        """Hand ``cluster`` to every component; idempotent for the same cluster object."""
+        if self._engaged.get(name) is cluster:
+            return
+        self._engaged[name] = cluster
+
+        def forget() -> None:
+            if self._engaged.get(name) is cluster:
+                del self._engaged[name]
+                for listener in self.disengage_listeners:
+                    listener(name, cluster)
+
+        cluster.on_stop(forget)
+        for listener in self.engage_listeners:
+            listener(name, cluster)
+        results = await asyncio.gather(
+            *(aware.engage(name, cluster) for aware in list(self._awares)), return_exceptions=True
+        )
+        for aware, result in zip(list(self._awares), results, strict=False):
+            if isinstance(result, Exception):
+                log.error("engaging cluster %r with %r failed", name, aware, exc_info=result)
+
+    async def get_cluster(self, name: str) -> Cluster:
+        """An engaged cluster by name (``""`` is the local one); raises :class:`ClusterNotFound`."""
+        found = self._engaged.get(name)
+        if found is not None:
+            return found
+        if name != LOCAL_CLUSTER and self.provider is not None:
+            return await self.provider.get(name)
+        raise ClusterNotFound(name)
+
+    def clusters(self) -> dict[str, Cluster]:
+        """Every engaged cluster by name, the local one included (as ``""``)."""
+        return dict(self._engaged)
+
+    async def index_field(self, kind: Kind, name: str, extract: IndexFunc) -> None:
+        """Index ``kind`` in the local cluster and in every provider cluster, now and later."""
+        if self.local is not None:
+            self.local.cache.index_field(kind, name, extract)
+        if self.provider is not None:
+            await self.provider.index_field(kind, name, extract)
+
+    # --- running --------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask a running manager to shut down gracefully (what SIGTERM does)."""
+        self._stop.set()
+
+    async def wait_started(self) -> None:
+        """Wait until ``start`` has engaged the local cluster and started every component."""
+        await self._started.wait()
+
+    async def start(self) -> None:
+        """Run everything until :meth:`stop`, SIGTERM or SIGINT; then shut down gracefully.
+
+        Shutdown stops intake, lets in-flight reconciles finish within
+        ``graceful_shutdown_timeout``, stops the provider (which stops its
+        clusters) and the local cluster, and leaves nothing running.
+        """
+        if self._running:
+            raise RuntimeError("the manager is already running")
+        self._running = True
+        restore = self._install_signal_handlers()
+        provider_task: asyncio.Task[None] | None = None
+        try:
+            if self._local_config is not None:
+                self.local = Cluster(LOCAL_CLUSTER, self._local_config, self._cluster_options)
+                await self.local.start()
+            for component in [*self._runnables, *[a for a in self._awares if not isinstance(a, Runnable)]]:
+                self._launch(component)
+            if self.local is not None:
+                await self.engage(LOCAL_CLUSTER, self.local)
+            runner = _runnable_provider(self.provider)
+            if runner is not None:
+                provider_task = asyncio.create_task(runner.run(self), name="provider")
+            self._started.set()
+            await self._wait_for_stop(provider_task)
+        finally:
+            await self._shutdown(provider_task)
+            restore()
+            self._running = False
+
+    async def _wait_for_stop(self, provider_task: asyncio.Task[None] | None) -> None:
+        stop_waiter: asyncio.Task[object] = asyncio.create_task(self._stop.wait())
+        watched: set[asyncio.Task[object]] = {stop_waiter}
+        if provider_task is not None:
+            watched.add(provider_task)
+        watched.update(task for key, task in self._tasks.items() if isinstance(key, Runnable))
+        try:
+            while not self._stop.is_set():
+                done, _pending = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    watched.discard(task)
+                    if task is stop_waiter or task.cancelled():
+                        continue
+                    error = task.exception()
+                    if error is not None:
+                        log.error("%s failed; shutting down", task.get_name(), exc_info=error)
+                        raise error
+                if not watched:
+                    return
+        finally:
+            stop_waiter.cancel()
+
+    async def _shutdown(self, provider_task: asyncio.Task[None] | None) -> None:
+        grace = self.graceful_shutdown_timeout
+        drained = await asyncio.gather(
+            *(controller.shutdown(grace) for controller in self.controllers.values()), return_exceptions=True
+        )
+        if not all(result is True for result in drained):
+            log.warning("some reconciles did not finish within %.0fs and were cancelled", grace)
+        for task in [*self._tasks.values(), *([provider_task] if provider_task else [])]:
+            task.cancel()
+        await asyncio.gather(
+            *self._tasks.values(), *([provider_task] if provider_task else []), return_exceptions=True
+        )
+        self._tasks.clear()
+        if self.local is not None:
+            await self.local.stop()
+
+    def _install_signal_handlers(self) -> Callable[[], None]:
+        if not self._handle_signals or threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        loop = asyncio.get_running_loop()
+        installed = []
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signum, self._on_signal, signum)
+                installed.append(signum)
+
+        def restore() -> None:
+            for signum in installed:
+                loop.remove_signal_handler(signum)
+
+        return restore
+
+    def _on_signal(self, signum: int) -> None:
+        log.info("received %s; shutting down gracefully", signal.Signals(signum).name)
+        self.stop()
+
+
+def _runnable_provider(provider: object) -> ProviderRunnable | None:
+    return provider if isinstance(provider, ProviderRunnable) else None
+
+
+async def run_manager(manager: Manager, until: Awaitable[object]) -> None:
+    """Run ``manager`` until ``until`` completes, then stop it (handy in tests and scripts)."""
+    runner = asyncio.create_task(manager.start())
+    try:
+        await manager.wait_started()
+        await until
+    finally:
+        manager.stop()
+        await runner
