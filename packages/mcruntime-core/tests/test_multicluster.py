@@ -8,6 +8,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
 from kube_helpers import CONFIGMAP, configmap, unique, wait_for
 
 import mcruntime as mcr
@@ -46,13 +47,18 @@ def uniform_reconciler(manager: mcr.Manager, seen: Seen) -> mcr.ReconcileFunctio
 
 @asynccontextmanager
 async def running(manager: mcr.Manager) -> AsyncIterator[mcr.Manager]:
+    """Run the manager for the block; afterwards nothing it started may still run."""
+    before = asyncio.all_tasks()
     task = asyncio.create_task(manager.start())
     try:
-        await asyncio.wait_for(manager.wait_started(), 30)
+        async with asyncio.timeout(30):
+            await manager.wait_started()
         yield manager
     finally:
         manager.stop()
         await task
+    left = {t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()}
+    assert left == set(), f"tasks left running after shutdown: {sorted(t.get_name() for t in left)}"
 
 
 async def _seed(plane: ControlPlane, namespace: str, names: list[str], value: str | None = None) -> None:
@@ -415,3 +421,50 @@ async def test_the_fleet_client_reports_per_cluster_results_and_errors(
         got = await manager.fleet.get(CONFIGMAP, "x", namespace=namespace, clusters=["one", "nowhere"])
         assert got.results["one"] is not None
         assert isinstance(got.errors["nowhere"], mcr.ClusterNotFound)
+
+
+async def test_the_multi_provider_composes_providers_under_prefixes(fleet: Fleet) -> None:
+    namespace = unique("multi")
+    for plane in fleet:
+        await _seed(plane, namespace, ["x"])
+    east = mcr.StaticProvider({"a": config_of(fleet["cluster-1"]), "b": config_of(fleet["cluster-2"])})
+    west = mcr.SingleProvider("a", config_of(fleet["cluster-3"]))
+    provider = mcr.MultiProvider({"east": east, "west": west})
+    manager = mcr.Manager(provider, handle_signals=False)
+    seen = Seen()
+    mcr.controller_managed_by(manager).for_(CONFIGMAP, predicates=_in_namespace(namespace)).complete(
+        uniform_reconciler(manager, seen)
+    )
+    async with running(manager):
+        await wait_for(lambda: seen.clusters_with(namespace) == {"east/a", "east/b", "west/a"})
+        assert seen.objects[("west/a", namespace, "x")] == "cluster-3"
+        assert (await manager.get_cluster("east/b")) is (await east.get("b"))
+        for missing in ("east/zzz", "north/a", "west"):
+            with pytest.raises(mcr.ClusterNotFound) as raised:
+                await provider.get(missing)
+            assert raised.value.cluster == missing
+
+
+async def test_sigterm_stops_intake_and_lets_in_flight_reconciles_finish(fleet: Fleet) -> None:
+    import os
+    import signal
+
+    namespace = unique("sigterm")
+    await _seed(fleet["cluster-1"], namespace, ["slow"])
+    manager = mcr.Manager(local=config_of(fleet["cluster-1"]), graceful_shutdown_timeout=10)
+    started, finished = asyncio.Event(), asyncio.Event()
+
+    async def slow(_request: mcr.Request) -> None:
+        started.set()
+        await asyncio.sleep(0.5)  # the work being done, not synchronisation
+        finished.set()
+
+    mcr.controller_managed_by(manager).for_(CONFIGMAP, predicates=_in_namespace(namespace)).complete(slow)
+    before = asyncio.all_tasks()
+    runner = asyncio.create_task(manager.start())
+    await asyncio.wait_for(started.wait(), 30)
+    os.kill(os.getpid(), signal.SIGTERM)
+    await asyncio.wait_for(runner, 30)
+    assert finished.is_set()
+    assert manager.local is not None and manager.local.stopped
+    assert {t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()} == set()

@@ -132,7 +132,10 @@ class MultiProvider:
 
     async def get(self, name: str) -> Cluster:
         provider, inner = self._split(name)
-        return await provider.get(inner)
+        try:
+            return await provider.get(inner)
+        except ClusterNotFound:
+            raise ClusterNotFound(name) from None  # the name the caller used, prefix included
 
     async def index_field(self, kind: Kind, name: str, extract: IndexFunc) -> None:
         await asyncio.gather(*(p.index_field(kind, name, extract) for p in self._providers.values()))
