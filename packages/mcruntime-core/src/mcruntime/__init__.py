@@ -37,6 +37,7 @@ from ._errors import (
     Unauthorized,
     Unreachable,
 )
+from ._events import EventRecorder
 from ._handler import EventHandler, enqueue_for_object, enqueue_for_owner, enqueue_mapped
 from ._informer import (
     HandlerRegistration,
@@ -58,7 +59,10 @@ from ._kubeconfig import (
     load_kubeconfig_env,
 )
 from ._labels import LabelSelector
+from ._leaderelection import LeaderElectionConfig, LeaderElector
+from ._logging import JSONFormatter, ReconcileContextFilter, configure_logging
 from ._manager import Manager, Runnable, run_manager
+from ._metrics import ManagerMetrics
 from ._objects import json_copy, object_key, to_json_shape
 from ._predicate import (
     Event,
@@ -78,6 +82,8 @@ from ._provider import Aware, Provider, ProviderRunnable
 from ._providers import MultiProvider, SingleProvider, StaticProvider
 from ._ratelimit import ExponentialBackoff, MaxOf, RateLimiter, TokenBucket, default_rate_limiter
 from ._reconcile import LOCAL_CLUSTER, ReconcileFunction, Reconciler, Request, Result, TerminalError
+from ._serving import Check, Checks, Endpoints
+from ._settings import ManagerSettings, SettingsError
 from ._source import EVERY_CLUSTER, LOCAL_ONLY, PROVIDER_ONLY, ChannelSource, ClusterSelection, KindSource
 from ._transport import RetryPolicy
 from ._workqueue import NoMetrics, QueueMetrics, QueueShutDown, WorkQueue
@@ -98,6 +104,8 @@ __all__ = [
     "Cache",
     "CacheSyncTimeout",
     "ChannelSource",
+    "Check",
+    "Checks",
     "Client",
     "Cluster",
     "ClusterConfig",
@@ -111,8 +119,10 @@ __all__ = [
     "Conflict",
     "Controller",
     "Discovery",
+    "Endpoints",
     "Event",
     "EventHandler",
+    "EventRecorder",
     "ExponentialBackoff",
     "FleetClient",
     "FleetResult",
@@ -122,13 +132,18 @@ __all__ = [
     "Informer",
     "InformerStats",
     "Invalid",
+    "JSONFormatter",
     "Kind",
     "KindNotFound",
     "KindSource",
     "KubeconfigError",
     "LabelSelector",
+    "LeaderElectionConfig",
+    "LeaderElector",
     "MCRuntimeError",
     "Manager",
+    "ManagerMetrics",
+    "ManagerSettings",
     "MaxOf",
     "MultiProvider",
     "NoMetrics",
@@ -142,6 +157,7 @@ __all__ = [
     "QueueShutDown",
     "RateLimiter",
     "ReconcileContext",
+    "ReconcileContextFilter",
     "ReconcileFunction",
     "ReconcileStats",
     "Reconciler",
@@ -154,6 +170,7 @@ __all__ = [
     "Runnable",
     "ServerError",
     "ServerTimeout",
+    "SettingsError",
     "SingleProvider",
     "StaticProvider",
     "Store",
@@ -170,6 +187,7 @@ __all__ = [
     "all_of",
     "annotations_changed",
     "any_of",
+    "configure_logging",
     "controller_managed_by",
     "current_reconcile",
     "current_request",

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._context import _enter, _leave
 from ._errors import ClusterNotFound
@@ -55,6 +55,14 @@ class ReconcileStats:
 ReconcileObserver = Callable[[str, Request, str, float], None]
 
 
+class LeaderGate(Protocol):
+    """What workers wait on when leader election is on (the manager's elector)."""
+
+    async def wait_elected(self) -> None: ...
+
+    async def wait_lost(self) -> None: ...
+
+
 class Controller:
     """Reconciles requests from its sources with up to ``max_concurrent_reconciles`` workers."""
 
@@ -90,6 +98,7 @@ class Controller:
         self.stats = ReconcileStats()
         self.observers: list[ReconcileObserver] = []
         self.active_workers = 0
+        self.leader: LeaderGate | None = None
 
     def __repr__(self) -> str:
         return f"<Controller {self.name!r} clusters={sorted(self._engaged)}>"
@@ -205,20 +214,51 @@ class Controller:
     # --- workers ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Run the workers until :meth:`shutdown` (or cancellation)."""
+        """Run the workers until :meth:`shutdown` (or cancellation).
+
+        With a leader gate, workers run only while this replica leads: losing
+        leadership cancels them at once (in-flight requests go back to the
+        queue) and they start again when leadership returns; the caches stay
+        warm throughout.
+        """
         if self._started:
             raise RuntimeError(f"controller {self.name!r} is already running")
         self._started = True
-        self._workers = [
-            asyncio.create_task(self._work(), name=f"controller:{self.name}:worker-{index}")
-            for index in range(self.max_concurrent_reconciles)
-        ]
         self._readers = [asyncio.create_task(self._read_channel(source)) for source in self._channels]
         try:
-            # Workers end on shutdown (queue shut down) or when shutdown cancels them.
-            await asyncio.gather(*self._workers, return_exceptions=True)
+            while not self._stopping():
+                if self.leader is not None:
+                    await self.leader.wait_elected()
+                if self._stopping():
+                    break
+                self._workers = [
+                    asyncio.create_task(self._work(), name=f"controller:{self.name}:worker-{index}")
+                    for index in range(self.max_concurrent_reconciles)
+                ]
+                # Workers end on shutdown (queue shut down) or when shutdown cancels them.
+                finished: asyncio.Future[list[object]] = asyncio.ensure_future(
+                    asyncio.gather(*self._workers, return_exceptions=True)
+                )
+                if self.leader is None:
+                    await finished
+                    break
+                lost: asyncio.Future[None] = asyncio.ensure_future(self.leader.wait_lost())
+                either: list[asyncio.Future[Any]] = [finished, lost]
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                if finished.done():
+                    lost.cancel()
+                    break
+                log.warning(
+                    "controller %s: lost leadership; stopping its workers until it leads again", self.name
+                )
+                for worker in self._workers:
+                    worker.cancel()
+                await finished
         finally:
             await self._cancel_all()
+
+    def _stopping(self) -> bool:
+        return self.queue.shutting_down
 
     async def _cancel_all(self) -> None:
         tasks = [*self._workers, *self._readers]
@@ -247,6 +287,9 @@ class Controller:
             self.active_workers += 1
             try:
                 await self._reconcile_one(request)
+            except asyncio.CancelledError:
+                self.queue.add(request)  # interrupted (leadership lost): do it again later
+                raise
             finally:
                 self.active_workers -= 1
                 self.queue.done(request)

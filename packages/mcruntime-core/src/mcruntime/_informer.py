@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +80,7 @@ class InformerStats:
     watch_restarts: int = 0
     events: int = 0
     last_error: str | None = None
+    sync_seconds: float | None = None
 
 
 class Store:
@@ -173,6 +175,7 @@ class Informer:
         self._max_backoff = max_backoff
         self._handlers: list[HandlerRegistration] = []
         self._synced = asyncio.Event()
+        self._created = time.monotonic()
 
     def __repr__(self) -> str:
         scope = f" namespace={self.namespace!r}" if self.namespace else ""
@@ -323,6 +326,7 @@ class Informer:
                 self._emit_update(old, obj)
         self.resource_version = resource_version
         if first:
+            self.stats.sync_seconds = time.monotonic() - self._created
             self._synced.set()
 
     async def _watch(self) -> None:

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import signal
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol, runtime_checkable
 
@@ -22,11 +23,16 @@ from ._clients import FleetClient, RoutedClient
 from ._cluster import Cluster, ClusterOptions
 from ._controller import Controller
 from ._errors import ClusterNotFound
+from ._events import EventRecorder
 from ._informer import IndexFunc
 from ._kind import Kind
 from ._kubeconfig import ClusterConfig
+from ._leaderelection import LeaderElectionConfig, LeaderElector
+from ._metrics import ManagerMetrics
 from ._provider import Aware, Provider, ProviderRunnable
 from ._reconcile import LOCAL_CLUSTER
+from ._serving import Check, CheckLine, Checks, Endpoints
+from ._settings import ManagerSettings
 
 log = logging.getLogger("mcruntime.manager")
 
@@ -56,9 +62,25 @@ class Manager:
         cluster_options: ClusterOptions | None = None,
         graceful_shutdown_timeout: float = 30.0,
         handle_signals: bool = True,
+        leader_election: LeaderElectionConfig | None = None,
+        metrics_address: str | None = None,
+        health_probe_address: str | None = None,
+        ready_min_share: float = 1.0,
     ) -> None:
+        """Build a manager; nothing runs until :meth:`start`.
+
+        ``leader_election`` needs ``local``: the Lease lives on the local cluster.
+        ``metrics_address`` and ``health_probe_address`` are ``host:port``
+        (port 0 picks a free port; see :attr:`endpoints`). ``ready_min_share``
+        is the share of engaged clusters whose caches must be synced and
+        reachable for ``/readyz`` to pass (the local cluster always must).
+        """
         if provider is None and local is None:
             raise ValueError("a manager needs a provider, a local cluster, or both")
+        if leader_election is not None and local is None:
+            raise ValueError("leader election needs a local cluster to hold its Lease")
+        if not 0.0 <= ready_min_share <= 1.0:
+            raise ValueError(f"ready_min_share must be between 0 and 1, not {ready_min_share}")
         self.provider = provider
         self._local_config = local
         self._cluster_options = cluster_options
@@ -77,6 +99,124 @@ class Manager:
         self.fleet = FleetClient(self.clusters)
         self.engage_listeners: list[Callable[[str, Cluster], None]] = []
         self.disengage_listeners: list[Callable[[str, Cluster], None]] = []
+        self.elector = LeaderElector(leader_election) if leader_election is not None else None
+        self.metrics = ManagerMetrics(lambda: self.controllers.values(), self.clusters, self._cluster_states)
+        self._metrics_address = metrics_address
+        self._probe_address = health_probe_address
+        self._ready_min_share = ready_min_share
+        self._healthz = Checks()
+        self._readyz = Checks()
+        self._healthz.add("ping", lambda: None)
+        self._readyz.add_group("clusters", self._cluster_readiness)
+        self.endpoints = Endpoints(self._healthz, self._readyz, self.metrics.registry)
+        self._engage_started: dict[str, float] = {}
+
+    @classmethod
+    def from_settings(
+        cls,
+        provider: Provider | None = None,
+        *,
+        local: ClusterConfig | None = None,
+        settings: ManagerSettings | None = None,
+        cluster_options: ClusterOptions | None = None,
+    ) -> Manager:
+        """A manager configured from ``MCRUNTIME_*`` (or the given settings).
+
+        Raises :class:`SettingsError` naming every invalid variable.
+        """
+        values = settings or ManagerSettings.load()
+        election = None
+        if values.leader_election:
+            election = LeaderElectionConfig(
+                name=values.leader_election_id,
+                namespace=values.leader_election_namespace,
+                lease_duration=values.lease_duration,
+                renew_deadline=values.renew_deadline,
+                retry_period=values.retry_period,
+            )
+        options = cluster_options or ClusterOptions(cache_sync_timeout=values.cache_sync_timeout)
+        manager = cls(
+            provider,
+            local=local,
+            cluster_options=options,
+            graceful_shutdown_timeout=values.graceful_shutdown_timeout,
+            leader_election=election,
+            metrics_address=values.metrics_bind_address or None,
+            health_probe_address=values.health_probe_bind_address or None,
+            ready_min_share=values.ready_min_share,
+        )
+        manager.settings = values
+        return manager
+
+    settings: ManagerSettings | None = None
+
+    # --- probes, metrics, events ------------------------------------------------------------
+
+    def add_healthz_check(self, name: str, check: Check) -> None:
+        """A liveness check: ``check()`` (sync or async) returns ``None`` or why it fails."""
+        self._healthz.add(name, check)
+
+    def add_readyz_check(self, name: str, check: Check) -> None:
+        """A readiness check, alongside the built-in cache checks."""
+        self._readyz.add(name, check)
+
+    def event_recorder(self, controller: str) -> EventRecorder:
+        """A recorder whose events go to the cluster of the request being reconciled."""
+        return EventRecorder(controller, self.get_cluster)
+
+    def _cluster_states(self) -> dict[str, str]:
+        statuses = getattr(self.provider, "statuses", None)
+        if not callable(statuses):
+            return {}
+        try:
+            found = statuses()
+        except Exception:
+            return {}
+        return {name: getattr(status.state, "value", str(status.state)) for name, status in found.items()}
+
+    def _cluster_ready(self, name: str, cluster: Cluster) -> str | None:
+        waiting = [
+            controller.name
+            for controller in self.controllers.values()
+            if name in controller.engaged() and not controller.synced(name)
+        ]
+        health = cluster.health
+        if not health.healthy:
+            return f"unreachable: {health.last_error}"
+        if waiting:
+            return f"caches not synced for {', '.join(sorted(waiting))}"
+        return None
+
+    async def _cluster_readiness(self) -> list[CheckLine]:
+        lines: list[CheckLine] = []
+        members = 0
+        passing = 0
+        known: dict[str, Cluster | None] = dict.fromkeys(self._cluster_states())
+        known.update(self._engaged)
+        for name, cluster in sorted(known.items()):
+            reason = self._cluster_ready(name, cluster) if cluster is not None else "engaging"
+            if name == LOCAL_CLUSTER:
+                lines.append(("cluster:local", reason, True))
+                continue
+            members += 1
+            passing += reason is None
+            lines.append((f"cluster:{name}", reason, self._ready_min_share >= 1.0))
+        if 0.0 < self._ready_min_share < 1.0 and members:
+            share = passing / members
+            reason = (
+                None
+                if share >= self._ready_min_share
+                else (f"{passing} of {members} clusters ready, {self._ready_min_share:.0%} required")
+            )
+            lines.append(("clusters", reason, True))
+        return lines
+
+    def _observe_sync(self, name: str, cluster: Cluster) -> None:
+        started = self._engage_started.get(name)
+        if started is None or self._cluster_ready(name, cluster) is not None:
+            return
+        del self._engage_started[name]
+        self.metrics.engage_duration.observe(time.monotonic() - started)
 
     def __repr__(self) -> str:
         return f"<Manager clusters={sorted(self._engaged)} controllers={sorted(self.controllers)}>"
@@ -93,6 +233,10 @@ class Manager:
             if component.name in self.controllers:
                 raise ValueError(f"a controller named {component.name!r} is already registered")
             self.controllers[component.name] = component
+            component.queue.set_metrics(self.metrics.queue_metrics(component.name))
+            component.observers.append(self.metrics.observe_reconcile)
+            if self.elector is not None:
+                component.leader = self.elector
         if isinstance(component, Aware):
             self._awares.append(component)
         if isinstance(component, Runnable):
@@ -114,10 +258,14 @@ class Manager:
         if self._engaged.get(name) is cluster:
             return
         self._engaged[name] = cluster
+        self._engage_started[name] = time.monotonic()
+        self.metrics.engagements.labels(name or "local").inc()
 
         def forget() -> None:
             if self._engaged.get(name) is cluster:
                 del self._engaged[name]
+                self._engage_started.pop(name, None)
+                self.metrics.disengagements.labels(name or "local").inc()
                 for listener in self.disengage_listeners:
                     listener(name, cluster)
 
@@ -130,6 +278,12 @@ class Manager:
         for aware, result in zip(list(self._awares), results, strict=False):
             if isinstance(result, Exception):
                 log.error("engaging cluster %r with %r failed", name, aware, exc_info=result)
+        cluster.tasks.spawn(self._time_engagement(name, cluster), "engage-timer")
+
+    async def _time_engagement(self, name: str, cluster: Cluster) -> None:
+        while name in self._engage_started:
+            self._observe_sync(name, cluster)
+            await asyncio.sleep(0.1)
 
     async def get_cluster(self, name: str) -> Cluster:
         """An engaged cluster by name (``""`` is the local one); raises :class:`ClusterNotFound`."""
@@ -174,9 +328,14 @@ class Manager:
         restore = self._install_signal_handlers()
         provider_task: asyncio.Task[None] | None = None
         try:
+            await self.endpoints.start(probes=self._probe_address, metrics=self._metrics_address)
             if self._local_config is not None:
                 self.local = Cluster(LOCAL_CLUSTER, self._local_config, self._cluster_options)
                 await self.local.start()
+                if self.elector is not None:
+                    self._tasks["leader-election"] = asyncio.create_task(
+                        self.elector.run(self.local), name="leader-election"
+                    )
             for component in [*self._runnables, *[a for a in self._awares if not isinstance(a, Runnable)]]:
                 self._launch(component)
             if self.local is not None:
@@ -228,6 +387,7 @@ class Manager:
         self._tasks.clear()
         if self.local is not None:
             await self.local.stop()
+        await self.endpoints.stop()
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         if not self._handle_signals or threading.current_thread() is not threading.main_thread():

@@ -145,6 +145,10 @@ class WorkQueue(Generic[K]):
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._shutting_down = False
 
+    def set_metrics(self, metrics: QueueMetrics) -> None:
+        """Attach a metrics hook after construction (the manager does, when it adopts a controller)."""
+        self._metrics = metrics
+
     # -- adding ---------------------------------------------------------------------
 
     def add(self, key: K) -> None:

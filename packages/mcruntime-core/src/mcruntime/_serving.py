@@ -1,0 +1,139 @@
+"""The manager's HTTP endpoints: health and readiness probes, and Prometheus metrics.
+
+``/healthz`` says the process is alive (the event loop answers, plus any check
+the user adds); ``/readyz`` says the caches are ready: the local cluster's and
+enough of the engaged clusters' (all by default). ``?verbose`` lists every
+check as the API server does (``[+]name ok`` / ``[-]name failed: reason``), so
+an unreachable member shows up by name. ``/metrics`` serves the manager's own
+registry.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger("mcruntime.serving")
+
+CheckResult = str | None
+"""``None`` when the check passes, otherwise why it fails."""
+Check = Callable[[], CheckResult | Awaitable[CheckResult]]
+CheckLine = tuple[str, CheckResult, bool]
+"""A line of verbose output: name, failure reason (or ``None``), and whether it counts."""
+
+
+@dataclass
+class _NamedCheck:
+    name: str
+    check: Callable[[], Awaitable[list[CheckLine]]]
+
+
+async def _run(check: Check) -> CheckResult:
+    try:
+        result = check()
+        if isinstance(result, Awaitable):
+            return await result
+        return result
+    except Exception as error:  # a broken check fails, it does not crash the endpoint
+        return f"check raised {type(error).__name__}: {error}"
+
+
+class Checks:
+    """A named list of checks; a check may expand into several lines (one per cluster)."""
+
+    def __init__(self) -> None:
+        self._checks: list[_NamedCheck] = []
+
+    def add(self, name: str, check: Check) -> None:
+        """A single check: ``check()`` returns ``None`` when healthy, else the reason."""
+
+        async def one() -> list[CheckLine]:
+            return [(name, await _run(check), True)]
+
+        self._checks.append(_NamedCheck(name, one))
+
+    def add_group(self, name: str, checks: Callable[[], Awaitable[list[CheckLine]]]) -> None:
+        """A check that reports several named lines, e.g. one per engaged cluster.
+
+        Lines whose third element is ``False`` are shown but do not decide the
+        outcome (a summary line does).
+        """
+        self._checks.append(_NamedCheck(name, checks))
+
+    async def evaluate(self) -> list[CheckLine]:
+        lines: list[CheckLine] = []
+        for named in self._checks:
+            try:
+                lines.extend(await named.check())
+            except Exception as error:
+                lines.append((named.name, f"check raised {type(error).__name__}: {error}", True))
+        return lines
+
+
+def _respond(lines: list[CheckLine], verbose: bool, what: str) -> web.Response:
+    failed = [line for line in lines if line[1] is not None and line[2]]
+    status = 500 if failed else 200
+    if not verbose:
+        return web.Response(status=status, text="ok" if not failed else f"{what} check failed")
+    body = [f"[+]{name} ok" if reason is None else f"[-]{name} failed: {reason}" for name, reason, _ in lines]
+    body.append(f"{what} check {'failed' if failed else 'passed'}")
+    return web.Response(status=status, text="\n".join(body) + "\n")
+
+
+class Endpoints:
+    """One aiohttp server per address; probes and metrics may share one."""
+
+    def __init__(self, healthz: Checks, readyz: Checks, registry: CollectorRegistry) -> None:
+        self.healthz = healthz
+        self.readyz = readyz
+        self._registry = registry
+        self._runners: list[web.AppRunner] = []
+        self.addresses: dict[str, tuple[str, int]] = {}
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return _respond(await self.healthz.evaluate(), "verbose" in request.query, "healthz")
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        return _respond(await self.readyz.evaluate(), "verbose" in request.query, "readyz")
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        payload = generate_latest(self._registry)
+        return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def start(self, *, probes: str | None, metrics: str | None) -> None:
+        """Listen on ``host:port`` addresses (port 0 picks a free one; see ``addresses``)."""
+        routes: dict[str, list[web.RouteDef]] = {}
+        if probes:
+            routes.setdefault(probes, []).extend(
+                [web.get("/healthz", self._health), web.get("/readyz", self._ready)]
+            )
+        if metrics:
+            routes.setdefault(metrics, []).append(web.get("/metrics", self._metrics))
+        for address, address_routes in routes.items():
+            host, _, port = address.rpartition(":")
+            app = web.Application()
+            app.add_routes(address_routes)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, host or "0.0.0.0", int(port))  # noqa: S104 -- probes must be reachable
+            await site.start()
+            self._runners.append(runner)
+            server = site._server
+            sockets = getattr(server, "sockets", None) or []
+            bound = sockets[0].getsockname() if sockets else (host, int(port))
+            for path in address_routes:
+                self.addresses[path.path] = (bound[0], bound[1])
+            log.info("serving %s on %s:%s", ", ".join(r.path for r in address_routes), bound[0], bound[1])
+
+    async def stop(self) -> None:
+        for runner in self._runners:
+            await runner.cleanup()
+        self._runners.clear()
+
+    def url(self, path: str) -> str:
+        host, port = self.addresses[path]
+        return f"http://{host}:{port}{path}"

@@ -1,0 +1,44 @@
+"""A manager with leader election in a process of its own, for crash tests.
+
+Usage: python leader_process.py KUBECONFIG NAMESPACE LEASE IDENTITY
+It reconciles ConfigMaps in NAMESPACE, stamping its identity on each, and runs
+until killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import mcruntime as mcr
+
+CONFIGMAP = mcr.Kind("v1", "ConfigMap")
+
+
+async def main(kubeconfig: str, namespace: str, lease: str, identity: str) -> None:
+    election = mcr.LeaderElectionConfig(
+        name=lease,
+        namespace=namespace,
+        identity=identity,
+        lease_duration=4,
+        renew_deadline=3,
+        retry_period=0.5,
+    )
+    manager = mcr.Manager(
+        local=mcr.load_kubeconfig(kubeconfig), leader_election=election, handle_signals=True
+    )
+
+    async def stamp(request: mcr.Request) -> None:
+        await manager.client.patch(
+            CONFIGMAP,
+            request.name,
+            {"metadata": {"annotations": {"reconciled-by": identity}}},
+            namespace=namespace,
+        )
+
+    mcr.controller_managed_by(manager).for_(CONFIGMAP, namespace=namespace).complete(stamp)
+    await manager.start()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:5]))

@@ -1,0 +1,458 @@
+"""Running in production: leader election, probes, metrics, events, logs and settings."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import aiohttp
+import pytest
+from kube_helpers import CONFIGMAP, configmap, unique, wait_for
+
+import mcruntime as mcr
+from mcruntime.testing import ControlPlane, Fleet
+
+LEASE = mcr.Kind("coordination.k8s.io/v1", "Lease")
+EVENT = mcr.Kind("events.k8s.io/v1", "Event")
+
+
+def config_of(plane: ControlPlane, user: object = None) -> mcr.ClusterConfig:
+    return mcr.kubeconfig_from_dict(plane.kubeconfig(user))  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def running(manager: mcr.Manager) -> AsyncIterator[mcr.Manager]:
+    task = asyncio.create_task(manager.start())
+    try:
+        async with asyncio.timeout(30):
+            await manager.wait_started()
+        yield manager
+    finally:
+        manager.stop()
+        await task
+
+
+async def _namespace(plane: ControlPlane, prefix: str, objects: list[str] = ()) -> str:  # type: ignore[assignment]
+    namespace = unique(prefix)
+    async with mcr.Cluster("setup", config_of(plane)) as cluster:
+        await cluster.client.create(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+        )
+        for name in objects:
+            await cluster.client.create(configmap(name, namespace, v="1"))
+    return namespace
+
+
+async def _get(url: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status, await response.text()
+
+
+# --- leader election ---------------------------------------------------------------------
+
+
+def _election(namespace: str, lease: str, identity: str) -> mcr.LeaderElectionConfig:
+    return mcr.LeaderElectionConfig(
+        name=lease,
+        namespace=namespace,
+        identity=identity,
+        lease_duration=4,
+        renew_deadline=3,
+        retry_period=0.5,
+    )
+
+
+def _stamping_manager(plane: ControlPlane, namespace: str, lease: str, identity: str) -> mcr.Manager:
+    manager = mcr.Manager(
+        local=config_of(plane), leader_election=_election(namespace, lease, identity), handle_signals=False
+    )
+
+    async def stamp(request: mcr.Request) -> None:
+        await manager.client.patch(
+            CONFIGMAP,
+            request.name,
+            {"metadata": {"annotations": {"reconciled-by": identity}}},
+            namespace=namespace,
+        )
+
+    mcr.controller_managed_by(manager).for_(CONFIGMAP, namespace=namespace).complete(stamp)
+    return manager
+
+
+async def _stamps(plane: ControlPlane, namespace: str) -> Counter[str]:
+    async with mcr.Cluster("reader", config_of(plane)) as cluster:
+        listed = await cluster.client.list(CONFIGMAP, namespace=namespace)
+    return Counter(
+        (item["metadata"].get("annotations") or {}).get("reconciled-by", "") for item in listed.items
+    )
+
+
+async def _holder(plane: ControlPlane, namespace: str, lease: str) -> str:
+    async with mcr.Cluster("reader", config_of(plane)) as cluster:
+        try:
+            found = await cluster.client.get(LEASE, lease, namespace=namespace)
+        except mcr.NotFound:
+            return ""
+    return str((found.get("spec") or {}).get("holderIdentity") or "")
+
+
+async def test_only_the_leader_reconciles_and_a_graceful_stop_hands_over_at_once(fleet: Fleet) -> None:
+    plane = fleet["cluster-1"]
+    namespace = await _namespace(plane, "leader", ["a", "b"])
+    first = _stamping_manager(plane, namespace, "ctl", "first")
+    second = _stamping_manager(plane, namespace, "ctl", "second")
+    async with running(first):
+        assert first.elector is not None
+        await asyncio.wait_for(first.elector.leading.wait(), 15)
+        async with running(second):
+            await wait_for(lambda: _count(_stamps(plane, namespace), "first", 2))
+            async with mcr.Cluster("writer", config_of(plane)) as writer:
+                await writer.client.create(configmap("c", namespace, v="1"))
+            await wait_for(lambda: _count(_stamps(plane, namespace), "first", 3))
+            assert (await _stamps(plane, namespace))["second"] == 0
+            assert second.elector is not None and not second.elector.leading.is_set()
+            # Graceful stop of the leader: the lease is released, the standby takes over at once.
+            first.stop()
+            stopped_at = time.monotonic()
+            await asyncio.wait_for(second.elector.leading.wait(), 10)
+            takeover = time.monotonic() - stopped_at
+            assert takeover < second.elector.config.lease_duration, takeover
+            async with mcr.Cluster("writer", config_of(plane)) as writer:
+                await writer.client.create(configmap("d", namespace, v="1"))
+            await wait_for(lambda: _count(_stamps(plane, namespace), "second", 1))
+
+
+async def _count(stamps: object, identity: str, at_least: int) -> bool:
+    found = await stamps  # type: ignore[misc]
+    return bool(found[identity] >= at_least)
+
+
+async def test_a_crashed_leader_is_replaced_within_the_lease_duration_plus_one_retry(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    plane = fleet["cluster-2"]
+    namespace = await _namespace(plane, "crash", ["a"])
+    script = Path(__file__).with_name("leader_process.py")
+    process = subprocess.Popen(  # noqa: ASYNC220 -- a child that outlives this statement
+        [sys.executable, str(script), str(plane.kubeconfig_path()), namespace, "ctl", "doomed"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        await wait_for(lambda: _count(_stamps(plane, namespace), "doomed", 1), timeout=60)
+        assert await _holder(plane, namespace, "ctl") == "doomed"
+        survivor = _stamping_manager(plane, namespace, "ctl", "survivor")
+        async with running(survivor):
+            await asyncio.sleep(1.0)  # let the survivor observe the live lease (a warm standby)
+            assert survivor.elector is not None and not survivor.elector.leading.is_set()
+            process.send_signal(signal.SIGKILL)
+            killed_at = time.monotonic()
+            await asyncio.wait_for(survivor.elector.leading.wait(), 30)
+            takeover = time.monotonic() - killed_at
+            limit = survivor.elector.config.lease_duration + survivor.elector.config.retry_period
+            assert takeover <= limit + 0.5, f"took {takeover:.2f}s, limit {limit}s"
+            async with mcr.Cluster("writer", config_of(plane)) as writer:
+                await writer.client.create(configmap("after", namespace, v="1"))
+            await wait_for(lambda: _count(_stamps(plane, namespace), "survivor", 1))
+    finally:
+        process.kill()
+        process.wait()
+
+
+# --- probes ----------------------------------------------------------------------------------
+
+
+async def test_readyz_waits_for_caches_and_names_an_unreachable_cluster(
+    fleet: Fleet, fresh_cluster: ControlPlane
+) -> None:
+    await fresh_cluster.stop_async()
+    options = mcr.ClusterOptions(retry=mcr.RetryPolicy(attempts=1), cache_sync_timeout=60)
+    provider = mcr.StaticProvider(
+        {"up": config_of(fleet["cluster-1"]), "down": config_of(fresh_cluster)},
+        options=options,
+        probe_interval=0.5,
+    )
+    manager = mcr.Manager(provider, health_probe_address="127.0.0.1:0", handle_signals=False)
+    mcr.controller_managed_by(manager).for_(CONFIGMAP).complete(_nothing)
+    async with running(manager):
+        healthz = manager.endpoints.url("/healthz")
+        readyz = manager.endpoints.url("/readyz")
+        assert await _get(healthz) == (200, "ok")
+        await wait_for(lambda: provider.statuses().get("down") is not None)
+        status, body = await _get(readyz + "?verbose")
+        assert status == 500
+        assert re.search(r"^\[-\]cluster:down failed: ", body, re.MULTILINE), body
+        await wait_for(lambda: _line_ok(readyz, "cluster:up"))
+        await fresh_cluster.start_async()
+        await wait_for(lambda: _ready(readyz), timeout=60)
+        status, body = await _get(readyz + "?verbose")
+        assert status == 200 and "[+]cluster:down ok" in body and "[+]cluster:up ok" in body
+
+
+async def _line_ok(url: str, name: str) -> bool:
+    _status, body = await _get(url + "?verbose")
+    return f"[+]{name} ok" in body
+
+
+async def _ready(url: str) -> bool:
+    status, _body = await _get(url)
+    return status == 200
+
+
+async def _nothing(_request: mcr.Request) -> None:
+    return None
+
+
+async def test_user_checks_show_in_healthz(fleet: Fleet) -> None:
+    manager = mcr.Manager(
+        local=config_of(fleet["cluster-1"]), health_probe_address="127.0.0.1:0", handle_signals=False
+    )
+    manager.add_healthz_check("database", lambda: "connection refused")
+    async with running(manager):
+        status, body = await _get(manager.endpoints.url("/healthz") + "?verbose")
+    assert status == 500
+    assert "[+]ping ok" in body and "[-]database failed: connection refused" in body
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+
+def _sample(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{key}="{value}"' in line for key, value in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def test_metrics_count_reconciles_per_cluster_and_follow_the_fleet(fleet: Fleet) -> None:
+    east, west = fleet["cluster-1"], fleet["cluster-2"]
+    namespace = await _namespace(east, "metrics", ["a", "b", "c"])
+    async with mcr.Cluster("setup", config_of(west)) as cluster:
+        await cluster.client.create(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+        )
+        await cluster.client.create(configmap("only", namespace, v="1"))
+    provider = mcr.StaticProvider({"east": config_of(east), "west": config_of(west)}, probe_interval=0.5)
+    manager = mcr.Manager(provider, metrics_address="127.0.0.1:0", handle_signals=False)
+    seen: Counter[str] = Counter()
+
+    async def count(request: mcr.Request) -> None:
+        seen[request.cluster] += 1
+
+    mcr.controller_managed_by(manager).named("counter").for_(CONFIGMAP, namespace=namespace).complete(count)
+    async with running(manager):
+        url = manager.endpoints.url("/metrics")
+
+        async def settled() -> bool:
+            _status, text = await _get(url)
+            return (
+                seen["east"] == 3
+                and seen["west"] == 1
+                and all(
+                    _sample(
+                        text,
+                        "controller_runtime_reconcile_total",
+                        controller="counter",
+                        cluster=name,
+                        result="success",
+                    )
+                    == seen[name]
+                    for name in ("east", "west")
+                )
+                and _sample(text, "mcruntime_engaged_clusters", state="ready") == 2
+            )
+
+        await wait_for(settled)
+        _status, text = await _get(url)
+        assert _sample(text, "workqueue_adds_total", controller="counter", cluster="east") >= 3
+        assert "controller_runtime_reconcile_time_seconds_bucket" in text
+        assert _sample(text, "mcruntime_cache_sync_duration_seconds", cluster="east") > 0
+        await provider.remove("west")
+
+        async def one_left() -> bool:
+            _status, body = await _get(url)
+            return _sample(body, "mcruntime_engaged_clusters", state="ready") == 1
+
+        await wait_for(one_left)
+        _status, text = await _get(url)
+        assert _sample(text, "mcruntime_cluster_disengagements_total", cluster="west") == 1
+
+
+# --- events ----------------------------------------------------------------------------------
+
+
+async def test_an_event_lands_in_the_requests_cluster_only_and_repeats_aggregate(fleet: Fleet) -> None:
+    east, west = fleet["cluster-1"], fleet["cluster-3"]
+    namespace = await _namespace(east, "events", ["target"])
+    async with mcr.Cluster("setup", config_of(west)) as cluster:
+        await cluster.client.create(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+        )
+    provider = mcr.StaticProvider({"east": config_of(east), "west": config_of(west)})
+    manager = mcr.Manager(provider, handle_signals=False)
+    recorder = manager.event_recorder("eventful")
+    recorded = asyncio.Event()
+
+    async def record(request: mcr.Request) -> None:
+        obj = await manager.client.get(CONFIGMAP, request.name, namespace=request.namespace)
+        for _ in range(2):  # the same event twice: one object with a series
+            await recorder.event(obj, "Normal", "Checked", "looked at it")
+        recorded.set()
+
+    mcr.controller_managed_by(manager).named("eventful").for_(CONFIGMAP, namespace=namespace).complete(record)
+    async with running(manager):
+        await asyncio.wait_for(recorded.wait(), 30)
+    async with mcr.Cluster("east", config_of(east)) as cluster:
+        events = (await cluster.client.list(EVENT, namespace=namespace)).items
+    async with mcr.Cluster("west", config_of(west)) as cluster:
+        elsewhere = (await cluster.client.list(EVENT, namespace=namespace)).items
+    assert len(events) == 1
+    event = events[0]
+    assert event["regarding"]["name"] == "target" and event["regarding"]["kind"] == "ConfigMap"
+    assert event["reason"] == "Checked" and event["reportingController"] == "eventful"
+    assert event["series"]["count"] == 2
+    assert elsewhere == []
+
+
+# --- logs --------------------------------------------------------------------------------------
+
+
+async def test_reconcile_logs_carry_the_context_and_json_is_one_object_per_line() -> None:
+    import json
+
+    channel: asyncio.Queue[mcr.Request | mcr.Event] = asyncio.Queue()
+    logger = logging.getLogger("test.reconciler")
+
+    async def noisy(request: mcr.Request) -> None:
+        logger.warning("working on it")
+
+    controller = mcr.Controller("noisy", noisy)
+    controller.watch(mcr.ChannelSource(channel))
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep()
+    handler.addFilter(mcr.ReconcileContextFilter())
+    logger.addHandler(handler)
+    try:
+        runner = asyncio.create_task(controller.start())
+        await channel.put(mcr.Request("east", "team-a", "web"))
+        await wait_for(lambda: records)
+        await controller.shutdown(1)
+        await runner
+    finally:
+        logger.removeHandler(handler)
+    record = records[0]
+    context = tuple(getattr(record, field) for field in ("cluster", "controller", "namespace", "object"))
+    assert context == ("east", "noisy", "team-a", "web")
+    line = json.loads(mcr.JSONFormatter().format(record))
+    assert line["cluster"] == "east" and line["object"] == "web" and line["message"] == "working on it"
+
+
+async def test_no_token_or_key_reaches_the_logs_of_a_whole_run(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    east, west = fleet["cluster-1"], fleet["cluster-2"]
+    namespace = await _namespace(east, "secrets", ["x"])
+    robot = east.add_token_user(unique("robot"))
+    assert robot.token and west.cert_user.client_cert is not None
+    bad = east.kubeconfig(east.token_user)
+    bad["users"][0]["user"]["token"] = "definitely-wrong-" + "s3cr3t"
+    provider = mcr.StaticProvider(
+        {
+            "token": config_of(east, robot),
+            "cert": config_of(west, west.cert_user),
+            "bad": mcr.kubeconfig_from_dict(bad),
+        },
+        options=mcr.ClusterOptions(retry=mcr.RetryPolicy(attempts=1), cache_sync_timeout=3),
+        probe_interval=0.5,
+    )
+    manager = mcr.Manager(
+        provider, health_probe_address="127.0.0.1:0", metrics_address="127.0.0.1:0", handle_signals=False
+    )
+    done = asyncio.Event()
+
+    async def reconcile(request: mcr.Request) -> None:
+        logging.getLogger("test.secrets").info(
+            "reconciling %s with %r", request, await manager.get_cluster(request.cluster)
+        )
+        if request.cluster == "token":
+            done.set()
+        raise RuntimeError(f"fail once in {request.cluster} to log a traceback")
+
+    mcr.controller_managed_by(manager).for_(CONFIGMAP, namespace=namespace).with_options(
+        rate_limiter=mcr.ExponentialBackoff(base=0.5, cap=1)
+    ).complete(reconcile)
+    with caplog.at_level(logging.DEBUG):
+        async with running(manager):
+            await asyncio.wait_for(done.wait(), 30)
+            await wait_for(lambda: provider.statuses()["bad"].state is mcr.ClusterState.UNHEALTHY)
+            await _get(manager.endpoints.url("/readyz") + "?verbose")
+            await _get(manager.endpoints.url("/metrics"))
+    text = caplog.text + "\n".join(repr(record.args) for record in caplog.records)
+    assert "reconciling" in text
+    assert "'bad' is unhealthy" in text and "401" in text
+    key_pem = west.cert_user.client_cert.key_pem
+    secrets = [
+        robot.token,
+        "s3cr3t",
+        east.token_user.token or "",
+        key_pem.decode().splitlines()[1],
+        base64.b64encode(key_pem).decode()[:40],
+    ]
+    for secret in secrets:
+        assert secret not in text
+
+
+# --- settings --------------------------------------------------------------------------------
+
+
+def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MCRUNTIME_MAX_CONCURRENT_RECONCILES", "4")
+    monkeypatch.setenv("MCRUNTIME_LEADER_ELECTION", "true")
+    monkeypatch.setenv("MCRUNTIME_LOG_FORMAT", "json")
+    settings = mcr.ManagerSettings.load()
+    assert settings.max_concurrent_reconciles == 4
+    assert settings.leader_election is True
+    assert settings.log_format == "json"
+
+
+def test_a_wrong_setting_names_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MCRUNTIME_MAX_CONCURRENT_RECONCILES", "zero")
+    monkeypatch.setenv("MCRUNTIME_LOG_LEVEL", "LOUD")
+    with pytest.raises(mcr.SettingsError) as raised:
+        mcr.ManagerSettings.load()
+    message = str(raised.value)
+    assert "MCRUNTIME_MAX_CONCURRENT_RECONCILES" in message and "MCRUNTIME_LOG_LEVEL" in message
+
+
+def test_inconsistent_lease_timing_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MCRUNTIME_LEADER_ELECTION", "1")
+    monkeypatch.setenv("MCRUNTIME_RENEW_DEADLINE", "30")
+    with pytest.raises(mcr.SettingsError, match="MCRUNTIME_LEASE_DURATION > MCRUNTIME_RENEW_DEADLINE"):
+        mcr.ManagerSettings.load()
+
+
+def test_a_manager_from_settings_uses_them(fleet: Fleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MCRUNTIME_LEADER_ELECTION", "true")
+    monkeypatch.setenv("MCRUNTIME_LEADER_ELECTION_ID", "from-env")
+    monkeypatch.setenv("MCRUNTIME_METRICS_BIND_ADDRESS", "")
+    manager = mcr.Manager.from_settings(local=config_of(fleet["cluster-1"]))
+    assert manager.elector is not None and manager.elector.config.name == "from-env"
+    assert manager.settings is not None and manager.settings.metrics_bind_address in ("", None)
