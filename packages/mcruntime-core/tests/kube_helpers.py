@@ -118,3 +118,19 @@ async def install_widget_crd(cluster: mcr.Cluster) -> mcr.Kind:
 
     await wait_for(established)
     return mcr.Kind(f"{group}/v1", "Widget")
+
+
+@asynccontextmanager
+async def running(manager: mcr.Manager) -> AsyncIterator[mcr.Manager]:
+    """Run the manager for the block; afterwards nothing it started may still run."""
+    before = asyncio.all_tasks()
+    task = asyncio.create_task(manager.start())
+    try:
+        async with asyncio.timeout(30):
+            await manager.wait_started()
+        yield manager
+    finally:
+        manager.stop()
+        await task
+    left = {t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()}
+    assert left == set(), f"tasks left running after shutdown: {sorted(t.get_name() for t in left)}"

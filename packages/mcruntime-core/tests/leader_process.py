@@ -2,7 +2,7 @@
 
 Usage: python leader_process.py KUBECONFIG NAMESPACE LEASE IDENTITY
 It reconciles ConfigMaps in NAMESPACE, stamping its identity on each, and runs
-until killed.
+until killed. The same manager runs in-process in the leader election tests.
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ import mcruntime as mcr
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
 
 
-async def main(kubeconfig: str, namespace: str, lease: str, identity: str) -> None:
+def stamping_manager(
+    config: mcr.ClusterConfig, namespace: str, lease: str, identity: str, *, handle_signals: bool = True
+) -> mcr.Manager:
+    """A leader-elected manager that stamps its identity on each ConfigMap it reconciles."""
     election = mcr.LeaderElectionConfig(
         name=lease,
         namespace=namespace,
@@ -24,9 +27,7 @@ async def main(kubeconfig: str, namespace: str, lease: str, identity: str) -> No
         renew_deadline=3,
         retry_period=0.5,
     )
-    manager = mcr.Manager(
-        local=mcr.load_kubeconfig(kubeconfig), leader_election=election, handle_signals=True
-    )
+    manager = mcr.Manager(local=config, leader_election=election, handle_signals=handle_signals)
 
     async def stamp(request: mcr.Request) -> None:
         await manager.client.patch(
@@ -37,7 +38,11 @@ async def main(kubeconfig: str, namespace: str, lease: str, identity: str) -> No
         )
 
     mcr.controller_managed_by(manager).for_(CONFIGMAP, namespace=namespace).complete(stamp)
-    await manager.start()
+    return manager
+
+
+async def main(kubeconfig: str, namespace: str, lease: str, identity: str) -> None:
+    await stamping_manager(mcr.load_kubeconfig(kubeconfig), namespace, lease, identity).start()
 
 
 if __name__ == "__main__":

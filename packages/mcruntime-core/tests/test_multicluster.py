@@ -5,11 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import pytest
-from kube_helpers import CONFIGMAP, configmap, unique, wait_for
+from kube_helpers import CONFIGMAP, configmap, running, unique, wait_for
 
 import mcruntime as mcr
 from mcruntime.testing import ControlPlane, Fleet
@@ -43,22 +41,6 @@ def uniform_reconciler(manager: mcr.Manager, seen: Seen) -> mcr.ReconcileFunctio
         seen.objects[(request.cluster, request.namespace, request.name)] = (obj.get("data") or {}).get("v")
 
     return reconcile
-
-
-@asynccontextmanager
-async def running(manager: mcr.Manager) -> AsyncIterator[mcr.Manager]:
-    """Run the manager for the block; afterwards nothing it started may still run."""
-    before = asyncio.all_tasks()
-    task = asyncio.create_task(manager.start())
-    try:
-        async with asyncio.timeout(30):
-            await manager.wait_started()
-        yield manager
-    finally:
-        manager.stop()
-        await task
-    left = {t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()}
-    assert left == set(), f"tasks left running after shutdown: {sorted(t.get_name() for t in left)}"
 
 
 async def _seed(plane: ControlPlane, namespace: str, names: list[str], value: str | None = None) -> None:

@@ -11,13 +11,12 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
 import pytest
-from kube_helpers import CONFIGMAP, configmap, unique, wait_for
+from kube_helpers import CONFIGMAP, configmap, running, unique, wait_for
+from leader_process import stamping_manager
 
 import mcruntime as mcr
 from mcruntime.testing import ControlPlane, Fleet
@@ -28,18 +27,6 @@ EVENT = mcr.Kind("events.k8s.io/v1", "Event")
 
 def config_of(plane: ControlPlane, user: object = None) -> mcr.ClusterConfig:
     return mcr.kubeconfig_from_dict(plane.kubeconfig(user))  # type: ignore[arg-type]
-
-
-@asynccontextmanager
-async def running(manager: mcr.Manager) -> AsyncIterator[mcr.Manager]:
-    task = asyncio.create_task(manager.start())
-    try:
-        async with asyncio.timeout(30):
-            await manager.wait_started()
-        yield manager
-    finally:
-        manager.stop()
-        await task
 
 
 async def _namespace(plane: ControlPlane, prefix: str, objects: list[str] = ()) -> str:  # type: ignore[assignment]
@@ -61,32 +48,8 @@ async def _get(url: str) -> tuple[int, str]:
 # --- leader election ---------------------------------------------------------------------
 
 
-def _election(namespace: str, lease: str, identity: str) -> mcr.LeaderElectionConfig:
-    return mcr.LeaderElectionConfig(
-        name=lease,
-        namespace=namespace,
-        identity=identity,
-        lease_duration=4,
-        renew_deadline=3,
-        retry_period=0.5,
-    )
-
-
 def _stamping_manager(plane: ControlPlane, namespace: str, lease: str, identity: str) -> mcr.Manager:
-    manager = mcr.Manager(
-        local=config_of(plane), leader_election=_election(namespace, lease, identity), handle_signals=False
-    )
-
-    async def stamp(request: mcr.Request) -> None:
-        await manager.client.patch(
-            CONFIGMAP,
-            request.name,
-            {"metadata": {"annotations": {"reconciled-by": identity}}},
-            namespace=namespace,
-        )
-
-    mcr.controller_managed_by(manager).for_(CONFIGMAP, namespace=namespace).complete(stamp)
-    return manager
+    return stamping_manager(config_of(plane), namespace, lease, identity, handle_signals=False)
 
 
 async def _stamps(plane: ControlPlane, namespace: str) -> Counter[str]:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from queue_helpers import FakeClock, FixedDelay
 
 from mcruntime._ratelimit import (
     ExponentialBackoff,
@@ -15,38 +14,6 @@ from mcruntime._ratelimit import (
     TokenBucket,
     default_rate_limiter,
 )
-
-
-class FakeClock:
-    """A clock that moves only when the test says so."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class FixedDelay:
-    """A limiter that always answers the same delay and counts its calls per item."""
-
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
-        self.calls: dict[Hashable, int] = {}
-
-    def when(self, item: Hashable) -> float:
-        self.calls[item] = self.calls.get(item, 0) + 1
-        return self.delay
-
-    def forget(self, item: Hashable) -> None:
-        self.calls.pop(item, None)
-
-    def retries(self, item: Hashable) -> int:
-        return self.calls.get(item, 0)
-
 
 # -- ExponentialBackoff ------------------------------------------------------------------
 

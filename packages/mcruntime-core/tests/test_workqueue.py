@@ -20,6 +20,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from queue_helpers import FakeClock, FixedDelay
 
 from mcruntime._ratelimit import ExponentialBackoff
 from mcruntime._workqueue import NoMetrics, QueueMetrics, QueueShutDown, WorkQueue
@@ -35,37 +36,6 @@ class Request:
 
     cluster: str
     name: str
-
-
-class FakeClock:
-    """A clock that moves only when the test says so."""
-
-    def __init__(self, start: float = 500.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class FixedDelay:
-    """A rate limiter that always answers the same delay and counts its calls per item."""
-
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
-        self.calls: dict[Hashable, int] = {}
-
-    def when(self, item: Hashable) -> float:
-        self.calls[item] = self.calls.get(item, 0) + 1
-        return self.delay
-
-    def forget(self, item: Hashable) -> None:
-        self.calls.pop(item, None)
-
-    def retries(self, item: Hashable) -> int:
-        return self.calls.get(item, 0)
 
 
 class RecordingMetrics:
@@ -443,7 +413,7 @@ async def test_a_cancelled_getter_does_not_swallow_a_later_key() -> None:
 
 
 async def test_metrics_see_adds_waits_processing_and_retries() -> None:
-    clock = FakeClock()
+    clock = FakeClock(500.0)
     recorder = RecordingMetrics()
     metrics: QueueMetrics = recorder
     queue = WorkQueue[Request](metrics=metrics, clock=clock, rate_limiter=FixedDelay(0.0))
@@ -467,7 +437,7 @@ async def test_metrics_see_adds_waits_processing_and_retries() -> None:
 
 
 async def test_longest_processing_is_the_oldest_held_key() -> None:
-    clock = FakeClock()
+    clock = FakeClock(500.0)
     queue = WorkQueue[str](clock=clock)
     for key in ["a", "b", "c"]:
         queue.add(key)
