@@ -82,6 +82,7 @@ from ._provider import Aware, Provider, ProviderRunnable
 from ._providers import MultiProvider, SingleProvider, StaticProvider
 from ._ratelimit import ExponentialBackoff, MaxOf, RateLimiter, TokenBucket, default_rate_limiter
 from ._reconcile import LOCAL_CLUSTER, ReconcileFunction, Reconciler, Request, Result, TerminalError
+from ._secret_provider import KubeconfigSecretProvider, SecretStatus
 from ._serving import Check, Checks, Endpoints
 from ._settings import ManagerSettings, SettingsError
 from ._source import EVERY_CLUSTER, LOCAL_ONLY, PROVIDER_ONLY, ChannelSource, ClusterSelection, KindSource
@@ -137,6 +138,7 @@ __all__ = [
     "KindNotFound",
     "KindSource",
     "KubeconfigError",
+    "KubeconfigSecretProvider",
     "LabelSelector",
     "LeaderElectionConfig",
     "LeaderElector",
@@ -168,6 +170,7 @@ __all__ = [
     "RetryPolicy",
     "RoutedClient",
     "Runnable",
+    "SecretStatus",
     "ServerError",
     "ServerTimeout",
     "SettingsError",

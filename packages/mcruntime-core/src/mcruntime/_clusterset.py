@@ -209,7 +209,14 @@ class ClusterSet:
 
     async def _engage(self, name: str, entry: _Entry) -> None:
         cluster = entry.cluster
-        await cluster.start()
+        try:
+            await cluster.start()
+        except Exception as error:
+            if self._entries.get(name) is not entry or cluster.stopped:
+                return  # replaced or removed while starting
+            # Unusable TLS material, say: unhealthy, not gone. It is engaged all the
+            # same, and the probe (like every request) tries to open it again.
+            self._mark(entry, ClusterState.UNHEALTHY, f"start failed: {error}")
         for (kind, index_name), extract in self._indexes.items():
             cluster.cache.index_field(kind, index_name, extract)
         await self._running.wait()

@@ -195,10 +195,24 @@ class Transport:
                 raise Unreachable("the cluster was stopped", cluster=self.cluster)
             if self._session is not None:
                 return
-            self._workdir = Path(tempfile.mkdtemp(prefix="mcruntime-"))
-            os.chmod(self._workdir, 0o700)
-            self._credentials = _Credentials(self.config, self._workdir)
-            context = await asyncio.to_thread(self._ssl_context)
+            workdir = Path(tempfile.mkdtemp(prefix="mcruntime-"))
+            os.chmod(workdir, 0o700)
+            self._workdir = workdir
+            self._credentials = _Credentials(self.config, workdir)
+            try:
+                context = await asyncio.to_thread(self._ssl_context)
+            except BaseException as error:
+                # Never leave the private directory behind; the next open starts afresh.
+                self._discard_workdir(workdir)
+                if isinstance(error, Exception) and self.closed:
+                    raise Unreachable("the cluster was stopped", cluster=self.cluster) from None
+                if isinstance(error, ssl.SSLError | OSError):  # a CA that is no certificate, say
+                    message = f"unusable TLS configuration: {_describe_connection_error(error)}"
+                    raise Unreachable(message, cluster=self.cluster) from None
+                raise
+            if self.closed:  # closed while the TLS context was being built: open nothing
+                self._discard_workdir(workdir)
+                raise Unreachable("the cluster was stopped", cluster=self.cluster)
             connector = aiohttp.TCPConnector(ssl=context, limit=0, enable_cleanup_closed=True)
             self._session = aiohttp.ClientSession(
                 connector=connector,
@@ -219,6 +233,13 @@ class Transport:
             await session.close()
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+            self._files.clear()
+
+    def _discard_workdir(self, workdir: Path) -> None:
+        """Delete a private directory that a failed or abandoned ``open`` created."""
+        shutil.rmtree(workdir, ignore_errors=True)
+        if self._workdir == workdir:
             self._workdir = None
             self._files.clear()
 

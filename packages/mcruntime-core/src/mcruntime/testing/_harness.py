@@ -1,0 +1,185 @@
+"""The conformance suite's machinery: a manager to run, what it saw, objects to see.
+
+Each case runs the provider the way a user would, in a :class:`~mcruntime.Manager`
+with a controller on ConfigMaps, and observes it from outside: which cluster
+objects were engaged under which names (:class:`EngagementRecorder`), what the
+reconciler read and from which cluster (:class:`Seen`). Objects live in a
+namespace of the case's own in every control plane it uses, so cases can share
+the session's clusters without seeing each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import mcruntime as mcr
+
+from ._controlplane import ControlPlane
+
+CONFIGMAP = mcr.Kind("v1", "ConfigMap")
+SEED_LABEL = "conformance.mcruntime.dev/case"
+"""Every ConfigMap a case seeds carries this label with the case's own token."""
+
+
+async def wait_until(
+    condition: Callable[[], object | Awaitable[object]],
+    *,
+    timeout: float = 30.0,
+    interval: float = 0.05,
+    what: str | None = None,
+) -> None:
+    """Poll ``condition`` (sync or async) until it is truthy; fail after ``timeout`` seconds.
+
+    The suite's only way of waiting: a deadline on a condition, never a sleep
+    that hopes something happened meanwhile.
+
+    Raises:
+        AssertionError: the condition still failed at the deadline; the message
+            says ``what`` was awaited.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = condition()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if loop.time() >= deadline:
+            raise AssertionError(f"not within {timeout:.0f}s: {what or condition}")
+        await asyncio.sleep(interval)
+
+
+class EngagementRecorder:
+    """An :class:`~mcruntime.Aware` that remembers every cluster object engaged under each name.
+
+    Added to the manager, it is engaged like any controller, so it counts what
+    the provider really handed over: a re-engagement is a new object under a
+    name already seen.
+    """
+
+    def __init__(self) -> None:
+        self.engaged: defaultdict[str, list[mcr.Cluster]] = defaultdict(list)
+
+    async def engage(self, name: str, cluster: mcr.Cluster) -> None:
+        """Record ``cluster`` under ``name`` unless it is the object already recorded last."""
+        history = self.engaged[name]
+        if not history or history[-1] is not cluster:
+            history.append(cluster)
+
+    def count(self, name: str) -> int:
+        """How many distinct cluster objects were engaged under ``name``."""
+        return len(self.engaged.get(name, []))
+
+    def every_cluster(self) -> list[tuple[str, mcr.Cluster]]:
+        return [(name, cluster) for name, history in self.engaged.items() for cluster in history]
+
+
+class Seen:
+    """What the case's reconciler read: ``(cluster, namespace, name) -> the seeded plane's name``."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], str | None] = {}
+        self.calls: defaultdict[str, int] = defaultdict(int)
+
+    def reconciler(self, manager: mcr.Manager) -> mcr.ReconcileFunction:
+        """A reconciler that reads the request's object from the request's cluster."""
+
+        async def reconcile(request: mcr.Request) -> None:
+            self.calls[request.cluster] += 1
+            cluster = await manager.get_cluster(request.cluster)
+            obj = await cluster.reader.get(CONFIGMAP, request.name, namespace=request.namespace)
+            key = (request.cluster, request.namespace, request.name)
+            if obj is None:
+                self.objects.pop(key, None)
+            else:
+                self.objects[key] = (obj.get("data") or {}).get("plane")
+
+        return reconcile
+
+
+class Seeder:
+    """Writes the case's ConfigMaps into control planes, as their admin.
+
+    Each ConfigMap says which control plane it lives in (``data.plane``), so a
+    reconcile that read it proves which cluster it talked to.
+    """
+
+    def __init__(self) -> None:
+        self.token = uuid.uuid4().hex[:10]
+        self.namespace = f"conformance-{self.token}"
+        self._admins: dict[str, mcr.Cluster] = {}
+
+    async def _admin(self, plane: ControlPlane) -> mcr.Cluster:
+        admin = self._admins.get(plane.name)
+        if admin is None:
+            config = mcr.kubeconfig_from_dict(plane.kubeconfig(), origin=f"{plane.name} admin")
+            admin = mcr.Cluster(f"conformance-admin-{plane.name}", config)
+            await admin.start()
+            self._admins[plane.name] = admin
+            with contextlib.suppress(mcr.AlreadyExists):
+                await admin.client.create(
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}}
+                )
+        return admin
+
+    async def configmap(self, plane: ControlPlane, name: str) -> None:
+        """Create ConfigMap ``name`` in the case's namespace of ``plane``."""
+        admin = await self._admin(plane)
+        await admin.client.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": self.namespace, "labels": {SEED_LABEL: self.token}},
+                "data": {"plane": plane.name},
+            }
+        )
+
+    async def close(self) -> None:
+        await asyncio.gather(*(admin.stop() for admin in self._admins.values()))
+        self._admins.clear()
+
+
+def seed_index(obj: dict[str, Any]) -> list[str]:
+    """Index function of the index cases: the case token of a seeded ConfigMap."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    value = labels.get(SEED_LABEL)
+    return [value] if isinstance(value, str) else []
+
+
+@asynccontextmanager
+async def running(manager: mcr.Manager, recorder: EngagementRecorder) -> AsyncIterator[mcr.Manager]:
+    """Run ``manager`` for the block; afterwards nothing may be left running or open.
+
+    After shutdown, no task the block started is alive, and every cluster the
+    provider ever engaged is stopped, owns no task, and has closed its
+    connections: "disengage completely" checked for every case.
+    """
+    before = asyncio.all_tasks()
+    runner = asyncio.create_task(manager.start(), name="conformance:manager")
+    started = asyncio.create_task(manager.wait_started())
+    try:
+        async with asyncio.timeout(30):
+            await asyncio.wait({runner, started}, return_when=asyncio.FIRST_COMPLETED)
+        if runner.done():
+            runner.result()  # the manager failed to start: raise why
+            raise AssertionError("the manager returned before it started")
+        yield manager
+    finally:
+        started.cancel()
+        manager.stop()
+        await runner
+    current = asyncio.current_task()
+    left = sorted(t.get_name() for t in asyncio.all_tasks() - before if t is not current and not t.done())
+    assert left == [], f"tasks left running after the manager stopped: {left}"
+    for name, cluster in recorder.every_cluster():
+        assert cluster.stopped, f"cluster {name!r} ({cluster!r}) was not stopped with its provider"
+        assert len(cluster.tasks) == 0, f"cluster {name!r} still owns {len(cluster.tasks)} tasks"
+        assert cluster.transport.closed, f"cluster {name!r} left its connections open"

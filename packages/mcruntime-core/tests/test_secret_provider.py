@@ -1,0 +1,403 @@
+"""KubeconfigSecretProvider: the conformance suite, its own edges, and the guide that quotes it.
+
+The hub is the session fleet's ``cluster-1``; each test writes its Secrets into
+a namespace of its own there, pointing at the fleet's clusters.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import re
+import textwrap
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import yaml
+from kube_helpers import CONFIGMAP, configmap, unique, wait_for
+
+import mcruntime as mcr
+from mcruntime._secret_provider import KubeconfigSecretProvider, SecretStatus
+from mcruntime.testing import ControlPlane, Fleet
+from mcruntime.testing._harness import EngagementRecorder, running
+from mcruntime.testing.conformance import (
+    CLUSTER_OPTIONS,
+    PROBE_INTERVAL,
+    ProviderConformance,
+    ProviderDriver,
+    Target,
+    wait_until,
+)
+
+SECRET = mcr.Kind("v1", "Secret")
+LABEL = {"mcruntime.dev/kubeconfig": "true"}
+
+
+def admin_config(plane: ControlPlane) -> mcr.ClusterConfig:
+    return mcr.kubeconfig_from_dict(plane.kubeconfig())
+
+
+def secret_manifest(
+    name: str, namespace: str, kubeconfig: Any, *, annotations: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """A labelled kubeconfig Secret; ``kubeconfig`` is a dict, or raw text written as is."""
+    text = kubeconfig if isinstance(kubeconfig, str) else yaml.safe_dump(kubeconfig)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": dict(LABEL),
+            "annotations": dict(annotations or {}),
+        },
+        "type": "Opaque",
+        "data": {"kubeconfig": base64.b64encode(text.encode()).decode()},
+    }
+
+
+# --8<-- [start:driver]
+NAME_ANNOTATION = "conformance.mcruntime.dev/cluster-name"
+
+
+def annotated_name(secret: Mapping[str, Any]) -> str | None:
+    """The cluster name from an annotation, else the Secret's name: lets two Secrets collide."""
+    metadata = secret.get("metadata") or {}
+    return (metadata.get("annotations") or {}).get(NAME_ANNOTATION) or metadata.get("name")
+
+
+class SecretDriver(ProviderDriver):
+    """The source is a namespace of the hub; each cluster is one Secret written there."""
+
+    def __init__(self, hub: ControlPlane, writer: mcr.Cluster, namespace: str) -> None:
+        self.hub, self.writer, self.namespace = hub, writer, namespace
+        self.provider: KubeconfigSecretProvider | None = None
+        self.written: dict[str, str | None] = {}  # Secret -> resourceVersion (None: deleted)
+        self.touches = 0
+
+    def build(self) -> mcr.Provider:
+        self.provider = KubeconfigSecretProvider(
+            admin_config(self.hub),
+            self.namespace,
+            name_from=annotated_name,
+            options=CLUSTER_OPTIONS,
+            probe_interval=PROBE_INTERVAL,
+        )
+        return self.provider
+
+    def status(self, name: str) -> mcr.ClusterStatus | None:
+        return self.provider.statuses().get(name) if self.provider is not None else None
+
+    async def _write(self, secret: str, target: Target, annotations: dict[str, str]) -> None:
+        manifest = secret_manifest(secret, self.namespace, target.kubeconfig(), annotations=annotations)
+        applied = await self.writer.client.apply(manifest, field_manager="conformance", force=True)
+        self.written[secret] = applied["metadata"]["resourceVersion"]
+
+    async def add(self, name: str, target: Target) -> None:
+        await self._write(name, target, {})
+
+    async def touch(self, name: str, target: Target) -> None:
+        self.touches += 1  # new metadata, same kubeconfig
+        await self._write(name, target, {"conformance.mcruntime.dev/touched": str(self.touches)})
+
+    async def remove(self, name: str) -> None:
+        await self.writer.client.delete(SECRET, name, namespace=self.namespace)
+        self.written[name] = None
+
+    async def add_duplicate(self, name: str, target: Target) -> None:
+        await self._write(f"{name}-duplicate", target, {NAME_ANNOTATION: name})
+
+    def duplicate_reported(self, name: str) -> bool:
+        assert self.provider is not None
+        statuses = self.provider.secret_statuses().values()
+        return any(status.cluster == name and status.duplicate_of for status in statuses)
+
+    async def settle(self) -> None:
+        provider = self.provider
+        assert provider is not None
+
+        def caught_up() -> bool:
+            seen = provider.secret_statuses()
+            for secret, version in self.written.items():
+                key = f"{self.namespace}/{secret}"
+                if (seen[key].resource_version if key in seen else None) != version:
+                    return False
+            return True
+
+        await wait_until(caught_up, what="the provider processed every Secret written")
+
+
+class TestKubeconfigSecretProvider(ProviderConformance):
+    @pytest_asyncio.fixture
+    async def driver(self, fleet: Fleet) -> AsyncIterator[ProviderDriver]:
+        hub = fleet["cluster-1"]
+        async with mcr.Cluster("secret-writer", admin_config(hub)) as writer:
+            namespace = unique("kubeconfigs")
+            await writer.client.create(
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+            )
+            yield SecretDriver(hub, writer, namespace)
+
+
+# --8<-- [end:driver]
+
+
+# --- the provider's own edges ------------------------------------------------------------
+
+
+class Hub:
+    """A namespace of the hub to write Secrets into, and a provider over it."""
+
+    def __init__(self, plane: ControlPlane, writer: mcr.Cluster, namespace: str) -> None:
+        self.plane, self.writer, self.namespace = plane, writer, namespace
+
+    async def write(self, name: str, kubeconfig: Any, **annotations: str) -> str:
+        manifest = secret_manifest(name, self.namespace, kubeconfig, annotations=annotations)
+        applied = await self.writer.client.apply(manifest, field_manager="test", force=True)
+        return str(applied["metadata"]["resourceVersion"])
+
+    def provider(self, **kwargs: Any) -> KubeconfigSecretProvider:
+        kwargs.setdefault("options", CLUSTER_OPTIONS)
+        kwargs.setdefault("probe_interval", PROBE_INTERVAL)
+        return KubeconfigSecretProvider(admin_config(self.plane), self.namespace, **kwargs)
+
+    def key(self, name: str) -> str:
+        return f"{self.namespace}/{name}"
+
+
+@pytest.fixture
+async def hub(fleet: Fleet) -> AsyncIterator[Hub]:
+    plane = fleet["cluster-1"]
+    async with mcr.Cluster("hub-writer", admin_config(plane)) as writer:
+        namespace = unique("hub")
+        await writer.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        yield Hub(plane, writer, namespace)
+
+
+def manager_for(provider: mcr.Provider) -> tuple[mcr.Manager, EngagementRecorder]:
+    manager = mcr.Manager(provider, handle_signals=False)
+    recorder = EngagementRecorder()
+    manager.add(recorder)
+    return manager, recorder
+
+
+async def processed(provider: KubeconfigSecretProvider, key: str, resource_version: str) -> SecretStatus:
+    def caught_up() -> bool:
+        status = provider.secret_statuses().get(key)
+        return status is not None and status.resource_version == resource_version
+
+    await wait_for(caught_up)
+    return provider.secret_statuses()[key]
+
+
+async def test_an_unusable_secret_is_reported_by_name_and_quotes_nothing(
+    hub: Hub, fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="mcruntime.providers.secrets")
+    plane = fleet["cluster-2"]
+    token = plane.token_user.token
+    assert token is not None
+    leaky = f"clusters: [\n  token: {token}\n"  # not YAML, and it holds a credential
+    broken_rv = await hub.write("broken", leaky)
+    no_key = secret_manifest("no-key", hub.namespace, {})
+    no_key["data"] = {"other": base64.b64encode(token.encode()).decode()}
+    no_key_rv = (await hub.writer.client.apply(no_key, field_manager="test"))["metadata"]["resourceVersion"]
+    await hub.write("good", Target.of(plane).kubeconfig())
+    provider = hub.provider()
+    manager, _recorder = manager_for(provider)
+    async with running(manager, _recorder):
+        await wait_for(lambda: "good" in manager.clusters())
+        broken = await processed(provider, hub.key("broken"), broken_rv)
+        missing = await processed(provider, hub.key("no-key"), no_key_rv)
+        assert not broken.active and broken.cluster == "broken"
+        assert (
+            broken.error == f"Secret {hub.key('broken')}: data key 'kubeconfig' is not valid YAML at line 3"
+        )
+        assert missing.error == f"Secret {hub.key('no-key')}: has no data key 'kubeconfig'"
+        assert set(provider.clusters.names()) == {"good"}  # nothing to keep: never engaged
+        for name in ("broken", "no-key"):
+            with pytest.raises(mcr.ClusterNotFound):
+                await provider.get(name)
+        logged = caplog.text
+        assert hub.key("broken") in logged and hub.key("no-key") in logged
+        exposed = logged + repr(provider) + repr(provider.secret_statuses()) + repr(provider.statuses())
+        leaked = token in exposed
+        assert not leaked, "a token reached a log, a status or a repr"
+
+
+async def test_a_broken_update_keeps_the_last_good_kubeconfig(hub: Hub, fleet: Fleet) -> None:
+    first, second = fleet["cluster-2"], fleet["cluster-3"]
+    namespace = unique("lastgood")
+    async with mcr.Cluster("seed", admin_config(first)) as seed:
+        await seed.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        await seed.client.create(configmap("before", namespace, v="1"))
+    await hub.write("alpha", Target.of(first).kubeconfig())
+    provider = hub.provider()
+    manager, recorder = manager_for(provider)
+    seen: set[str] = set()
+
+    async def reconcile(request: mcr.Request) -> None:
+        seen.add(request.name)
+
+    mcr.controller_managed_by(manager).for_(CONFIGMAP, predicates=[mcr.in_namespaces(namespace)]).complete(
+        reconcile
+    )
+    async with running(manager, recorder):
+        await wait_for(lambda: "before" in seen)
+        engaged = manager.clusters()["alpha"]
+        bad_rv = await hub.write("alpha", "users: [unclosed\n")
+        status = await processed(provider, hub.key("alpha"), bad_rv)
+        assert status.stale and status.active and status.cluster == "alpha"
+        assert status.error is not None and "not valid YAML" in status.error
+        assert manager.clusters()["alpha"] is engaged and not engaged.stopped  # unavailable is not gone
+        async with mcr.Cluster("seed", admin_config(first)) as seed:
+            await seed.client.create(configmap("during", namespace, v="1"))
+        await wait_for(lambda: "during" in seen)
+
+        refused = Target.of(second).kubeconfig()
+        refused["clusters"][0]["cluster"]["insecure-skip-tls-verify"] = True
+        refused_rv = await hub.write("alpha", refused)
+        status = await processed(provider, hub.key("alpha"), refused_rv)
+        assert status.stale and status.error is not None and "trust policy refuses" in status.error
+        assert manager.clusters()["alpha"] is engaged
+
+        fixed_rv = await hub.write("alpha", Target.of(second).kubeconfig())
+        status = await processed(provider, hub.key("alpha"), fixed_rv)
+        assert not status.stale and status.error is None and status.active
+        await wait_for(lambda: manager.clusters()["alpha"].config.server == second.server)
+        assert engaged.transport.closed and len(engaged.tasks) == 0 and recorder.count("alpha") == 2
+
+
+async def test_deleting_deleting_and_unlabelled_secrets_disengage(hub: Hub, fleet: Fleet) -> None:
+    plane = fleet["cluster-2"]
+    for name in ("deleted", "finalized", "unlabelled", "kept"):
+        await hub.write(name, Target.of(plane).kubeconfig())
+    provider = hub.provider()
+    manager, recorder = manager_for(provider)
+    async with running(manager, recorder):
+        await wait_for(lambda: set(manager.clusters()) == {"deleted", "finalized", "unlabelled", "kept"})
+        clusters = dict(manager.clusters())
+        await hub.writer.client.delete(SECRET, "deleted", namespace=hub.namespace)
+        await hub.writer.client.patch(
+            SECRET,
+            "finalized",
+            {"metadata": {"finalizers": ["test.mcruntime.dev/hold"]}},
+            namespace=hub.namespace,
+        )
+        await hub.writer.client.delete(SECRET, "finalized", namespace=hub.namespace)
+        await hub.writer.client.patch(
+            SECRET,
+            "unlabelled",
+            {"metadata": {"labels": {"mcruntime.dev/kubeconfig": None}}},
+            namespace=hub.namespace,
+        )
+        await wait_for(lambda: set(manager.clusters()) == {"kept"})
+        assert all(clusters[name].stopped for name in ("deleted", "finalized", "unlabelled"))
+        still_there = await hub.writer.client.get(SECRET, "finalized", namespace=hub.namespace)
+        assert still_there["metadata"].get("deletionTimestamp")  # gone by intent, though not yet deleted
+        assert manager.clusters()["kept"] is clusters["kept"]
+        await hub.writer.client.patch(
+            SECRET, "finalized", {"metadata": {"finalizers": None}}, namespace=hub.namespace
+        )
+
+
+async def test_when_the_holder_of_a_name_goes_the_duplicate_takes_over(hub: Hub, fleet: Fleet) -> None:
+    first, second = fleet["cluster-2"], fleet["cluster-3"]
+    await hub.write("original", Target.of(first).kubeconfig(), **{NAME_ANNOTATION: "shared"})
+    provider = hub.provider(name_from=annotated_name)
+    manager, recorder = manager_for(provider)
+    async with running(manager, recorder):
+        await wait_for(lambda: "shared" in manager.clusters())
+        copy_rv = await hub.write("copy", Target.of(second).kubeconfig(), **{NAME_ANNOTATION: "shared"})
+        copy = await processed(provider, hub.key("copy"), copy_rv)
+        assert copy.duplicate_of == hub.key("original") and not copy.active
+        assert copy.error == (
+            f"Secret {hub.key('copy')}: cluster name 'shared' is already provided by Secret {hub.key('original')}"
+        )
+        assert manager.clusters()["shared"].config.server == first.server
+        await hub.writer.client.delete(SECRET, "original", namespace=hub.namespace)
+        await wait_for(
+            lambda: (
+                manager.clusters().get("shared") is not None
+                and manager.clusters()["shared"].config.server == second.server
+            )
+        )
+        await wait_for(lambda: provider.secret_statuses().get(hub.key("copy"), copy).active)
+        assert provider.secret_statuses()[hub.key("copy")].duplicate_of is None
+        assert recorder.count("shared") == 2
+
+
+async def test_an_opted_in_trust_policy_allows_what_untrusted_refuses(hub: Hub, fleet: Fleet) -> None:
+    plane = fleet["cluster-2"]
+    insecure = Target.of(plane).kubeconfig()
+    cluster_entry = insecure["clusters"][0]["cluster"]
+    del cluster_entry["certificate-authority-data"]
+    cluster_entry["insecure-skip-tls-verify"] = True
+    await hub.write("insecure", insecure)
+    provider = hub.provider(trust=mcr.TrustPolicy(allow_insecure=True))
+    manager, recorder = manager_for(provider)
+    async with running(manager, recorder):
+        await wait_for(lambda: "insecure" in manager.clusters())
+        await wait_for(lambda: provider.statuses()["insecure"].state is mcr.ClusterState.READY)
+
+
+async def test_a_hub_cluster_passed_in_is_used_and_left_running(hub: Hub, fleet: Fleet) -> None:
+    await hub.write("alpha", Target.of(fleet["cluster-2"]).kubeconfig())
+    async with mcr.Cluster("my-hub", admin_config(hub.plane)) as mine:
+        provider = KubeconfigSecretProvider(mine, hub.namespace, options=CLUSTER_OPTIONS)
+        manager, recorder = manager_for(provider)
+        async with running(manager, recorder):
+            await wait_for(lambda: "alpha" in manager.clusters())
+        assert not mine.stopped and not mine.transport.closed
+        await mine.client.get(SECRET, "alpha", namespace=hub.namespace)  # still usable
+
+
+def test_a_provider_needs_a_namespace(fleet: Fleet) -> None:
+    with pytest.raises(ValueError, match="one namespace"):
+        KubeconfigSecretProvider(admin_config(fleet["cluster-1"]), "")
+
+
+# --- the guide ---------------------------------------------------------------------------
+
+CORE = Path(__file__).resolve().parent.parent
+GUIDE = CORE / "docs" / "writing-a-provider.md"
+_INCLUDE = re.compile(
+    r"(?P<off><!-- fmt: off -->\n)?<!-- include: (?P<path>\S+)#(?P<region>[\w-]+) -->\n```python\n(?P<body>.*?)```",
+    re.S,
+)
+_REGION = r"[ \t]*# --8<-- \[start:{0}\]\n(?P<body>.*?)[ \t]*# --8<-- \[end:{0}\]\n"
+
+
+def _region(path: Path, region: str) -> str:
+    found = re.search(_REGION.format(re.escape(region)), path.read_text(), re.S)
+    assert found is not None, f"{path.name} has no region {region!r}"
+    return textwrap.dedent(found["body"]).strip("\n") + "\n"
+
+
+def test_guide_example_is_the_tested_code() -> None:
+    """Every ``include`` code block of the guide is its source region, character for character.
+
+    Regions are compared after removing their common indentation (methods are
+    quoted without their class's indent), which is also why each quoted block
+    sits under ``<!-- fmt: off -->``: ruff formats Python blocks in Markdown.
+    To refresh the guide after changing the source, copy the region over the
+    block below its include marker.
+    """
+    guide = GUIDE.read_text()
+    blocks = list(_INCLUDE.finditer(guide))
+    assert len(blocks) >= 6, "the guide's worked example is quoted from the source"
+    unfenced = [f"{block['path']}#{block['region']}" for block in blocks if not block["off"]]
+    assert unfenced == [], "quoted blocks need <!-- fmt: off --> before their include marker"
+    mismatched = [
+        f"{block['path']}#{block['region']}"
+        for block in blocks
+        if block["body"] != _region(CORE / block["path"], block["region"])
+    ]
+    assert mismatched == [], "guide blocks differ from the source; copy the regions over them"
+    provider = "src/mcruntime/_secret_provider.py"
+    regions = set(re.findall(r"# --8<-- \[start:([\w-]+)\]", (CORE / provider).read_text()))
+    quoted = {block["region"] for block in blocks if block["path"] == provider}
+    assert regions == quoted, "every marked region of the provider is in the guide"
