@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,7 +11,7 @@ from typing import Any
 from kubernetes_asyncio import client, config
 
 import mcruntime as mcr
-from mcruntime.testing import ControlPlane
+from mcruntime.testing import ControlPlane, wait_until
 
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
 NAMESPACE = mcr.Kind("v1", "Namespace")
@@ -50,17 +49,7 @@ def configmap(name: str, namespace: str, **data: str) -> dict[str, Any]:
 
 async def wait_for(condition: Any, timeout: float = 30.0, interval: float = 0.05) -> None:
     """Await until ``condition()`` (sync or async) is truthy; fail after ``timeout``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = condition()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        if loop.time() >= deadline:
-            raise AssertionError(f"condition not met within {timeout}s: {condition}")
-        await asyncio.sleep(interval)
+    await wait_until(condition, timeout=timeout, interval=interval)
 
 
 @asynccontextmanager
