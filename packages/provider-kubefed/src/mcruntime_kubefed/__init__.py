@@ -1,15 +1,29 @@
 """mcruntime provider for KubeFed cluster registrations.
 
-Clusters from KubeFed `KubeFedCluster` registrations on a host cluster. The provider
-only discovers; engaging, replacing and removing clusters is the core's
-``ClusterSet``'s job, so the provider package stays small and behaves like every
-other provider at the edges.
+Members registered with KubeFed (``KubeFedCluster`` objects and their token
+Secrets in the KubeFed namespace of a host cluster) become clusters of an
+mcruntime manager, added, updated and removed while it runs. The provider only
+discovers; the core's ``ClusterSet`` engages, replaces and removes clusters, so
+it behaves like every other provider at the edges.
 """
 
 from __future__ import annotations
 
 from importlib.metadata import version
 
+from ._config import MemberConfigError, endpoint_url, member_config
+from ._provider import DEFAULT_NAMESPACE, KUBEFED_CLUSTER, KubeFedNotInstalled, KubeFedProvider, MemberStatus
+
 __version__ = version("mcruntime-provider-kubefed")
 
-__all__ = ["__version__"]
+__all__ = [
+    "DEFAULT_NAMESPACE",
+    "KUBEFED_CLUSTER",
+    "KubeFedNotInstalled",
+    "KubeFedProvider",
+    "MemberConfigError",
+    "MemberStatus",
+    "__version__",
+    "endpoint_url",
+    "member_config",
+]

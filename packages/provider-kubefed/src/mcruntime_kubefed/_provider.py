@@ -1,0 +1,260 @@
+"""The KubeFed provider: members registered as KubeFedCluster objects on a hub.
+
+It watches ``KubeFedCluster`` objects and the Secrets of the KubeFed namespace
+on the hub, and keeps a :class:`mcruntime.ClusterSet` equal to them. Only the
+object's deletion (or a deletionTimestamp) removes a member: a missing or
+unreadable Secret keeps the last good token, so ``kubefedctl unjoin``, which
+deletes the Secret first, still disengages the member when the object goes. A
+rotated token in the Secret is swapped in place without restarting caches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import mcruntime as mcr
+
+from ._config import MemberConfigError, member_config, token_of
+
+log = logging.getLogger("mcruntime_kubefed")
+
+KUBEFED_CLUSTER = mcr.Kind("core.kubefed.io/v1beta1", "KubeFedCluster")
+SECRET = mcr.Kind("v1", "Secret")
+DEFAULT_NAMESPACE = "kube-federation-system"
+
+
+class KubeFedNotInstalled(mcr.MCRuntimeError):
+    """The hub serves no ``KubeFedCluster`` (``core.kubefed.io/v1beta1``): KubeFed is not installed."""
+
+
+@dataclass(frozen=True)
+class MemberStatus:
+    """What the provider made of one KubeFedCluster: engaged or not, and why not."""
+
+    name: str
+    engaged: bool
+    error: str | None = None
+    stale: bool = False
+    """Engaged with an earlier config that worked, while the current one does not."""
+    resource_version: str = ""
+    """The KubeFedCluster version this status was made from."""
+    secret_resource_version: str | None = None
+    """The token Secret's version used (``None``: no such Secret)."""
+
+
+class KubeFedProvider:
+    """Engages every member cluster registered with KubeFed on the hub.
+
+    Args:
+        hub: The KubeFed host cluster: a config (the provider opens and closes
+            its connection) or a running :class:`mcruntime.Cluster` the caller owns.
+        namespace: The KubeFed system namespace, where KubeFedClusters and their
+            token Secrets live.
+        wait_for_ready: Engage a member only once KubeFed's ``Ready`` condition
+            is ``True``. Off by default: the conditions are written only while
+            KubeFed's controller runs, so they are hints.
+        allow_insecure: Accept ``disabledTLSValidations: ["*"]`` (and http
+            endpoints), with a warning. Off by default.
+        options: Options of every member (and of the hub connection).
+        probe_interval: Seconds between health probes of each member.
+    """
+
+    def __init__(
+        self,
+        hub: mcr.ClusterConfig | mcr.Cluster,
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        wait_for_ready: bool = False,
+        allow_insecure: bool = False,
+        options: mcr.ClusterOptions | None = None,
+        probe_interval: float = 10.0,
+    ) -> None:
+        self.namespace = namespace
+        self.wait_for_ready = wait_for_ready
+        self.allow_insecure = allow_insecure
+        self._hub = hub
+        self._options = options
+        self._owner = f"kubefed members in {namespace!r}"
+        self.clusters = mcr.ClusterSet(options=options, probe_interval=probe_interval, owner=self._owner)
+        self._last_good: dict[str, mcr.ClusterConfig] = {}
+        self._members: dict[str, MemberStatus] = {}
+
+    def __repr__(self) -> str:
+        return f"<KubeFedProvider namespace={self.namespace!r} clusters={self.clusters.names()}>"
+
+    async def get(self, name: str) -> mcr.Cluster:
+        """The engaged member of this name (the KubeFedCluster's name); raises ClusterNotFound."""
+        return await self.clusters.get(name)
+
+    async def index_field(
+        self, kind: mcr.Kind, name: str, extract: Callable[[dict[str, Any]], Iterable[str]]
+    ) -> None:
+        """Index ``kind`` in every member, engaged now or later."""
+        await self.clusters.index_field(kind, name, extract)
+
+    def statuses(self) -> dict[str, mcr.ClusterStatus]:
+        """Each engaged member's state (engaging, ready, unhealthy)."""
+        return self.clusters.statuses()
+
+    def member_statuses(self) -> dict[str, MemberStatus]:
+        """What became of each KubeFedCluster the provider saw last, by name."""
+        return dict(self._members)
+
+    async def run(self, aware: mcr.Aware) -> None:
+        """Watch KubeFedClusters and Secrets and keep the members engaged until cancelled.
+
+        Raises :class:`KubeFedNotInstalled` at once when the hub has no KubeFed CRD.
+        """
+        async with self._hub_cluster() as hub:
+            try:
+                await hub.client.resource(KUBEFED_CLUSTER)
+            except mcr.KindNotFound:
+                raise KubeFedNotInstalled(
+                    f"KubeFed not installed: the hub {hub.config.server} serves no KubeFedCluster "
+                    f"({KUBEFED_CLUSTER.api_version})"
+                ) from None
+            read_timeout = hub.options.watch_read_timeout
+            members = mcr.Informer(
+                hub.client, KUBEFED_CLUSTER, namespace=self.namespace, read_timeout=read_timeout
+            )
+            secrets = mcr.Informer(
+                hub.client, SECRET, namespace=self.namespace, transform=_token_only, read_timeout=read_timeout
+            )
+            changed = asyncio.Event()
+
+            def poke(*_event: object) -> None:
+                changed.set()
+
+            for informer in (members, secrets):
+                informer.add_handler(mcr.ResourceEventHandler(on_add=poke, on_update=poke, on_delete=poke))
+            engaging = asyncio.create_task(self.clusters.run(aware), name=f"{self._owner}:clusters")
+            try:
+                async with asyncio.TaskGroup() as discovery:
+                    discovery.create_task(members.run(), name=f"{self._owner}:members")
+                    discovery.create_task(secrets.run(), name=f"{self._owner}:secrets")
+                    discovery.create_task(
+                        self._follow(members, secrets, changed), name=f"{self._owner}:follow"
+                    )
+            finally:
+                engaging.cancel()
+                await asyncio.gather(engaging, return_exceptions=True)
+
+    @asynccontextmanager
+    async def _hub_cluster(self) -> AsyncIterator[mcr.Cluster]:
+        if isinstance(self._hub, mcr.Cluster):
+            yield self._hub
+            return
+        async with mcr.Cluster(f"{self._owner} (hub)", self._hub, self._options) as hub:
+            yield hub
+
+    async def _follow(self, members: mcr.Informer, secrets: mcr.Informer, changed: asyncio.Event) -> None:
+        """Level-triggered: after any event, make the members match both stores."""
+        failures = 0
+        while True:
+            await changed.wait()
+            changed.clear()
+            if not (members.has_synced and secrets.has_synced):
+                await asyncio.gather(members.wait_for_sync(), secrets.wait_for_sync())
+            try:
+                desired = self._desired(members.store.objects, secrets.store.objects)
+                sync = asyncio.ensure_future(self.clusters.sync(desired))
+                try:
+                    await asyncio.shield(sync)
+                except asyncio.CancelledError:
+                    await asyncio.gather(sync, return_exceptions=True)
+                    raise
+                failures = 0
+            except Exception:
+                failures += 1
+                delay = min(30.0, 0.2 * 2**failures) * random.uniform(0.5, 1.0)  # noqa: S311
+                log.exception(
+                    "%s: applying the KubeFedClusters failed; retrying in %.1fs", self._owner, delay
+                )
+                await asyncio.sleep(delay)
+                changed.set()
+
+    def _desired(
+        self, objects: Mapping[str, Mapping[str, Any]], secrets: Mapping[str, Mapping[str, Any]]
+    ) -> dict[str, mcr.ClusterConfig]:
+        desired: dict[str, mcr.ClusterConfig] = {}
+        statuses: dict[str, MemberStatus] = {}
+        live_names = set()
+        for obj in objects.values():
+            metadata = obj.get("metadata") or {}
+            name = str(metadata.get("name", ""))
+            if not name or metadata.get("deletionTimestamp"):
+                continue  # deleting: gone, whatever its Secret says
+            live_names.add(name)
+            config, error = self._config(name, obj, secrets)
+            if config is not None:
+                self._last_good[name] = config
+            elif error is not None:
+                previous = self._members.get(name)
+                if previous is None or previous.error != error:
+                    log.warning("%s: KubeFedCluster %s: %s", self._owner, name, error)
+            chosen = config or self._last_good.get(name)
+            if chosen is not None:
+                desired[name] = chosen
+            secret_ref = str((obj.get("spec") or {}).get("secretRef", {}).get("name", ""))
+            secret = secrets.get(f"{self.namespace}/{secret_ref}")
+            statuses[name] = MemberStatus(
+                name,
+                chosen is not None,
+                error,
+                stale=config is None and chosen is not None,
+                resource_version=str(metadata.get("resourceVersion", "")),
+                secret_resource_version=(
+                    str((secret.get("metadata") or {}).get("resourceVersion", ""))
+                    if secret is not None
+                    else None
+                ),
+            )
+        for name in [name for name in self._last_good if name not in live_names]:
+            del self._last_good[name]
+        self._members = statuses
+        return desired
+
+    def _config(
+        self, name: str, obj: Mapping[str, Any], secrets: Mapping[str, Mapping[str, Any]]
+    ) -> tuple[mcr.ClusterConfig | None, str | None]:
+        spec = obj.get("spec") or {}
+        if self.wait_for_ready and not _ready(obj) and name not in self._last_good:
+            return None, "waiting for KubeFed's Ready condition"
+        secret_name = (spec.get("secretRef") or {}).get("name")
+        if not secret_name:
+            return None, "spec.secretRef.name is empty"
+        token = token_of(secrets.get(f"{self.namespace}/{secret_name}"))
+        if token is None:
+            return None, f"Secret {self.namespace}/{secret_name} is missing or has no 'token'"
+        try:
+            config = member_config(name, spec, token, allow_insecure=self.allow_insecure)
+        except MemberConfigError as error:
+            return None, str(error)
+        if config.insecure:
+            log.warning("%s: KubeFedCluster %s: TLS verification is off for this member", self._owner, name)
+        return config, None
+
+
+def _ready(obj: Mapping[str, Any]) -> bool:
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _token_only(secret: dict[str, Any]) -> dict[str, Any]:
+    """Keep a Secret's name and its ``token`` key only: nothing else of the namespace's Secrets."""
+    metadata = secret.get("metadata") or {}
+    data = secret.get("data") or {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            key: metadata[key] for key in ("name", "namespace", "resourceVersion") if key in metadata
+        },
+        "data": {"token": data["token"]} if "token" in data else {},
+    }

@@ -1,0 +1,360 @@
+"""KubeFedProvider against real control planes: a hub with our own KubeFedCluster CRD, members from the fleet."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, ClassVar
+
+import pytest
+import pytest_asyncio
+
+import mcruntime as mcr
+from mcruntime.testing import ControlPlane, Fleet, Target, wait_until
+from mcruntime.testing.conformance import (
+    CLUSTER_OPTIONS,
+    PROBE_INTERVAL,
+    Capability,
+    ProviderConformance,
+    ProviderDriver,
+)
+from mcruntime_kubefed import (
+    KUBEFED_CLUSTER,
+    KubeFedNotInstalled,
+    KubeFedProvider,
+    MemberStatus,
+    endpoint_url,
+)
+
+SECRET = mcr.Kind("v1", "Secret")
+CRD = mcr.Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+CONFIGMAP = mcr.Kind("v1", "ConfigMap")
+
+
+def admin(plane: ControlPlane) -> mcr.ClusterConfig:
+    return mcr.kubeconfig_from_dict(plane.kubeconfig())
+
+
+KUBEFED_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "kubefedclusters.core.kubefed.io"},
+    "spec": {
+        "group": "core.kubefed.io",
+        "scope": "Namespaced",
+        "names": {
+            "plural": "kubefedclusters",
+            "singular": "kubefedcluster",
+            "kind": "KubeFedCluster",
+            "listKind": "KubeFedClusterList",
+        },
+        "versions": [
+            {
+                "name": "v1beta1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {
+                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                },
+            }
+        ],
+    },
+}
+
+
+async def install_kubefed_crd(cluster: mcr.Cluster) -> None:
+    """Our own KubeFedCluster CRD (the schema keeps unknown fields), waited for until established."""
+    with contextlib.suppress(mcr.AlreadyExists):
+        await cluster.client.create(KUBEFED_CRD)
+
+    async def established() -> bool:
+        crd = await cluster.client.get(CRD, "kubefedclusters.core.kubefed.io")
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+    await wait_until(established, what="the KubeFedCluster CRD is established")
+
+
+class Hub:
+    """A KubeFed namespace of its own on the hub, and the writes kubefedctl would make."""
+
+    def __init__(self, plane: ControlPlane, writer: mcr.Cluster, namespace: str) -> None:
+        self.plane, self.writer, self.namespace = plane, writer, namespace
+        self.written: dict[str, tuple[str, str | None] | None] = {}  # name -> (object RV, secret RV)
+
+    async def join(
+        self,
+        name: str,
+        target: Target,
+        *,
+        endpoint: str | None = None,
+        ca: bytes | None = None,
+        disabled: list[str] | None = None,
+        annotations: dict[str, str] | None = None,
+    ) -> None:
+        secret_rv = await self.write_token(name, target.token or "")
+        spec: dict[str, Any] = {
+            "apiEndpoint": endpoint if endpoint is not None else target.server,
+            "caBundle": base64.b64encode(target.ca_pem if ca is None else ca).decode(),
+            "secretRef": {"name": f"{name}-token"},
+        }
+        if disabled is not None:
+            spec["disabledTLSValidations"] = disabled
+        manifest = {
+            "apiVersion": KUBEFED_CLUSTER.api_version,
+            "kind": "KubeFedCluster",
+            "metadata": {"name": name, "namespace": self.namespace, "annotations": annotations or {}},
+            "spec": spec,
+        }
+        applied = await self.writer.client.apply(manifest, field_manager="kubefedctl", force=True)
+        self.written[name] = (applied["metadata"]["resourceVersion"], secret_rv)
+
+    async def write_token(self, name: str, token: str) -> str:
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": f"{name}-token", "namespace": self.namespace},
+            "data": {"token": base64.b64encode(token.encode()).decode()},
+        }
+        applied = await self.writer.client.apply(secret, field_manager="kubefedctl", force=True)
+        version = str(applied["metadata"]["resourceVersion"])
+        if self.written.get(name):
+            object_rv, _ = self.written[name]  # type: ignore[misc]
+            self.written[name] = (object_rv, version)
+        return version
+
+    async def unjoin(self, name: str) -> None:
+        """kubefedctl's order: the Secret first, then the KubeFedCluster."""
+        await self.writer.client.delete(SECRET, f"{name}-token", namespace=self.namespace)
+        await self.writer.client.delete(KUBEFED_CLUSTER, name, namespace=self.namespace)
+        self.written[name] = None
+
+    def provider(self, **options: Any) -> KubeFedProvider:
+        options.setdefault("options", CLUSTER_OPTIONS)
+        options.setdefault("probe_interval", PROBE_INTERVAL)
+        return KubeFedProvider(admin(self.plane), namespace=self.namespace, **options)
+
+    async def settled(self, provider: KubeFedProvider) -> None:
+        def caught_up() -> bool:
+            seen = provider.member_statuses()
+            for name, versions in self.written.items():
+                status = seen.get(name)
+                if versions is None:
+                    if status is not None:
+                        return False
+                elif status is None or (status.resource_version, status.secret_resource_version) != versions:
+                    return False
+            return True
+
+        await wait_until(caught_up, what="the provider processed every write")
+
+
+@pytest_asyncio.fixture
+async def hub(fleet: Fleet) -> AsyncIterator[Hub]:
+    plane = fleet["cluster-1"]
+    async with mcr.Cluster("kubefedctl", admin(plane)) as writer:
+        await install_kubefed_crd(writer)
+        namespace = f"kubefed-{uuid.uuid4().hex[:8]}"
+        await writer.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        yield Hub(plane, writer, namespace)
+
+
+# --- the conformance suite -------------------------------------------------------------------
+
+
+class KubeFedDriver(ProviderDriver):
+    """The source is a KubeFed namespace of the hub: one KubeFedCluster and token Secret per cluster."""
+
+    unsupported: ClassVar[dict[Capability, str]] = {
+        Capability.DUPLICATE_NAMES: "a member's name is its KubeFedCluster's name, unique in the namespace",
+    }
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.provider: KubeFedProvider | None = None
+        self.touches = 0
+
+    def build(self) -> mcr.Provider:
+        self.provider = self.hub.provider()
+        return self.provider
+
+    def status(self, name: str) -> mcr.ClusterStatus | None:
+        return self.provider.statuses().get(name) if self.provider is not None else None
+
+    async def add(self, name: str, target: Target) -> None:
+        await self.hub.join(name, target)
+
+    async def change_credential(self, name: str, target: Target) -> None:
+        await self.hub.write_token(name, target.token or "")
+
+    async def touch(self, name: str, target: Target) -> None:
+        self.touches += 1
+        await self.hub.join(
+            name, target, annotations={"conformance.mcruntime.dev/touched": str(self.touches)}
+        )
+
+    async def remove(self, name: str) -> None:
+        await self.hub.unjoin(name)
+
+    async def settle(self) -> None:
+        assert self.provider is not None
+        await self.hub.settled(self.provider)
+
+
+class TestKubeFedProviderConformance(ProviderConformance):
+    @pytest.fixture
+    def driver(self, hub: Hub) -> ProviderDriver:
+        return KubeFedDriver(hub)
+
+
+# --- KubeFed's own edges ---------------------------------------------------------------------
+
+
+def _manager(provider: KubeFedProvider) -> mcr.Manager:
+    manager = mcr.Manager(provider, handle_signals=False)
+    mcr.controller_managed_by(manager).named("noop").for_(CONFIGMAP, namespace="kube-system").complete(
+        _nothing
+    )
+    return manager
+
+
+async def _nothing(_request: mcr.Request) -> None:
+    return None
+
+
+@asynccontextmanager
+async def _running(manager: mcr.Manager) -> AsyncIterator[mcr.Manager]:
+    task = asyncio.create_task(manager.start())
+    try:
+        async with asyncio.timeout(30):
+            await manager.wait_started()
+        yield manager
+    finally:
+        manager.stop()
+        await task
+
+
+async def test_join_engages_and_a_rotated_token_is_used(hub: Hub, fleet: Fleet) -> None:
+    member = fleet["cluster-2"]
+    first = member.add_token_user(f"kubefed-{uuid.uuid4().hex[:6]}")
+    provider = hub.provider()
+    async with _running(_manager(provider)) as manager:
+        await hub.join("east", Target.of(member, first))
+        cluster = await provider.clusters.wait_engaged("east")
+        assert await cluster.transport.authorization() == f"Bearer {first.token}"
+        second = member.add_token_user(f"kubefed-{uuid.uuid4().hex[:6]}")
+        await hub.write_token("east", second.token or "")
+        await hub.settled(provider)
+        assert await manager.get_cluster("east") is cluster  # rotated in place
+        await cluster.client.list(CONFIGMAP, namespace="default")
+        assert await cluster.transport.authorization() == f"Bearer {second.token}"
+
+
+async def test_the_unjoin_order_disengages_the_member(hub: Hub, fleet: Fleet) -> None:
+    provider = hub.provider()
+    async with _running(_manager(provider)) as manager:
+        await hub.join("gone", Target.of(fleet["cluster-2"]))
+        cluster = await provider.clusters.wait_engaged("gone")
+        await hub.unjoin("gone")
+        await hub.settled(provider)
+        await wait_until(lambda: "gone" not in manager.clusters(), what="the member is disengaged")
+        assert cluster.stopped
+        with pytest.raises(mcr.ClusterNotFound):
+            await provider.get("gone")
+
+
+async def test_a_secret_deleted_alone_keeps_the_member_on_its_last_token(hub: Hub, fleet: Fleet) -> None:
+    provider = hub.provider()
+    async with _running(_manager(provider)):
+        await hub.join("kept", Target.of(fleet["cluster-2"]))
+        cluster = await provider.clusters.wait_engaged("kept")
+        await hub.writer.client.delete(SECRET, "kept-token", namespace=hub.namespace)
+
+        def reported() -> bool:
+            status = provider.member_statuses().get("kept")
+            return status is not None and status.stale and "missing" in (status.error or "")
+
+        await wait_until(reported, what="the missing Secret is reported")
+        assert await provider.get("kept") is cluster
+
+
+async def test_a_wrong_ca_is_unhealthy_and_the_others_are_unaffected(hub: Hub, fleet: Fleet) -> None:
+    provider = hub.provider()
+    async with _running(_manager(provider)):
+        await hub.join("good", Target.of(fleet["cluster-2"]))
+        await hub.join("wrong-ca", Target.of(fleet["cluster-3"]), ca=fleet["cluster-2"].ca.cert_pem)
+        await wait_until(
+            lambda: (
+                (s := provider.statuses().get("wrong-ca")) is not None
+                and s.state is mcr.ClusterState.UNHEALTHY
+            ),
+            what="wrong-ca is unhealthy",
+        )
+        await wait_until(
+            lambda: (s := provider.statuses().get("good")) is not None and s.state is mcr.ClusterState.READY,
+            what="good is ready",
+        )
+        assert "wrong-ca" in provider.clusters.names()  # unhealthy is not gone
+
+
+async def test_an_endpoint_without_a_scheme_gets_https(hub: Hub, fleet: Fleet) -> None:
+    member = fleet["cluster-3"]
+    assert endpoint_url("10.0.0.1:6443") == "https://10.0.0.1:6443"
+    assert endpoint_url("https://api.example:443/") == "https://api.example:443"
+    provider = hub.provider()
+    async with _running(_manager(provider)):
+        await hub.join("bare", Target.of(member), endpoint=member.server.removeprefix("https://"))
+        cluster = await provider.clusters.wait_engaged("bare")
+        assert cluster.config.server == member.server
+        await wait_until(
+            lambda: (s := provider.statuses().get("bare")) is not None and s.state is mcr.ClusterState.READY,
+            what="bare is ready",
+        )
+
+
+async def test_disabled_tls_validation_needs_an_explicit_opt_in(
+    hub: Hub, fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    member = fleet["cluster-2"]
+    refusing = hub.provider()
+    async with _running(_manager(refusing)):
+        await hub.join("insecure", Target.of(member), disabled=["*"])
+        await hub.join("subject", Target.of(member), disabled=["SubjectName"])
+        await hub.settled(refusing)
+        statuses: dict[str, MemberStatus] = refusing.member_statuses()
+        assert not statuses["insecure"].engaged and "allow_insecure" in (statuses["insecure"].error or "")
+        assert not statuses["subject"].engaged and "not supported" in (statuses["subject"].error or "")
+        assert refusing.clusters.names() == []
+    caplog.set_level(logging.WARNING, logger="mcruntime_kubefed")
+    accepting = hub.provider(allow_insecure=True)
+    async with _running(_manager(accepting)):
+        cluster = await accepting.clusters.wait_engaged("insecure")
+        assert cluster.config.insecure
+        await cluster.client.list(CONFIGMAP, namespace="default")
+    assert "TLS verification is off" in caplog.text
+
+
+async def test_wait_for_ready_holds_back_members_until_kubefed_says_ready(hub: Hub, fleet: Fleet) -> None:
+    provider = hub.provider(wait_for_ready=True)
+    async with _running(_manager(provider)):
+        await hub.join("later", Target.of(fleet["cluster-2"]))
+        await hub.settled(provider)
+        assert provider.clusters.names() == []
+        status = {"conditions": [{"type": "Ready", "status": "True", "reason": "ClusterReady"}]}
+        await hub.writer.client.patch(
+            KUBEFED_CLUSTER, "later", {"status": status}, namespace=hub.namespace, subresource="status"
+        )
+        await provider.clusters.wait_engaged("later")
+
+
+async def test_a_hub_without_kubefed_is_a_clear_error(fresh_cluster: ControlPlane) -> None:
+    provider = KubeFedProvider(admin(fresh_cluster))
+    manager = _manager(provider)
+    with pytest.raises(KubeFedNotInstalled, match="KubeFed not installed"):
+        await manager.start()
