@@ -1,15 +1,33 @@
 """mcruntime provider for Cluster API.
 
-Clusters from Cluster API `Cluster` objects on a management cluster. The provider
-only discovers; engaging, replacing and removing clusters is the core's
-``ClusterSet``'s job, so the provider package stays small and behaves like every
-other provider at the edges.
+The workload clusters of a Cluster API management cluster (``Cluster`` objects
+and their ``<name>-kubeconfig`` Secrets) become clusters of an mcruntime
+manager as soon as their control plane is up, follow kubeconfig rotations, and
+are let go when the Cluster is deleted. The provider only discovers; the core's
+``ClusterSet`` engages, replaces and removes clusters.
 """
 
 from __future__ import annotations
 
 from importlib.metadata import version
 
+from ._provider import (
+    CLUSTER_NAME_LABEL,
+    ClusterAPINotInstalled,
+    ClusterAPIProvider,
+    Readiness,
+    WorkloadStatus,
+    control_plane_initialized,
+)
+
 __version__ = version("mcruntime-provider-capi")
 
-__all__ = ["__version__"]
+__all__ = [
+    "CLUSTER_NAME_LABEL",
+    "ClusterAPINotInstalled",
+    "ClusterAPIProvider",
+    "Readiness",
+    "WorkloadStatus",
+    "__version__",
+    "control_plane_initialized",
+]

@@ -1,0 +1,299 @@
+"""The Cluster API provider: workload clusters of a management (hub) cluster.
+
+It watches ``cluster.x-k8s.io`` ``Cluster`` objects in whichever of v1beta2 and
+v1beta1 the hub serves (discovered, never assumed), and the kubeconfig Secrets
+Cluster API writes for them (``<cluster>-kubeconfig``, key ``value``, label
+``cluster.x-k8s.io/cluster-name``), and keeps a :class:`mcruntime.ClusterSet`
+equal to the ready ones. Only a deleted or deleting Cluster gives up its
+workload cluster: a missing or malformed Secret keeps the last good kubeconfig
+and is reported, and a rotated one is followed (a new token swapped in place).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+import random
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+import mcruntime as mcr
+
+log = logging.getLogger("mcruntime_capi")
+
+GROUP = "cluster.x-k8s.io"
+VERSIONS = ("v1beta2", "v1beta1")
+SECRET = mcr.Kind("v1", "Secret")
+CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
+
+Readiness = Callable[[Mapping[str, Any], str], bool]
+"""``ready(cluster_object, api_version)``: may the workload cluster be engaged?"""
+
+
+class ClusterAPINotInstalled(mcr.MCRuntimeError):
+    """The hub serves no ``cluster.x-k8s.io`` Cluster in v1beta2 or v1beta1."""
+
+
+def control_plane_initialized(obj: Mapping[str, Any], api_version: str) -> bool:
+    """The default readiness: the control plane is up, read the way each version says it.
+
+    v1beta2 has ``status.initialization.controlPlaneInitialized``, v1beta1
+    ``status.controlPlaneReady``. ``status.phase`` alone is never trusted.
+    """
+    status = obj.get("status") or {}
+    if api_version.endswith("/v1beta2"):
+        return bool((status.get("initialization") or {}).get("controlPlaneInitialized"))
+    return bool(status.get("controlPlaneReady"))
+
+
+@dataclass(frozen=True)
+class WorkloadStatus:
+    """What the provider made of one Cluster object: engaged or not, and why not."""
+
+    name: str
+    engaged: bool
+    ready: bool
+    error: str | None = None
+    stale: bool = False
+    """Engaged with an earlier kubeconfig that worked, while the current Secret does not."""
+    resource_version: str = ""
+    secret_resource_version: str | None = None
+
+
+class ClusterAPIProvider:
+    """Engages the workload clusters of a Cluster API management cluster.
+
+    Args:
+        hub: The management cluster: a config (the provider connects and
+            disconnects) or a running :class:`mcruntime.Cluster` the caller owns.
+        namespace: Watch one namespace only (``None``: all namespaces).
+        label_selector: Only Clusters with these labels.
+        ready: When a Cluster may be engaged (default: its control plane is initialized).
+        trust: What a kubeconfig Secret may ask for (untrusted by default).
+        options: Options of every workload cluster (and of the hub connection).
+        probe_interval: Seconds between health probes of each workload cluster.
+    """
+
+    def __init__(
+        self,
+        hub: mcr.ClusterConfig | mcr.Cluster,
+        *,
+        namespace: str | None = None,
+        label_selector: str | Mapping[str, str] | None = None,
+        ready: Readiness = control_plane_initialized,
+        trust: mcr.TrustPolicy | None = None,
+        options: mcr.ClusterOptions | None = None,
+        probe_interval: float = 10.0,
+    ) -> None:
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self._ready = ready
+        self._trust = trust or mcr.TrustPolicy.untrusted()
+        self._hub = hub
+        self._options = options
+        self._owner = f"cluster api clusters in {namespace!r}" if namespace else "cluster api clusters"
+        self.clusters = mcr.ClusterSet(options=options, probe_interval=probe_interval, owner=self._owner)
+        self.api_version: str | None = None
+        self._last_good: dict[str, mcr.ClusterConfig] = {}
+        self._workloads: dict[str, WorkloadStatus] = {}
+
+    def __repr__(self) -> str:
+        return f"<ClusterAPIProvider {self.api_version or GROUP} clusters={self.clusters.names()}>"
+
+    async def get(self, name: str) -> mcr.Cluster:
+        """The engaged workload cluster ``<namespace>/<name>``; raises ClusterNotFound."""
+        return await self.clusters.get(name)
+
+    async def index_field(
+        self, kind: mcr.Kind, name: str, extract: Callable[[dict[str, Any]], Iterable[str]]
+    ) -> None:
+        """Index ``kind`` in every workload cluster, engaged now or later."""
+        await self.clusters.index_field(kind, name, extract)
+
+    def statuses(self) -> dict[str, mcr.ClusterStatus]:
+        """Each engaged workload cluster's state (engaging, ready, unhealthy)."""
+        return self.clusters.statuses()
+
+    def workload_statuses(self) -> dict[str, WorkloadStatus]:
+        """What became of each Cluster object the provider saw last, by ``namespace/name``."""
+        return dict(self._workloads)
+
+    async def run(self, aware: mcr.Aware) -> None:
+        """Watch Clusters and kubeconfig Secrets until cancelled.
+
+        Raises :class:`ClusterAPINotInstalled` at once when the hub serves no Cluster kind.
+        """
+        async with self._hub_cluster() as hub:
+            kind = await self._served_kind(hub)
+            self.api_version = kind.api_version
+            read_timeout = hub.options.watch_read_timeout
+            clusters = mcr.Informer(
+                hub.client,
+                kind,
+                namespace=self.namespace,
+                label_selector=self.label_selector,
+                read_timeout=read_timeout,
+            )
+            secrets = mcr.Informer(
+                hub.client,
+                SECRET,
+                namespace=self.namespace,
+                label_selector=CLUSTER_NAME_LABEL,
+                transform=_value_only,
+                read_timeout=read_timeout,
+            )
+            changed = asyncio.Event()
+
+            def poke(*_event: object) -> None:
+                changed.set()
+
+            for informer in (clusters, secrets):
+                informer.add_handler(mcr.ResourceEventHandler(on_add=poke, on_update=poke, on_delete=poke))
+            engaging = asyncio.create_task(self.clusters.run(aware), name=f"{self._owner}:clusters")
+            try:
+                async with asyncio.TaskGroup() as discovery:
+                    discovery.create_task(clusters.run(), name=f"{self._owner}:clusters-informer")
+                    discovery.create_task(secrets.run(), name=f"{self._owner}:secrets-informer")
+                    discovery.create_task(
+                        self._follow(clusters, secrets, changed), name=f"{self._owner}:follow"
+                    )
+            finally:
+                engaging.cancel()
+                await asyncio.gather(engaging, return_exceptions=True)
+
+    async def _served_kind(self, hub: mcr.Cluster) -> mcr.Kind:
+        for version in VERSIONS:
+            kind = mcr.Kind(f"{GROUP}/{version}", "Cluster")
+            try:
+                await hub.client.resource(kind)
+            except mcr.KindNotFound:
+                continue
+            return kind
+        raise ClusterAPINotInstalled(
+            f"Cluster API not installed: the hub {hub.config.server} serves no Cluster in "
+            f"{', '.join(f'{GROUP}/{v}' for v in VERSIONS)}"
+        )
+
+    @asynccontextmanager
+    async def _hub_cluster(self) -> AsyncIterator[mcr.Cluster]:
+        if isinstance(self._hub, mcr.Cluster):
+            yield self._hub
+            return
+        async with mcr.Cluster(f"{self._owner} (hub)", self._hub, self._options) as hub:
+            yield hub
+
+    async def _follow(self, clusters: mcr.Informer, secrets: mcr.Informer, changed: asyncio.Event) -> None:
+        failures = 0
+        while True:
+            await changed.wait()
+            changed.clear()
+            if not (clusters.has_synced and secrets.has_synced):
+                await asyncio.gather(clusters.wait_for_sync(), secrets.wait_for_sync())
+            try:
+                desired = self._desired(clusters.store.objects, secrets.store.objects)
+                sync = asyncio.ensure_future(self.clusters.sync(desired))
+                try:
+                    await asyncio.shield(sync)
+                except asyncio.CancelledError:
+                    await asyncio.gather(sync, return_exceptions=True)
+                    raise
+                failures = 0
+            except Exception:
+                failures += 1
+                delay = min(30.0, 0.2 * 2**failures) * random.uniform(0.5, 1.0)  # noqa: S311
+                log.exception("%s: applying the Clusters failed; retrying in %.1fs", self._owner, delay)
+                await asyncio.sleep(delay)
+                changed.set()
+
+    def _desired(
+        self, objects: Mapping[str, Mapping[str, Any]], secrets: Mapping[str, Mapping[str, Any]]
+    ) -> dict[str, mcr.ClusterConfig]:
+        desired: dict[str, mcr.ClusterConfig] = {}
+        statuses: dict[str, WorkloadStatus] = {}
+        live = set()
+        for key, obj in objects.items():
+            metadata = obj.get("metadata") or {}
+            if metadata.get("deletionTimestamp"):
+                continue  # deleting: let go now, whatever finalizers still hold the object
+            live.add(key)
+            namespace, name = str(metadata.get("namespace", "")), str(metadata.get("name", ""))
+            ready = self._is_ready(obj)
+            secret = secrets.get(f"{namespace}/{name}-kubeconfig")
+            config, error = (
+                (None, "waiting for the control plane to be initialized")
+                if not ready
+                else (self._config(key, secret))
+            )
+            if config is not None:
+                self._last_good[key] = config
+            elif error is not None and ready:
+                previous = self._workloads.get(key)
+                if previous is None or previous.error != error:
+                    log.warning("%s: Cluster %s: %s", self._owner, key, error)
+            chosen = config or self._last_good.get(key)  # not ready is not gone
+            if chosen is not None:
+                desired[key] = chosen
+            statuses[key] = WorkloadStatus(
+                key,
+                chosen is not None,
+                ready,
+                error,
+                stale=config is None and chosen is not None,
+                resource_version=str(metadata.get("resourceVersion", "")),
+                secret_resource_version=(
+                    str((secret.get("metadata") or {}).get("resourceVersion", ""))
+                    if secret is not None
+                    else None
+                ),
+            )
+        for key in [key for key in self._last_good if key not in live]:
+            del self._last_good[key]
+        self._workloads = statuses
+        return desired
+
+    def _is_ready(self, obj: Mapping[str, Any]) -> bool:
+        try:
+            return self._ready(obj, str(obj.get("apiVersion") or self.api_version or ""))
+        except Exception as error:
+            log.warning("%s: the readiness check failed: %s", self._owner, error)
+            return False
+
+    def _config(
+        self, key: str, secret: Mapping[str, Any] | None
+    ) -> tuple[mcr.ClusterConfig | None, str | None]:
+        secret_key = f"{key}-kubeconfig"
+        if secret is None:
+            return None, f"Secret {secret_key} does not exist (yet)"
+        encoded = (secret.get("data") or {}).get("value")
+        if not encoded:
+            return None, f"Secret {secret_key} has no key 'value'"
+        try:
+            document = yaml.safe_load(base64.b64decode(encoded, validate=True).decode("utf-8"))
+        except (binascii.Error, ValueError):
+            return None, f"Secret {secret_key} key 'value' is not base64-encoded UTF-8 text"
+        except yaml.YAMLError:
+            return None, f"Secret {secret_key} key 'value' is not valid YAML"
+        try:
+            return mcr.kubeconfig_from_dict(document, trust=self._trust, origin=f"Secret {secret_key}"), None
+        except mcr.KubeconfigError as error:
+            return None, str(error)
+
+
+def _value_only(secret: dict[str, Any]) -> dict[str, Any]:
+    """Keep the Secret's name and its ``value`` key only."""
+    metadata = secret.get("metadata") or {}
+    data = secret.get("data") or {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            key: metadata[key] for key in ("name", "namespace", "resourceVersion") if key in metadata
+        },
+        "data": {"value": data["value"]} if "value" in data else {},
+    }

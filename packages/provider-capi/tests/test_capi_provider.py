@@ -1,0 +1,358 @@
+"""ClusterAPIProvider against real control planes: a hub with a Cluster CRD of our own, workloads from the fleet."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, ClassVar
+
+import pytest
+import pytest_asyncio
+import yaml
+
+import mcruntime as mcr
+from mcruntime.testing import ControlPlane, Fleet, Target, wait_until
+from mcruntime.testing.conformance import (
+    CLUSTER_OPTIONS,
+    PROBE_INTERVAL,
+    Capability,
+    ProviderConformance,
+    ProviderDriver,
+)
+from mcruntime_capi import CLUSTER_NAME_LABEL, ClusterAPINotInstalled, ClusterAPIProvider
+
+SECRET = mcr.Kind("v1", "Secret")
+CRD = mcr.Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+CONFIGMAP = mcr.Kind("v1", "ConfigMap")
+V1BETA2 = mcr.Kind("cluster.x-k8s.io/v1beta2", "Cluster")
+V1BETA1 = mcr.Kind("cluster.x-k8s.io/v1beta1", "Cluster")
+
+
+def admin(plane: ControlPlane) -> mcr.ClusterConfig:
+    return mcr.kubeconfig_from_dict(plane.kubeconfig())
+
+
+def cluster_crd(versions: tuple[str, ...]) -> dict[str, Any]:
+    """Our own Cluster CRD: the given versions, the last one stored, unknown fields kept."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "clusters.cluster.x-k8s.io"},
+        "spec": {
+            "group": "cluster.x-k8s.io",
+            "scope": "Namespaced",
+            "names": {
+                "plural": "clusters",
+                "singular": "cluster",
+                "kind": "Cluster",
+                "listKind": "ClusterList",
+            },
+            "versions": [
+                {
+                    "name": version,
+                    "served": True,
+                    "storage": version == versions[0],
+                    "subresources": {"status": {}},
+                    "schema": {
+                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                    },
+                }
+                for version in versions
+            ],
+        },
+    }
+
+
+async def install_crd(cluster: mcr.Cluster, versions: tuple[str, ...]) -> None:
+    with contextlib.suppress(mcr.AlreadyExists):
+        await cluster.client.create(cluster_crd(versions))
+
+    async def established() -> bool:
+        crd = await cluster.client.get(CRD, "clusters.cluster.x-k8s.io")
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+    await wait_until(established, what="the Cluster CRD is established")
+
+
+class Hub:
+    """A namespace of the management cluster, and the writes Cluster API would make there."""
+
+    def __init__(
+        self, plane: ControlPlane, writer: mcr.Cluster, namespace: str, kind: mcr.Kind = V1BETA2
+    ) -> None:
+        self.plane, self.writer, self.namespace, self.kind = plane, writer, namespace, kind
+        self.written: dict[str, tuple[str, str | None] | None] = {}
+
+    def key(self, name: str) -> str:
+        return f"{self.namespace}/{name}"
+
+    async def create_cluster(
+        self, name: str, *, ready: bool, annotations: dict[str, str] | None = None
+    ) -> None:
+        manifest = {
+            "apiVersion": self.kind.api_version,
+            "kind": "Cluster",
+            "metadata": {"name": name, "namespace": self.namespace, "annotations": annotations or {}},
+            "spec": {"controlPlaneEndpoint": {"host": "127.0.0.1", "port": 6443}},
+        }
+        applied = await self.writer.client.apply(manifest, field_manager="capi", force=True)
+        if ready:
+            applied = await self.set_ready(name)
+        previous = self.written.get(name)
+        self.written[name] = (applied["metadata"]["resourceVersion"], previous[1] if previous else None)
+
+    async def set_ready(self, name: str) -> dict[str, Any]:
+        if self.kind == V1BETA2:
+            status: dict[str, Any] = {
+                "initialization": {"controlPlaneInitialized": True},
+                "phase": "Provisioned",
+            }
+        else:
+            status = {"controlPlaneReady": True, "phase": "Provisioned"}
+        updated = await self.writer.client.patch(
+            self.kind, name, {"status": status}, namespace=self.namespace, subresource="status"
+        )
+        previous = self.written.get(name)
+        self.written[name] = (updated["metadata"]["resourceVersion"], previous[1] if previous else None)
+        return updated
+
+    async def write_secret(self, name: str, kubeconfig: Any, *, key: str = "value") -> None:
+        text = kubeconfig if isinstance(kubeconfig, str) else yaml.safe_dump(kubeconfig)
+        manifest = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": f"{name}-kubeconfig",
+                "namespace": self.namespace,
+                "labels": {CLUSTER_NAME_LABEL: name},
+            },
+            "type": "cluster.x-k8s.io/secret",
+            "data": {key: base64.b64encode(text.encode()).decode()},
+        }
+        applied = await self.writer.client.apply(manifest, field_manager="capi", force=True)
+        previous = self.written.get(name)
+        self.written[name] = (previous[0] if previous else "", applied["metadata"]["resourceVersion"])
+
+    async def delete_cluster(self, name: str) -> None:
+        await self.writer.client.delete(self.kind, name, namespace=self.namespace)
+        self.written[name] = None
+
+    def provider(self, **options: Any) -> ClusterAPIProvider:
+        options.setdefault("options", CLUSTER_OPTIONS)
+        options.setdefault("probe_interval", PROBE_INTERVAL)
+        return ClusterAPIProvider(admin(self.plane), namespace=self.namespace, **options)
+
+    async def settled(self, provider: ClusterAPIProvider) -> None:
+        def caught_up() -> bool:
+            seen = provider.workload_statuses()
+            for name, versions in self.written.items():
+                status = seen.get(self.key(name))
+                if versions is None:
+                    if status is not None:
+                        return False
+                elif (
+                    status is None
+                    or status.resource_version != versions[0]
+                    or (versions[1] is not None and status.secret_resource_version != versions[1])
+                ):
+                    return False
+            return True
+
+        await wait_until(caught_up, what="the provider processed every write")
+
+
+@pytest_asyncio.fixture
+async def hub(fleet: Fleet) -> AsyncIterator[Hub]:
+    plane = fleet["cluster-1"]
+    async with mcr.Cluster("capi", admin(plane)) as writer:
+        await install_crd(writer, ("v1beta2", "v1beta1"))
+        namespace = f"capi-{uuid.uuid4().hex[:8]}"
+        await writer.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        yield Hub(plane, writer, namespace)
+
+
+# --- the conformance suite -------------------------------------------------------------------
+
+
+class CapiDriver(ProviderDriver):
+    """The source is a namespace of the hub: a ready Cluster and its kubeconfig Secret per cluster."""
+
+    unsupported: ClassVar[dict[Capability, str]] = {
+        Capability.DUPLICATE_NAMES: "names are <namespace>/<name> of Cluster objects, unique by construction",
+    }
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.provider: ClusterAPIProvider | None = None
+        self.touches = 0
+
+    def build(self) -> mcr.Provider:
+        self.provider = self.hub.provider()
+        return self.provider
+
+    def engaged_name(self, name: str) -> str:
+        return self.hub.key(name)
+
+    def status(self, name: str) -> mcr.ClusterStatus | None:
+        return self.provider.statuses().get(self.hub.key(name)) if self.provider is not None else None
+
+    async def add(self, name: str, target: Target) -> None:
+        await self.hub.write_secret(name, target.kubeconfig())
+        await self.hub.create_cluster(name, ready=True)
+
+    async def change(self, name: str, target: Target) -> None:
+        await self.hub.write_secret(name, target.kubeconfig())
+
+    async def touch(self, name: str, target: Target) -> None:
+        self.touches += 1
+        await self.hub.create_cluster(name, ready=True, annotations={"touched": str(self.touches)})
+
+    async def remove(self, name: str) -> None:
+        await self.hub.delete_cluster(name)
+
+    async def settle(self) -> None:
+        assert self.provider is not None
+        await self.hub.settled(self.provider)
+
+
+class TestClusterAPIProviderConformance(ProviderConformance):
+    @pytest.fixture
+    def driver(self, hub: Hub) -> ProviderDriver:
+        return CapiDriver(hub)
+
+
+# --- Cluster API's own edges --------------------------------------------------------------------
+
+
+async def _nothing(_request: mcr.Request) -> None:
+    return None
+
+
+@asynccontextmanager
+async def running(provider: ClusterAPIProvider) -> AsyncIterator[mcr.Manager]:
+    manager = mcr.Manager(provider, handle_signals=False)
+    mcr.controller_managed_by(manager).named("noop").for_(CONFIGMAP, namespace="kube-system").complete(
+        _nothing
+    )
+    task = asyncio.create_task(manager.start())
+    try:
+        async with asyncio.timeout(30):
+            await manager.wait_started()
+        yield manager
+    finally:
+        manager.stop()
+        await task
+
+
+async def test_a_cluster_is_engaged_once_ready_even_if_its_secret_comes_later(hub: Hub, fleet: Fleet) -> None:
+    provider = hub.provider()
+    async with running(provider):
+        await hub.create_cluster("w1", ready=False)
+        await hub.write_secret("w1", fleet["cluster-2"].kubeconfig(fleet["cluster-2"].token_user))
+        await hub.settled(provider)
+        assert provider.clusters.names() == []
+        assert not provider.workload_statuses()[hub.key("w1")].ready
+        await hub.set_ready("w1")
+        cluster = await provider.clusters.wait_engaged(hub.key("w1"))
+        await cluster.client.list(CONFIGMAP, namespace="default")
+        # Ready first, Secret later:
+        await hub.create_cluster("w2", ready=True)
+        await hub.settled(provider)
+        assert "does not exist" in (provider.workload_statuses()[hub.key("w2")].error or "")
+        await hub.write_secret("w2", fleet["cluster-3"].kubeconfig(fleet["cluster-3"].token_user))
+        await provider.clusters.wait_engaged(hub.key("w2"))
+
+
+async def test_a_rotated_secret_is_followed(hub: Hub, fleet: Fleet) -> None:
+    plane = fleet["cluster-2"]
+    before, after = (
+        plane.add_token_user(f"capi-{uuid.uuid4().hex[:6]}"),
+        plane.add_token_user(f"capi-{uuid.uuid4().hex[:6]}"),
+    )
+    provider = hub.provider()
+    async with running(provider) as manager:
+        await hub.write_secret("rot", plane.kubeconfig(before))
+        await hub.create_cluster("rot", ready=True)
+        cluster = await provider.clusters.wait_engaged(hub.key("rot"))
+        await hub.write_secret("rot", plane.kubeconfig(after))
+        await hub.settled(provider)
+        assert await manager.get_cluster(hub.key("rot")) is cluster  # token swapped in place
+        assert await cluster.transport.authorization() == f"Bearer {after.token}"
+
+
+async def test_deletion_and_a_held_deletion_both_disengage(hub: Hub, fleet: Fleet) -> None:
+    provider = hub.provider()
+    async with running(provider) as manager:
+        for name in ("plain", "held"):
+            await hub.write_secret(name, fleet["cluster-2"].kubeconfig(fleet["cluster-2"].token_user))
+            await hub.create_cluster(name, ready=True)
+            await provider.clusters.wait_engaged(hub.key(name))
+        await hub.writer.client.patch(
+            V1BETA2,
+            "held",
+            {"metadata": {"finalizers": ["cluster.cluster.x-k8s.io"]}},
+            namespace=hub.namespace,
+        )
+        await hub.writer.client.delete(V1BETA2, "held", namespace=hub.namespace)  # stays, deleting
+        await hub.delete_cluster("plain")
+        await wait_until(
+            lambda: not ({hub.key("plain"), hub.key("held")} & set(manager.clusters())), what="both let go"
+        )
+        await hub.writer.client.patch(
+            V1BETA2, "held", {"metadata": {"finalizers": None}}, namespace=hub.namespace
+        )
+
+
+async def test_a_secret_without_value_is_reported_and_harms_no_one(hub: Hub, fleet: Fleet) -> None:
+    provider = hub.provider()
+    async with running(provider):
+        await hub.write_secret("good", fleet["cluster-2"].kubeconfig(fleet["cluster-2"].token_user))
+        await hub.create_cluster("good", ready=True)
+        await hub.write_secret("bad", fleet["cluster-3"].kubeconfig(), key="wrong-key")
+        await hub.create_cluster("bad", ready=True)
+        await hub.settled(provider)
+        assert "has no key 'value'" in (provider.workload_statuses()[hub.key("bad")].error or "")
+        await provider.clusters.wait_engaged(hub.key("good"))
+        assert hub.key("bad") not in provider.clusters.names()
+
+
+async def test_two_clusters_with_one_name_in_two_namespaces(hub: Hub, fleet: Fleet) -> None:
+    other = Hub(hub.plane, hub.writer, f"capi-{uuid.uuid4().hex[:8]}")
+    await hub.writer.client.create(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": other.namespace}}
+    )
+    provider = ClusterAPIProvider(admin(hub.plane), options=CLUSTER_OPTIONS, probe_interval=PROBE_INTERVAL)
+    async with running(provider):
+        for source, plane in ((hub, fleet["cluster-2"]), (other, fleet["cluster-3"])):
+            await source.write_secret("same", plane.kubeconfig(plane.token_user))
+            await source.create_cluster("same", ready=True)
+        first = await provider.clusters.wait_engaged(hub.key("same"))
+        second = await provider.clusters.wait_engaged(other.key("same"))
+        assert first.config.server == fleet["cluster-2"].server
+        assert second.config.server == fleet["cluster-3"].server
+
+
+async def test_a_hub_serving_only_v1beta1_is_read_in_v1beta1(
+    fresh_cluster: ControlPlane, fleet: Fleet
+) -> None:
+    async with mcr.Cluster("capi", admin(fresh_cluster)) as writer:
+        await install_crd(writer, ("v1beta1",))
+        await writer.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "legacy"}})
+        legacy = Hub(fresh_cluster, writer, "legacy", kind=V1BETA1)
+        provider = legacy.provider()
+        async with running(provider):
+            await legacy.write_secret("old", fleet["cluster-2"].kubeconfig(fleet["cluster-2"].token_user))
+            await legacy.create_cluster("old", ready=True)
+            await provider.clusters.wait_engaged(legacy.key("old"))
+            assert provider.api_version == "cluster.x-k8s.io/v1beta1"
+
+
+async def test_a_hub_without_cluster_api_is_a_clear_error(fresh_cluster: ControlPlane) -> None:
+    manager = mcr.Manager(ClusterAPIProvider(admin(fresh_cluster)), handle_signals=False)
+    with pytest.raises(ClusterAPINotInstalled, match="Cluster API not installed"):
+        await manager.start()
