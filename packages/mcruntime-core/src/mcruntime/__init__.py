@@ -41,6 +41,7 @@ from ._events import EventRecorder
 from ._handler import EventHandler, enqueue_for_object, enqueue_for_owner, enqueue_mapped
 from ._informer import (
     HandlerRegistration,
+    IndexFunc,
     Informer,
     InformerStats,
     ResourceEventHandler,
@@ -130,6 +131,7 @@ __all__ = [
     "Forbidden",
     "Gone",
     "HandlerRegistration",
+    "IndexFunc",
     "Informer",
     "InformerStats",
     "Invalid",
