@@ -10,6 +10,25 @@ from __future__ import annotations
 
 from importlib.metadata import version
 
+from ._naming import ContextSelection, Naming, NamingFunction, context_name, file_context_name
+from ._provider import IndexFunction, KubeconfigFileProvider, PathInput
+from ._scan import DEFAULT_INCLUDE, split_path_list
+from ._status import ContextStatus, FileStatus
+
 __version__ = version("mcruntime-provider-file")
 
-__all__ = ["__version__"]
+__all__ = [
+    "DEFAULT_INCLUDE",
+    "ContextSelection",
+    "ContextStatus",
+    "FileStatus",
+    "IndexFunction",
+    "KubeconfigFileProvider",
+    "Naming",
+    "NamingFunction",
+    "PathInput",
+    "__version__",
+    "context_name",
+    "file_context_name",
+    "split_path_list",
+]

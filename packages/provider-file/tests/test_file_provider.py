@@ -1,0 +1,422 @@
+"""KubeconfigFileProvider at the edges where file watchers break, on real control planes.
+
+Each test writes kubeconfigs into a temporary directory, runs the provider
+with a recording :class:`mcruntime.Aware` (no manager needed: the provider
+engages through its ClusterSet), and waits for conditions with deadlines.
+Engagement history and cluster object identity tell a re-engagement apart
+from a cluster that was left alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import logging
+import os
+import shutil
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import mcruntime as mcr
+from mcruntime.testing import Breakage, ControlPlane, Fleet, Target, User, wait_until
+from mcruntime.testing.conformance import CLUSTER_OPTIONS, PROBE_INTERVAL
+from mcruntime_file import FileStatus, KubeconfigFileProvider
+
+
+class Recorder:
+    """An Aware that remembers every distinct cluster object engaged under each name."""
+
+    def __init__(self) -> None:
+        self.engaged: defaultdict[str, list[mcr.Cluster]] = defaultdict(list)
+
+    async def engage(self, name: str, cluster: mcr.Cluster) -> None:
+        history = self.engaged[name]
+        if not history or history[-1] is not cluster:
+            history.append(cluster)
+
+    def count(self, name: str) -> int:
+        return len(self.engaged.get(name, []))
+
+
+def provider_for(paths: Any, **kwargs: Any) -> KubeconfigFileProvider:
+    kwargs.setdefault("options", CLUSTER_OPTIONS)
+    kwargs.setdefault("probe_interval", PROBE_INTERVAL)
+    kwargs.setdefault("debounce", 0.05)
+    kwargs.setdefault("removal_delay", 0.1)
+    return KubeconfigFileProvider(paths, **kwargs)
+
+
+@asynccontextmanager
+async def running(provider: KubeconfigFileProvider) -> AsyncIterator[Recorder]:
+    """Run the provider for the block; afterwards every cluster it engaged must be stopped."""
+    recorder = Recorder()
+    task = asyncio.create_task(provider.run(recorder), name="test:file-provider")
+    try:
+        yield recorder
+    finally:
+        if task.done():
+            task.result()  # the provider failed: say why
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    for name, history in recorder.engaged.items():
+        for cluster in history:
+            assert cluster.stopped and cluster.transport.closed, f"cluster {name!r} left running"
+
+
+async def engaged(provider: KubeconfigFileProvider, name: str, server: str | None = None) -> mcr.Cluster:
+    """Wait until ``name`` is engaged (pointing at ``server``, when given); return the cluster."""
+
+    async def there() -> bool:
+        try:
+            cluster = await provider.get(name)
+        except mcr.ClusterNotFound:
+            return False
+        return server is None or cluster.config.server == server
+
+    await wait_until(there, what=f"cluster {name!r} registered" + (f" at {server}" if server else ""))
+    return await provider.clusters.wait_engaged(name)  # handed to the aware, not only registered
+
+
+async def gone(provider: KubeconfigFileProvider, name: str) -> None:
+    await wait_until(lambda: name not in provider.clusters.names(), what=f"cluster {name!r} disengaged")
+
+
+async def state(provider: KubeconfigFileProvider, name: str, wanted: mcr.ClusterState) -> mcr.ClusterStatus:
+    def reached() -> bool:
+        status = provider.statuses().get(name)
+        return status is not None and status.state is wanted
+
+    await wait_until(reached, what=f"cluster {name!r} {wanted.value}")
+    return provider.statuses()[name]
+
+
+async def processed(provider: KubeconfigFileProvider, path: Path, content: bytes) -> FileStatus:
+    """Wait until the provider's last pass read exactly ``content`` from ``path``."""
+    digest = hashlib.sha256(content).hexdigest()
+
+    def read() -> bool:
+        status = provider.file_statuses().get(str(path))
+        return status is not None and status.digest == digest
+
+    await wait_until(read, what=f"{path} processed")
+    return provider.file_statuses()[str(path)]
+
+
+def kubeconfig(*entries: tuple[str, ControlPlane, User | None], current: str | None = None) -> dict[str, Any]:
+    """A kubeconfig with one context per ``(context, plane, user)``; user None is the plane's admin."""
+    document: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [],
+        "users": [],
+        "contexts": [],
+    }
+    for context, plane, user in entries:
+        single = plane.kubeconfig(user)
+        document["clusters"].append(
+            {"name": f"{context}-cluster", "cluster": single["clusters"][0]["cluster"]}
+        )
+        document["users"].append({"name": f"{context}-user", "user": single["users"][0]["user"]})
+        document["contexts"].append(
+            {"name": context, "context": {"cluster": f"{context}-cluster", "user": f"{context}-user"}}
+        )
+    document["current-context"] = current or entries[0][0]
+    return document
+
+
+def dump(document: dict[str, Any]) -> bytes:
+    return yaml.safe_dump(document).encode()
+
+
+def write_atomic(path: Path, content: bytes) -> None:
+    """Write the way careful writers do: a temporary file renamed over the target."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}")
+    temporary.write_bytes(content)
+    os.replace(temporary, path)
+
+
+def write_in_place(path: Path, content: bytes) -> None:
+    """Write the way editors and scripts often do: truncate, then write, same inode."""
+    with path.open("r+b" if path.exists() else "wb") as handle:
+        handle.truncate(0)
+        handle.write(content)
+
+
+async def uses_token(cluster: mcr.Cluster, token: str | None) -> bool:
+    assert token is not None
+    sent = await cluster.transport.authorization()
+    return sent is not None and hmac.compare_digest(sent.encode(), f"Bearer {token}".encode())
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+# --- writers ------------------------------------------------------------------------------
+
+
+async def test_every_atomic_rename_over_is_seen(tmp_path: Path, fleet: Fleet) -> None:
+    """Renaming a new file over the kubeconfig is noticed each time (a per-file watch would go deaf)."""
+    path = tmp_path / "east.kubeconfig"
+    name = f"{path}/east"
+    planes = [fleet["cluster-1"], fleet["cluster-2"], fleet["cluster-3"]]
+    write_atomic(path, dump(kubeconfig(("east", planes[0], None))))
+    provider = provider_for(tmp_path)
+    async with running(provider) as recorder:
+        first = await engaged(provider, name, planes[0].server)
+        for plane in planes[1:]:
+            write_atomic(path, dump(kubeconfig(("east", plane, None))))
+            await engaged(provider, name, plane.server)
+        assert recorder.count(name) == 3
+        assert first.stopped and not (await provider.get(name)).stopped
+
+
+async def test_a_partial_write_never_disengages(tmp_path: Path, fleet: Fleet) -> None:
+    """Emptied, cut mid-way, cut after a context, then completed: the same clusters throughout."""
+    path = tmp_path / "fleet.kubeconfig"
+    full = dump(kubeconfig(("alpha", fleet["cluster-1"], None), ("beta", fleet["cluster-2"], None)))
+    write_atomic(path, full)
+    provider = provider_for(tmp_path, removal_delay=60.0)  # a pending removal cannot complete in the test
+    alpha, beta = f"{path}/alpha", f"{path}/beta"
+    async with running(provider) as recorder:
+        before = {alpha: await engaged(provider, alpha), beta: await engaged(provider, beta)}
+
+        write_in_place(path, b"")
+        status = await processed(provider, path, b"")
+        assert status.error == f"{path}: the file is empty"
+        assert all(context.stale and context.active for context in status.contexts.values())
+
+        cut = full[: len(full) // 2]
+        write_in_place(path, cut)
+        await processed(provider, path, cut)
+
+        first_only = dump(kubeconfig(("alpha", fleet["cluster-1"], None)))
+        write_in_place(path, first_only)
+        status = await processed(provider, path, first_only)
+        assert status.removing == ("beta",) and status.error is None
+
+        write_in_place(path, full)
+        status = await processed(provider, path, full)
+        assert status.removing == () and status.errors() == []
+        for name, cluster in before.items():
+            assert await provider.get(name) is cluster and not cluster.stopped
+            assert recorder.count(name) == 1
+
+
+# --- Secret volumes and referenced files --------------------------------------------------
+
+
+def _secret_volume_version(volume: Path, stamp: str, files: dict[str, bytes]) -> Path:
+    version = volume / f"..{stamp}"
+    version.mkdir()
+    for file, content in files.items():
+        (version / file).write_bytes(content)
+    return version
+
+
+def _publish(volume: Path, version: Path, files: list[str]) -> None:
+    """The kubelet's AtomicWriter: swap ``..data`` by renaming a new symlink over it."""
+    staging = volume / "..data_tmp"
+    staging.symlink_to(version.name)
+    os.replace(staging, volume / "..data")
+    for file in files:
+        if not (volume / file).is_symlink():
+            (volume / file).symlink_to(Path("..data") / file)
+
+
+async def test_a_secret_volume_rotation_is_seen(tmp_path: Path, fleet: Fleet) -> None:
+    """A rotated token behind the ``..data`` swap is used, in place; the relative CA path follows."""
+    plane = fleet["cluster-3"]
+    before, after = plane.add_token_user(unique("file-before")), plane.add_token_user(unique("file-after"))
+    volume = tmp_path / "secret"
+    volume.mkdir()
+
+    def files(user: User) -> dict[str, bytes]:
+        document = kubeconfig(("fleet", plane, user))
+        cluster = document["clusters"][0]["cluster"]
+        del cluster["certificate-authority-data"]
+        cluster["certificate-authority"] = "ca.crt"  # relative: resolves next to the kubeconfig as seen
+        return {"kubeconfig": dump(document), "ca.crt": plane.ca.cert_pem}
+
+    old = _secret_volume_version(volume, "2026_11_21_10_00_00.000000001", files(before))
+    _publish(volume, old, ["kubeconfig", "ca.crt"])
+    provider = provider_for(volume)
+    name = f"{volume}/kubeconfig/fleet"
+    async with running(provider) as recorder:
+        cluster = await engaged(provider, name)
+        await state(provider, name, mcr.ClusterState.READY)
+        assert await uses_token(cluster, before.token)
+        assert cluster.config.cluster["certificate-authority"] == str(volume / "ca.crt")
+        assert list(provider.file_statuses()) == [str(volume / "kubeconfig")]  # no ..data, no ..2026_*
+
+        new = _secret_volume_version(volume, "2026_11_21_10_05_00.000000002", files(after))
+        _publish(volume, new, ["kubeconfig", "ca.crt"])
+        shutil.rmtree(old)
+        await wait_until(lambda: uses_token(cluster, after.token), what="the rotated token in use")
+        status = await state(provider, name, mcr.ClusterState.READY)
+        assert await provider.get(name) is cluster and recorder.count(name) == 1
+        assert status.credential_rotations == 1
+        assert provider.errors() == []
+
+
+async def test_relative_certificate_paths_and_their_changes(tmp_path: Path, fleet: Fleet) -> None:
+    """Relative CA and client-certificate paths resolve next to the file; a rewritten CA is noticed."""
+    plane = fleet["cluster-1"]
+    admin = plane.kubeconfig()["users"][0]["user"]
+    certs = tmp_path / "certs"
+    foreign = Target.of(plane, breakage=Breakage.UNTRUSTED_CA).ca_pem
+    write_atomic(certs / "ca.crt", foreign)
+    write_atomic(certs / "client.crt", base64.b64decode(admin["client-certificate-data"]))
+    write_atomic(certs / "client.key", base64.b64decode(admin["client-key-data"]))
+    document = kubeconfig(("east", plane, None))
+    document["clusters"][0]["cluster"] = {"server": plane.server, "certificate-authority": "certs/ca.crt"}
+    document["users"][0]["user"] = {
+        "client-certificate": "certs/client.crt",
+        "client-key": "certs/client.key",
+    }
+    path = tmp_path / "east.kubeconfig"
+    write_atomic(path, dump(document))
+    provider = provider_for(path)
+    name = f"{path}/east"
+    async with running(provider) as recorder:
+        untrusted = await engaged(provider, name)
+        assert untrusted.config.cluster["certificate-authority"] == str(certs / "ca.crt")
+        assert untrusted.config.user["client-key"] == str(certs / "client.key")
+        await state(provider, name, mcr.ClusterState.UNHEALTHY)  # a foreign CA is unhealthy, never skipped
+
+        write_atomic(certs / "ca.crt", plane.ca.cert_pem)  # the kubeconfig itself does not change
+        await wait_until(lambda: recorder.count(name) == 2, what="re-engaged with the new CA")
+        await state(provider, name, mcr.ClusterState.READY)
+        assert untrusted.stopped
+
+
+# --- what a file says -----------------------------------------------------------------------
+
+
+async def test_a_broken_context_fails_only_itself(
+    tmp_path: Path, fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One good, one dangling and one exec context in a file: only the good one engages."""
+    caplog.set_level(logging.WARNING, logger="mcruntime.providers.file")
+    plane = fleet["cluster-1"]
+    document = kubeconfig(("good", plane, None), ("dangling", plane, None), ("plugin", plane, None))
+    document["contexts"][1]["context"]["cluster"] = "nowhere"
+    document["users"][2]["user"] = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "x"}}
+    path = tmp_path / "mixed.kubeconfig"
+    write_atomic(path, dump(document))
+    provider = provider_for(tmp_path)
+    async with running(provider):
+        await engaged(provider, f"{path}/good")
+        status = await processed(provider, path, dump(document))
+        assert provider.clusters.names() == [f"{path}/good"]
+        assert status.contexts["good"].active and status.contexts["good"].error is None
+        assert (
+            status.contexts["dangling"].error
+            == f"{path}, context 'dangling': cluster entry 'nowhere' not found"
+        )
+        plugin = status.contexts["plugin"].error
+        assert plugin is not None and plugin.startswith(f"{path}, context 'plugin':")
+        assert "trust policy refuses" in plugin
+        assert provider.errors() == [status.contexts["dangling"].error, plugin]
+        assert caplog.text.count("cluster entry 'nowhere' not found") == 1  # logged once, not per pass
+        secret = plane.kubeconfig()["users"][0]["user"]["client-key-data"]
+        assert secret not in caplog.text + repr(provider) + repr(provider.file_statuses())
+
+
+async def test_two_files_with_one_context_name(tmp_path: Path, fleet: Fleet) -> None:
+    """By default both engage under distinct names; by context name the first wins and the other is reported."""
+    first, second = tmp_path / "a.kubeconfig", tmp_path / "b.kubeconfig"
+    write_atomic(first, dump(kubeconfig(("admin", fleet["cluster-1"], None))))
+    write_atomic(second, dump(kubeconfig(("admin", fleet["cluster-2"], None))))
+
+    default = provider_for(tmp_path)
+    async with running(default):
+        await engaged(default, f"{first}/admin", fleet["cluster-1"].server)
+        await engaged(default, f"{second}/admin", fleet["cluster-2"].server)
+        assert default.clusters.names() == [f"{first}/admin", f"{second}/admin"]
+
+    by_context = provider_for(tmp_path, naming="context")
+    async with running(by_context) as recorder:
+        holder = await engaged(by_context, "admin", fleet["cluster-1"].server)
+        status = await processed(by_context, second, second.read_bytes())
+        assert status.contexts["admin"].duplicate_of == f"{first}/admin"
+        assert not status.contexts["admin"].active
+        assert by_context.errors() == [
+            f"{second}, context 'admin': cluster name 'admin' is already provided by context 'admin' "
+            f"of {first}; this context is ignored"
+        ]
+        first.unlink()  # the holder's file is gone: the other claim takes the name
+        await engaged(by_context, "admin", fleet["cluster-2"].server)
+        assert holder.stopped and recorder.count("admin") == 2 and by_context.errors() == []
+
+
+async def test_a_context_removed_from_a_file_disengages_only_that_cluster(
+    tmp_path: Path, fleet: Fleet
+) -> None:
+    path = tmp_path / "fleet.kubeconfig"
+    write_atomic(
+        path, dump(kubeconfig(("alpha", fleet["cluster-1"], None), ("beta", fleet["cluster-2"], None)))
+    )
+    provider = provider_for(tmp_path)
+    alpha, beta = f"{path}/alpha", f"{path}/beta"
+    async with running(provider) as recorder:
+        kept, removed = await engaged(provider, alpha), await engaged(provider, beta)
+        write_atomic(path, dump(kubeconfig(("alpha", fleet["cluster-1"], None))))
+        await gone(provider, beta)
+        assert removed.stopped and removed.transport.closed
+        assert await provider.get(alpha) is kept and not kept.stopped and recorder.count(alpha) == 1
+        with pytest.raises(mcr.ClusterNotFound):
+            await provider.get(beta)
+
+
+async def test_only_the_current_context_or_a_selection(tmp_path: Path, fleet: Fleet) -> None:
+    path = tmp_path / "fleet.kubeconfig"
+    document = kubeconfig(
+        ("alpha", fleet["cluster-1"], None), ("beta", fleet["cluster-2"], None), current="beta"
+    )
+    write_atomic(path, dump(document))
+    current = provider_for(path, contexts="current", naming={"beta": "picked"})
+    async with running(current):
+        await engaged(current, "picked", fleet["cluster-2"].server)
+        document["current-context"] = "alpha"  # switching contexts moves the selection
+        write_atomic(path, dump(document))
+        await processed(current, path, dump(document))
+        await gone(current, "picked")  # alpha is not in the mapping: a mapping selects too
+        assert current.clusters.names() == []
+    selected = provider_for(path, contexts=["alpha"], naming="context")
+    async with running(selected):
+        await engaged(selected, "alpha", fleet["cluster-1"].server)
+        await processed(selected, path, dump(document))
+        assert selected.clusters.names() == ["alpha"]
+
+
+# --- inputs -------------------------------------------------------------------------------------
+
+
+async def test_kubeconfig_with_two_paths_one_created_later(
+    tmp_path: Path, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no paths, ``KUBECONFIG`` is read; a listed file in a directory not there yet is engaged once written."""
+    one, two = tmp_path / "one.yaml", tmp_path / "later" / "deeper" / "two.yaml"
+    write_atomic(one, dump(kubeconfig(("east", fleet["cluster-1"], None))))
+    monkeypatch.setenv("KUBECONFIG", f"{one}{os.pathsep}{two}")
+    provider = provider_for(None)
+    assert provider.inputs == (one, two)
+    assert provider_for(os.environ["KUBECONFIG"]).inputs == (one, two)
+    async with running(provider):
+        await engaged(provider, f"{one}/east", fleet["cluster-1"].server)
+        write_atomic(two, dump(kubeconfig(("west", fleet["cluster-2"], None))))
+        await engaged(provider, f"{two}/west", fleet["cluster-2"].server)
+        two.unlink()  # a deleted file disengages its clusters
+        await gone(provider, f"{two}/west")
+        assert provider.clusters.names() == [f"{one}/east"]

@@ -1,0 +1,135 @@
+"""Inputs, file discovery and naming, without a cluster: the rules that decide what is read.
+
+These run against a temporary directory only; what the provider does with
+what it finds is covered on real control planes in ``test_file_provider.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+import mcruntime as mcr
+from mcruntime_file import DEFAULT_INCLUDE, KubeconfigFileProvider, split_path_list
+from mcruntime_file._naming import context_filter, naming_function
+from mcruntime_file._scan import Found, find_files, read_file
+
+KUBECONFIG = {
+    "apiVersion": "v1",
+    "kind": "Config",
+    "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443"}}],
+    "users": [{"name": "u", "user": {"token": "not-a-real-token"}}],
+    "contexts": [
+        {"name": "one", "context": {"cluster": "c", "user": "u"}},
+        {"name": "two", "context": {"cluster": "c", "user": "u"}},
+    ],
+    "current-context": "two",
+}
+
+
+def test_a_directory_is_searched_by_glob_and_dot_entries_are_skipped(tmp_path: Path) -> None:
+    for name in ("a.kubeconfig", "config", "notes.txt", ".hidden.kubeconfig", "z.yaml"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / "..2026_11_21_10_00_00.1").mkdir()
+    (tmp_path / "..2026_11_21_10_00_00.1" / "config").write_text("x")
+    (tmp_path / "..data").symlink_to("..2026_11_21_10_00_00.1")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.kubeconfig").write_text("x")
+    flat = find_files([tmp_path], DEFAULT_INCLUDE, recursive=False)
+    assert [found.path.name for found in flat.files] == ["a.kubeconfig", "config", "z.yaml"]
+    assert tmp_path in flat.watch and not flat.watch_recursive
+    deep = find_files([tmp_path], ["*.kubeconfig"], recursive=True)
+    assert [found.path for found in deep.files] == [
+        tmp_path / "a.kubeconfig",
+        tmp_path / "sub" / "b.kubeconfig",
+    ]
+    assert deep.watch_recursive == frozenset({tmp_path})
+
+
+def test_recursion_survives_a_symlink_loop(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "loop").symlink_to(tmp_path)
+    (tmp_path / "sub" / "c.kubeconfig").write_text("x")
+    layout = find_files([tmp_path], ["*.kubeconfig"], recursive=True)
+    assert [found.path for found in layout.files] == [tmp_path / "sub" / "c.kubeconfig"]
+
+
+def test_a_missing_path_is_a_file_watched_from_its_nearest_existing_directory(tmp_path: Path) -> None:
+    missing = tmp_path / "not" / "yet" / "config"
+    layout = find_files([missing, tmp_path / "config"], DEFAULT_INCLUDE, recursive=False)
+    assert [(found.path, found.explicit) for found in layout.files] == [
+        (missing, True),
+        (tmp_path / "config", True),
+    ]
+    assert layout.watch == frozenset({tmp_path})
+
+
+def test_a_file_listed_twice_is_read_once_at_its_first_position(tmp_path: Path) -> None:
+    (tmp_path / "a.kubeconfig").write_text("x")
+    layout = find_files([tmp_path / "a.kubeconfig", tmp_path], DEFAULT_INCLUDE, recursive=False)
+    assert [(found.path.name, found.explicit) for found in layout.files] == [("a.kubeconfig", True)]
+
+
+def test_path_lists_split_like_kubeconfig() -> None:
+    assert split_path_list(f"/a{os.pathsep}{os.pathsep}relative") == [Path("/a"), Path.cwd() / "relative"]
+    provider = KubeconfigFileProvider(f"/a{os.pathsep}/b")
+    assert provider.inputs == (Path("/a"), Path("/b"))
+    assert KubeconfigFileProvider([Path("/a:b")]).inputs == (Path("/a:b"),)  # a list is taken as is
+    with pytest.raises(ValueError, match="empty"):
+        KubeconfigFileProvider(os.pathsep)
+
+
+def test_no_paths_means_kubeconfig_then_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert KubeconfigFileProvider().inputs == (tmp_path / ".kube" / "config",)
+    monkeypatch.setenv("KUBECONFIG", f"{tmp_path}/x{os.pathsep}{tmp_path}/y")
+    assert KubeconfigFileProvider().inputs == (tmp_path / "x", tmp_path / "y")
+
+
+def test_naming_strategies() -> None:
+    path = Path("/etc/fleet/east.kubeconfig")
+    assert naming_function("file/context")(path, "admin") == "/etc/fleet/east.kubeconfig/admin"
+    assert naming_function("context")(path, "admin") == "admin"
+    mapped = naming_function({"admin": "east", "/etc/fleet/east.kubeconfig/ops": "east-ops"})
+    assert (mapped(path, "admin"), mapped(path, "ops"), mapped(path, "other")) == ("east", "east-ops", None)
+    assert naming_function(lambda p, c: f"{p.stem}-{c}")(path, "x") == "east-x"
+    with pytest.raises(ValueError, match="unknown naming strategy"):
+        naming_function("stem")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="non-empty"):
+        naming_function({"admin": ""})
+
+
+def test_context_selection() -> None:
+    assert context_filter("all")(["a", "b"], "b") == ["a", "b"]
+    assert context_filter("current")(["a", "b"], "b") == ["b"]
+    assert context_filter("current")(["a"], None) == []
+    assert context_filter({"b", "zz"})(["a", "b"], None) == ["b"]
+    with pytest.raises(ValueError, match="unknown context selection"):
+        context_filter("first")
+
+
+def test_reading_reports_without_quoting(tmp_path: Path) -> None:
+    untrusted = mcr.TrustPolicy.untrusted()
+    path = tmp_path / "a.kubeconfig"
+    path.write_text("clusters: [\n  token: not-a-real-token\n")
+    broken = read_file(Found(path, explicit=True), context_filter("all"), untrusted)
+    assert broken.error == f"{path}: not valid YAML at line 3" and broken.contexts is None
+    assert "not-a-real-token" not in repr(broken)
+    path.write_text(yaml.safe_dump(KUBECONFIG))
+    good = read_file(Found(path, explicit=True), context_filter("current"), untrusted)
+    assert good.error is None and good.contexts is not None
+    assert [(item.context, item.config is not None) for item in good.contexts] == [("two", True)]
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump({"kind": "Deployment"}))
+    other = read_file(Found(tmp_path / "other.yaml", explicit=False), context_filter("all"), untrusted)
+    assert other.ignored and other.error is None  # a YAML that is not a kubeconfig, found in a directory
+    gone = read_file(Found(tmp_path / "missing", explicit=True), context_filter("all"), untrusted)
+    assert not gone.exists
+
+
+def test_bad_timings_are_refused() -> None:
+    with pytest.raises(ValueError, match="rescan_interval > 0"):
+        KubeconfigFileProvider("/a", rescan_interval=0)
