@@ -19,6 +19,7 @@ from ._controlplane import APIServer, ControlPlane, User
 from ._errors import AssetsError, TestbedError
 from ._etcd import Etcd
 from ._fleet import Fleet
+from ._harness import EngagementRecorder
 from ._process import ManagedProcess, live_processes
 from ._versions import ETCD_VERSION, KUBERNETES_VERSION
 
@@ -46,6 +47,7 @@ __all__ = [
     "Breakage",
     "Capability",
     "ControlPlane",
+    "EngagementRecorder",
     "Etcd",
     "Fleet",
     "ManagedProcess",
