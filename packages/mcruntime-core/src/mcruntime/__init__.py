@@ -38,6 +38,7 @@ from ._errors import (
     Unreachable,
 )
 from ._events import EventRecorder
+from ._follow import follow_informers
 from ._handler import EventHandler, enqueue_for_object, enqueue_for_owner, enqueue_mapped
 from ._informer import (
     HandlerRegistration,
@@ -201,6 +202,7 @@ __all__ = [
     "enqueue_for_owner",
     "enqueue_mapped",
     "field_getter",
+    "follow_informers",
     "generation_changed",
     "has_labels",
     "in_cluster_config",

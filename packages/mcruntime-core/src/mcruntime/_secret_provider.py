@@ -16,11 +16,9 @@ and this file identical. Everything it uses is public API of ``mcruntime``.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import logging
-import random
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -31,7 +29,8 @@ import yaml
 from ._cluster import Cluster, ClusterOptions
 from ._clusterset import ClusterSet, ClusterStatus
 from ._errors import KubeconfigError
-from ._informer import IndexFunc, Informer, ResourceEventHandler
+from ._follow import follow_informers
+from ._informer import IndexFunc, Informer
 from ._kind import Kind
 from ._kubeconfig import ClusterConfig, TrustPolicy, kubeconfig_from_dict
 from ._provider import Aware
@@ -175,21 +174,20 @@ class KubeconfigSecretProvider:
                 transform=self._slim,
                 read_timeout=hub.options.watch_read_timeout,
             )
-            changed = asyncio.Event()
+            pending: dict[str, SecretStatus] = {}
 
-            def poke(*_event: object) -> None:  # handlers must be quick: just say "look again"
-                changed.set()
+            def desired() -> dict[str, ClusterConfig]:
+                configs, statuses = self._desired(informer.store.objects)
+                pending.clear()
+                pending.update(statuses)
+                return configs
 
-            informer.add_handler(ResourceEventHandler(on_add=poke, on_update=poke, on_delete=poke))
-            engaging = asyncio.create_task(self.clusters.run(aware), name=f"{self._owner}:clusters")
-            try:
-                async with asyncio.TaskGroup() as discovery:
-                    discovery.create_task(informer.run(), name=f"{self._owner}:informer")
-                    discovery.create_task(self._follow(informer, changed), name=f"{self._owner}:follow")
-            finally:
-                # Discovery has ended, so no change is half applied: now stop every cluster.
-                engaging.cancel()
-                await asyncio.gather(engaging, return_exceptions=True)
+            def applied() -> None:  # publish statuses once acted on: what tests settle on
+                self._statuses = dict(pending)
+
+            await follow_informers(
+                self.clusters, aware, [informer], desired, owner=self._owner, applied=applied
+            )
 
     @asynccontextmanager
     async def _hub_cluster(self) -> AsyncIterator[Cluster]:
@@ -198,30 +196,6 @@ class KubeconfigSecretProvider:
             return
         async with Cluster(f"{self._owner} (hub)", self._hub, self._options) as hub:
             yield hub
-
-    async def _follow(self, informer: Informer, changed: asyncio.Event) -> None:
-        """Level-triggered: after any event, make the ClusterSet match the whole store."""
-        failures = 0
-        while True:
-            await changed.wait()
-            changed.clear()
-            try:
-                desired, statuses = self._desired(informer.store.objects)
-                sync = asyncio.ensure_future(self.clusters.sync(desired))
-                try:
-                    await asyncio.shield(sync)
-                except asyncio.CancelledError:
-                    # Let a replacement that started finish, or its old cluster would leak.
-                    await asyncio.gather(sync, return_exceptions=True)
-                    raise
-                self._statuses = statuses  # published once acted on: what tests settle on
-                failures = 0
-            except Exception:  # never let one bad pass end discovery: retry with backoff
-                failures += 1
-                delay = min(30.0, 0.2 * 2**failures) * random.uniform(0.5, 1.0)  # noqa: S311
-                log.exception("%s: applying the Secrets failed; retrying in %.1fs", self._owner, delay)
-                await asyncio.sleep(delay)
-                changed.set()
 
     # --8<-- [end:run]
 

@@ -11,11 +11,9 @@ and is reported, and a rotated one is followed (a new token swapped in place).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import logging
-import random
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -148,24 +146,20 @@ class ClusterAPIProvider:
                 transform=_value_only,
                 read_timeout=read_timeout,
             )
-            changed = asyncio.Event()
+            pending: dict[str, WorkloadStatus] = {}
 
-            def poke(*_event: object) -> None:
-                changed.set()
+            def desired() -> dict[str, mcr.ClusterConfig]:
+                configs, statuses = self._desired(clusters.store.objects, secrets.store.objects)
+                pending.clear()
+                pending.update(statuses)
+                return configs
 
-            for informer in (clusters, secrets):
-                informer.add_handler(mcr.ResourceEventHandler(on_add=poke, on_update=poke, on_delete=poke))
-            engaging = asyncio.create_task(self.clusters.run(aware), name=f"{self._owner}:clusters")
-            try:
-                async with asyncio.TaskGroup() as discovery:
-                    discovery.create_task(clusters.run(), name=f"{self._owner}:clusters-informer")
-                    discovery.create_task(secrets.run(), name=f"{self._owner}:secrets-informer")
-                    discovery.create_task(
-                        self._follow(clusters, secrets, changed), name=f"{self._owner}:follow"
-                    )
-            finally:
-                engaging.cancel()
-                await asyncio.gather(engaging, return_exceptions=True)
+            def applied() -> None:
+                self._workloads = dict(pending)
+
+            await mcr.follow_informers(
+                self.clusters, aware, [clusters, secrets], desired, owner=self._owner, applied=applied
+            )
 
     async def _served_kind(self, hub: mcr.Cluster) -> mcr.Kind:
         for version in VERSIONS:
@@ -188,32 +182,9 @@ class ClusterAPIProvider:
         async with mcr.Cluster(f"{self._owner} (hub)", self._hub, self._options) as hub:
             yield hub
 
-    async def _follow(self, clusters: mcr.Informer, secrets: mcr.Informer, changed: asyncio.Event) -> None:
-        failures = 0
-        while True:
-            await changed.wait()
-            changed.clear()
-            if not (clusters.has_synced and secrets.has_synced):
-                await asyncio.gather(clusters.wait_for_sync(), secrets.wait_for_sync())
-            try:
-                desired = self._desired(clusters.store.objects, secrets.store.objects)
-                sync = asyncio.ensure_future(self.clusters.sync(desired))
-                try:
-                    await asyncio.shield(sync)
-                except asyncio.CancelledError:
-                    await asyncio.gather(sync, return_exceptions=True)
-                    raise
-                failures = 0
-            except Exception:
-                failures += 1
-                delay = min(30.0, 0.2 * 2**failures) * random.uniform(0.5, 1.0)  # noqa: S311
-                log.exception("%s: applying the Clusters failed; retrying in %.1fs", self._owner, delay)
-                await asyncio.sleep(delay)
-                changed.set()
-
     def _desired(
         self, objects: Mapping[str, Mapping[str, Any]], secrets: Mapping[str, Mapping[str, Any]]
-    ) -> dict[str, mcr.ClusterConfig]:
+    ) -> tuple[dict[str, mcr.ClusterConfig], dict[str, WorkloadStatus]]:
         desired: dict[str, mcr.ClusterConfig] = {}
         statuses: dict[str, WorkloadStatus] = {}
         live = set()
@@ -254,8 +225,7 @@ class ClusterAPIProvider:
             )
         for key in [key for key in self._last_good if key not in live]:
             del self._last_good[key]
-        self._workloads = statuses
-        return desired
+        return desired, statuses
 
     def _is_ready(self, obj: Mapping[str, Any]) -> bool:
         try:

@@ -10,9 +10,7 @@ rotated token in the Secret is swapped in place without restarting caches.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -126,24 +124,20 @@ class KubeFedProvider:
             secrets = mcr.Informer(
                 hub.client, SECRET, namespace=self.namespace, transform=_token_only, read_timeout=read_timeout
             )
-            changed = asyncio.Event()
+            pending: dict[str, MemberStatus] = {}
 
-            def poke(*_event: object) -> None:
-                changed.set()
+            def desired() -> dict[str, mcr.ClusterConfig]:
+                configs, statuses = self._desired(members.store.objects, secrets.store.objects)
+                pending.clear()
+                pending.update(statuses)
+                return configs
 
-            for informer in (members, secrets):
-                informer.add_handler(mcr.ResourceEventHandler(on_add=poke, on_update=poke, on_delete=poke))
-            engaging = asyncio.create_task(self.clusters.run(aware), name=f"{self._owner}:clusters")
-            try:
-                async with asyncio.TaskGroup() as discovery:
-                    discovery.create_task(members.run(), name=f"{self._owner}:members")
-                    discovery.create_task(secrets.run(), name=f"{self._owner}:secrets")
-                    discovery.create_task(
-                        self._follow(members, secrets, changed), name=f"{self._owner}:follow"
-                    )
-            finally:
-                engaging.cancel()
-                await asyncio.gather(engaging, return_exceptions=True)
+            def applied() -> None:
+                self._members = dict(pending)
+
+            await mcr.follow_informers(
+                self.clusters, aware, [members, secrets], desired, owner=self._owner, applied=applied
+            )
 
     @asynccontextmanager
     async def _hub_cluster(self) -> AsyncIterator[mcr.Cluster]:
@@ -153,35 +147,9 @@ class KubeFedProvider:
         async with mcr.Cluster(f"{self._owner} (hub)", self._hub, self._options) as hub:
             yield hub
 
-    async def _follow(self, members: mcr.Informer, secrets: mcr.Informer, changed: asyncio.Event) -> None:
-        """Level-triggered: after any event, make the members match both stores."""
-        failures = 0
-        while True:
-            await changed.wait()
-            changed.clear()
-            if not (members.has_synced and secrets.has_synced):
-                await asyncio.gather(members.wait_for_sync(), secrets.wait_for_sync())
-            try:
-                desired = self._desired(members.store.objects, secrets.store.objects)
-                sync = asyncio.ensure_future(self.clusters.sync(desired))
-                try:
-                    await asyncio.shield(sync)
-                except asyncio.CancelledError:
-                    await asyncio.gather(sync, return_exceptions=True)
-                    raise
-                failures = 0
-            except Exception:
-                failures += 1
-                delay = min(30.0, 0.2 * 2**failures) * random.uniform(0.5, 1.0)  # noqa: S311
-                log.exception(
-                    "%s: applying the KubeFedClusters failed; retrying in %.1fs", self._owner, delay
-                )
-                await asyncio.sleep(delay)
-                changed.set()
-
     def _desired(
         self, objects: Mapping[str, Mapping[str, Any]], secrets: Mapping[str, Mapping[str, Any]]
-    ) -> dict[str, mcr.ClusterConfig]:
+    ) -> tuple[dict[str, mcr.ClusterConfig], dict[str, MemberStatus]]:
         desired: dict[str, mcr.ClusterConfig] = {}
         statuses: dict[str, MemberStatus] = {}
         live_names = set()
@@ -217,8 +185,7 @@ class KubeFedProvider:
             )
         for name in [name for name in self._last_good if name not in live_names]:
             del self._last_good[name]
-        self._members = statuses
-        return desired
+        return desired, statuses
 
     def _config(
         self, name: str, obj: Mapping[str, Any], secrets: Mapping[str, Mapping[str, Any]]
