@@ -38,7 +38,7 @@ from ._errors import (
     Unreachable,
 )
 from ._events import EventRecorder
-from ._follow import follow_informers
+from ._follow import follow_informers, hub_connection
 from ._handler import EventHandler, enqueue_for_object, enqueue_for_owner, enqueue_mapped
 from ._informer import (
     HandlerRegistration,
@@ -205,6 +205,7 @@ __all__ = [
     "follow_informers",
     "generation_changed",
     "has_labels",
+    "hub_connection",
     "in_cluster_config",
     "in_clusters",
     "in_namespaces",

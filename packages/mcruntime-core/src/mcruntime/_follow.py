@@ -3,7 +3,8 @@
 A provider that learns its clusters from objects on a hub (Secrets, Cluster API
 Clusters, KubeFedClusters) does the same thing every time: run some informers,
 and after any event make its :class:`ClusterSet` equal to what the stores now
-say. :func:`follow_informers` is that loop. It is level-triggered (each pass
+say. :func:`follow_informers` is that loop, and :func:`hub_connection` the hub
+connection each of them opens. It is level-triggered (each pass
 reads the whole stores, so a missed or coalesced event costs nothing), it
 applies a pass completely even when cancelled halfway (a replacement that
 started must finish, or its old cluster would leak), it retries a failed pass
@@ -15,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 
+from ._cluster import Cluster, ClusterOptions
 from ._clusterset import ClusterSet
 from ._informer import Informer, ResourceEventHandler
 from ._kubeconfig import ClusterConfig
@@ -25,6 +28,22 @@ from ._provider import Aware
 log = logging.getLogger("mcruntime.follow")
 
 Desired = Callable[[], Mapping[str, ClusterConfig]]
+
+
+@asynccontextmanager
+async def hub_connection(
+    hub: ClusterConfig | Cluster, name: str, options: ClusterOptions | None = None
+) -> AsyncIterator[Cluster]:
+    """The hub a provider watches: its own connection from a config, or the caller's cluster.
+
+    A :class:`Cluster` passed in belongs to the caller and is used, never
+    stopped; a config gets a connection of the provider's own, closed on exit.
+    """
+    if isinstance(hub, Cluster):
+        yield hub
+        return
+    async with Cluster(name, hub, options) as connection:
+        yield connection
 
 
 async def follow_informers(

@@ -19,8 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +28,7 @@ import yaml
 from ._cluster import Cluster, ClusterOptions
 from ._clusterset import ClusterSet, ClusterStatus
 from ._errors import KubeconfigError
-from ._follow import follow_informers
+from ._follow import follow_informers, hub_connection
 from ._informer import IndexFunc, Informer
 from ._kind import Kind
 from ._kubeconfig import ClusterConfig, TrustPolicy, kubeconfig_from_dict
@@ -165,7 +164,7 @@ class KubeconfigSecretProvider:
     # --8<-- [start:run]
     async def run(self, aware: Aware) -> None:
         """Watch the Secrets and keep the engaged clusters equal to them until cancelled."""
-        async with self._hub_cluster() as hub:
+        async with hub_connection(self._hub, f"{self._owner} (hub)", self._options) as hub:
             informer = Informer(
                 hub.client,
                 SECRET,
@@ -188,14 +187,6 @@ class KubeconfigSecretProvider:
             await follow_informers(
                 self.clusters, aware, [informer], desired, owner=self._owner, applied=applied
             )
-
-    @asynccontextmanager
-    async def _hub_cluster(self) -> AsyncIterator[Cluster]:
-        if isinstance(self._hub, Cluster):
-            yield self._hub  # the caller's: used, never stopped
-            return
-        async with Cluster(f"{self._owner} (hub)", self._hub, self._options) as hub:
-            yield hub
 
     # --8<-- [end:run]
 

@@ -14,8 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,7 +126,7 @@ class ClusterAPIProvider:
 
         Raises :class:`ClusterAPINotInstalled` at once when the hub serves no Cluster kind.
         """
-        async with self._hub_cluster() as hub:
+        async with mcr.hub_connection(self._hub, f"{self._owner} (hub)", self._options) as hub:
             kind = await self._served_kind(hub)
             self.api_version = kind.api_version
             read_timeout = hub.options.watch_read_timeout
@@ -173,14 +172,6 @@ class ClusterAPIProvider:
             f"Cluster API not installed: the hub {hub.config.server} serves no Cluster in "
             f"{', '.join(f'{GROUP}/{v}' for v in VERSIONS)}"
         )
-
-    @asynccontextmanager
-    async def _hub_cluster(self) -> AsyncIterator[mcr.Cluster]:
-        if isinstance(self._hub, mcr.Cluster):
-            yield self._hub
-            return
-        async with mcr.Cluster(f"{self._owner} (hub)", self._hub, self._options) as hub:
-            yield hub
 
     def _desired(
         self, objects: Mapping[str, Mapping[str, Any]], secrets: Mapping[str, Mapping[str, Any]]

@@ -11,8 +11,7 @@ rotated token in the Secret is swapped in place without restarting caches.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,7 +108,7 @@ class KubeFedProvider:
 
         Raises :class:`KubeFedNotInstalled` at once when the hub has no KubeFed CRD.
         """
-        async with self._hub_cluster() as hub:
+        async with mcr.hub_connection(self._hub, f"{self._owner} (hub)", self._options) as hub:
             try:
                 await hub.client.resource(KUBEFED_CLUSTER)
             except mcr.KindNotFound:
@@ -138,14 +137,6 @@ class KubeFedProvider:
             await mcr.follow_informers(
                 self.clusters, aware, [members, secrets], desired, owner=self._owner, applied=applied
             )
-
-    @asynccontextmanager
-    async def _hub_cluster(self) -> AsyncIterator[mcr.Cluster]:
-        if isinstance(self._hub, mcr.Cluster):
-            yield self._hub
-            return
-        async with mcr.Cluster(f"{self._owner} (hub)", self._hub, self._options) as hub:
-            yield hub
 
     def _desired(
         self, objects: Mapping[str, Mapping[str, Any]], secrets: Mapping[str, Mapping[str, Any]]
