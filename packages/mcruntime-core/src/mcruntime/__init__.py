@@ -16,6 +16,7 @@ from ._cluster import Cluster, ClusterHealth, ClusterOptions
 from ._clusterset import ClusterSet, ClusterState, ClusterStatus
 from ._context import ReconcileContext, current_reconcile, current_request
 from ._controller import Controller, ReconcileStats
+from ._coordinator import Coordinator, Seat, WorkGate
 from ._discovery import Discovery
 from ._errors import (
     AlreadyExists,
@@ -84,9 +85,11 @@ from ._provider import Aware, Provider, ProviderRunnable
 from ._providers import MultiProvider, SingleProvider, StaticProvider
 from ._ratelimit import ExponentialBackoff, MaxOf, RateLimiter, TokenBucket, default_rate_limiter
 from ._reconcile import LOCAL_CLUSTER, ReconcileFunction, Reconciler, Request, Result, TerminalError
+from ._rendezvous import owner as rendezvous_owner
 from ._secret_provider import KubeconfigSecretProvider, SecretStatus
 from ._serving import Check, Checks, Endpoints
 from ._settings import ManagerSettings, SettingsError
+from ._sharding import ShardedCoordinator, ShardingConfig, ShardMetrics
 from ._source import EVERY_CLUSTER, LOCAL_ONLY, PROVIDER_ONLY, ChannelSource, ClusterSelection, KindSource
 from ._transport import RetryPolicy
 from ._workqueue import NoMetrics, QueueMetrics, QueueShutDown, WorkQueue
@@ -121,6 +124,7 @@ __all__ = [
     "ClusterStatus",
     "Conflict",
     "Controller",
+    "Coordinator",
     "Discovery",
     "Endpoints",
     "Event",
@@ -173,10 +177,14 @@ __all__ = [
     "RetryPolicy",
     "RoutedClient",
     "Runnable",
+    "Seat",
     "SecretStatus",
     "ServerError",
     "ServerTimeout",
     "SettingsError",
+    "ShardMetrics",
+    "ShardedCoordinator",
+    "ShardingConfig",
     "SingleProvider",
     "StaticProvider",
     "Store",
@@ -188,6 +196,7 @@ __all__ = [
     "Unauthorized",
     "Unreachable",
     "WatchEvent",
+    "WorkGate",
     "WorkQueue",
     "__version__",
     "all_of",
@@ -218,6 +227,7 @@ __all__ = [
     "load_kubeconfig_env",
     "negate",
     "object_key",
+    "rendezvous_owner",
     "resource_version_changed",
     "run_manager",
     "strip_managed_fields",

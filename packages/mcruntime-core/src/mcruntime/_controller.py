@@ -11,6 +11,7 @@ clusters were engaged is engaged with all of them by the manager.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -53,6 +54,12 @@ class ReconcileStats:
 
 
 ReconcileObserver = Callable[[str, Request, str, float], None]
+
+
+class RequestGate(Protocol):
+    """Which clusters' requests this replica works on (the manager's :class:`WorkGate` when sharded)."""
+
+    def admits(self, cluster: str) -> bool: ...
 
 
 class LeaderGate(Protocol):
@@ -99,6 +106,10 @@ class Controller:
         self.observers: list[ReconcileObserver] = []
         self.active_workers = 0
         self.leader: LeaderGate | None = None
+        self.gate: RequestGate | None = None
+        self._current: dict[asyncio.Task[None], Request] = {}
+        self._revoked: set[asyncio.Task[None]] = set()
+        self._released: list[tuple[str, asyncio.Future[None]]] = []
 
     def __repr__(self) -> str:
         return f"<Controller {self.name!r} clusters={sorted(self._engaged)}>"
@@ -201,15 +212,78 @@ class Controller:
         if not matches(source.predicates, event) or not matches(self._event_filters, event):
             return
         for request in source.handler.requests(event):
+            self._add(request)
+
+    def _add(self, request: Request) -> None:
+        if self.gate is None or self.gate.admits(request.cluster):
             self.queue.add(request)
 
     async def _read_channel(self, source: ChannelSource) -> None:
         while True:
             item = await source.channel.get()
             if isinstance(item, Request):
-                self.queue.add(item)
+                self._add(item)
             else:
                 self._dispatch(source, item)
+
+    # --- work per cluster (sharding) ------------------------------------------------------
+
+    def replay(self, clusters: set[str]) -> None:
+        """Enqueue, as creations, what the caches hold for requests in ``clusters``.
+
+        Events for clusters the gate did not admit were dropped; when a cluster
+        is admitted, this is how its work starts from warm caches. Handlers that
+        only ever name their own cluster are replayed from those clusters alone;
+        a mapping handler is replayed from every cluster, since any event may
+        map into ``clusters``.
+        """
+        for name, engagement in self._engaged.items():
+            for source, attachment in engagement.attachments:
+                if name not in clusters and getattr(source.handler, "same_cluster", False):
+                    continue
+                for obj in attachment.informer.list():
+                    if not attachment.wanted(obj):
+                        continue
+                    event = Event("create", name, obj)
+                    if not matches(source.predicates, event) or not matches(self._event_filters, event):
+                        continue
+                    for request in source.handler.requests(event):
+                        if request.cluster in clusters:
+                            self.queue.add(request)
+
+    async def release(self, cluster: str, grace: float = 0.0) -> None:
+        """Stop working on ``cluster``: drop its queued requests, end its in-flight reconciles.
+
+        In-flight reconciles get ``grace`` seconds, then are cancelled; either
+        way their requests are dropped, not retried here: another replica owns
+        the cluster now. Returns once none of them is running. The caller must
+        already have shut the gate for ``cluster``, or requests come back.
+        """
+        self.queue.purge(cluster)
+        if not self._running_in(cluster):
+            return
+        finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._released.append((cluster, finished))
+        if grace > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace):
+                    await asyncio.shield(finished)
+        for worker, request in list(self._current.items()):
+            if request.cluster == cluster:
+                self._revoked.add(worker)
+                worker.cancel()
+        await finished
+
+    def _running_in(self, cluster: str) -> bool:
+        return any(request.cluster == cluster for request in self._current.values())
+
+    def _notify_released(self) -> None:
+        for entry in list(self._released):
+            cluster, finished = entry
+            if not self._running_in(cluster):
+                self._released.remove(entry)
+                if not finished.done():
+                    finished.set_result(None)
 
     # --- workers ---------------------------------------------------------------------------
 
@@ -279,20 +353,36 @@ class Controller:
         return drained
 
     async def _work(self) -> None:
+        worker = asyncio.current_task()
+        assert worker is not None
         while True:
             try:
                 request = await self.queue.get()
             except QueueShutDown:
                 return
+            if self.gate is not None and not self.gate.admits(request.cluster):
+                self.queue.forget(request)  # queued before its cluster moved to another replica
+                self.queue.done(request)
+                continue
             self.active_workers += 1
+            self._current[worker] = request
             try:
                 await self._reconcile_one(request)
             except asyncio.CancelledError:
-                self.queue.add(request)  # interrupted (leadership lost): do it again later
-                raise
+                if worker not in self._revoked:
+                    self.queue.add(request)  # interrupted (leadership lost): do it again later
+                    raise
+                # Its cluster was released: drop the request and keep working for the others.
+                self.queue.forget(request)
             finally:
+                if worker in self._revoked:  # also when the reconcile swallowed the cancellation
+                    self._revoked.discard(worker)
+                    worker.uncancel()
+                del self._current[worker]
                 self.active_workers -= 1
                 self.queue.done(request)
+                if self._released:
+                    self._notify_released()
 
     async def _reconcile_one(self, request: Request) -> None:
         token = _enter(self.name, request)

@@ -26,6 +26,8 @@ class EventHandler(Protocol):
 
 
 class _ForObject:
+    same_cluster = True  # its requests name the event's own cluster (lets a replay skip others)
+
     def requests(self, event: Event) -> Iterable[Request]:
         meta = metadata(event.object)
         return (Request(event.cluster, meta.get("namespace") or "", meta.get("name", "")),)
@@ -40,6 +42,8 @@ def enqueue_for_object() -> EventHandler:
 
 
 class _ForOwner:
+    same_cluster = True
+
     def __init__(self, owner: Kind, only_controller: bool) -> None:
         self._owner = owner
         self._only_controller = only_controller

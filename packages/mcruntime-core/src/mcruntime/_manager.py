@@ -17,11 +17,12 @@ import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ._clients import FleetClient, RoutedClient
 from ._cluster import Cluster, ClusterOptions
 from ._controller import Controller
+from ._coordinator import Coordinator, WorkGate
 from ._errors import ClusterNotFound
 from ._events import EventRecorder
 from ._informer import IndexFunc
@@ -33,6 +34,10 @@ from ._provider import Aware, Provider, ProviderRunnable
 from ._reconcile import LOCAL_CLUSTER
 from ._serving import Check, CheckLine, Checks, Endpoints
 from ._settings import ManagerSettings
+from ._sharding import ShardedCoordinator, ShardingConfig
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger("mcruntime.manager")
 
@@ -66,10 +71,15 @@ class Manager:
         metrics_address: str | None = None,
         health_probe_address: str | None = None,
         ready_min_share: float = 1.0,
+        coordinator: Coordinator | None = None,
     ) -> None:
         """Build a manager; nothing runs until :meth:`start`.
 
         ``leader_election`` needs ``local``: the Lease lives on the local cluster.
+        ``coordinator`` decides which clusters this replica works on (for
+        example a :class:`ShardedCoordinator`, which also needs ``local``);
+        without one, every engaged cluster is worked on (on the leader only,
+        with leader election). The two are alternatives.
         ``metrics_address`` and ``health_probe_address`` are ``host:port``
         (port 0 picks a free port; see :attr:`endpoints`). ``ready_min_share``
         is the share of engaged clusters whose caches must be synced and
@@ -79,6 +89,10 @@ class Manager:
             raise ValueError("a manager needs a provider, a local cluster, or both")
         if leader_election is not None and local is None:
             raise ValueError("leader election needs a local cluster to hold its Lease")
+        if coordinator is not None and leader_election is not None:
+            raise ValueError("choose leader election or a coordinator such as sharding, not both")
+        if coordinator is not None and local is None:
+            raise ValueError("a coordinator needs a local cluster (the hub) to coordinate on")
         if not 0.0 <= ready_min_share <= 1.0:
             raise ValueError(f"ready_min_share must be between 0 and 1, not {ready_min_share}")
         self.provider = provider
@@ -110,6 +124,8 @@ class Manager:
         self._readyz.add_group("clusters", self._cluster_readiness)
         self.endpoints = Endpoints(self._healthz, self._readyz, self.metrics.registry)
         self._engage_started: dict[str, float] = {}
+        self.coordinator = coordinator
+        self.work = WorkGate(lambda: list(self.controllers.values()))
 
     @classmethod
     def from_settings(
@@ -135,6 +151,18 @@ class Manager:
                 retry_period=values.retry_period,
             )
         options = cluster_options or ClusterOptions(cache_sync_timeout=values.cache_sync_timeout)
+        coordinator = None
+        if values.sharding:
+            coordinator = ShardedCoordinator(
+                ShardingConfig(
+                    name=values.shard_group,
+                    namespace=values.shard_namespace,
+                    weight=values.shard_weight,
+                    lease_duration=values.lease_duration,
+                    renew_deadline=values.renew_deadline,
+                    retry_period=values.retry_period,
+                )
+            )
         manager = cls(
             provider,
             local=local,
@@ -144,6 +172,7 @@ class Manager:
             metrics_address=values.metrics_bind_address or None,
             health_probe_address=values.health_probe_bind_address or None,
             ready_min_share=values.ready_min_share,
+            coordinator=coordinator,
         )
         manager.settings = values
         return manager
@@ -151,6 +180,11 @@ class Manager:
     settings: ManagerSettings | None = None
 
     # --- probes, metrics, events ------------------------------------------------------------
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """The registry ``/metrics`` serves; add your own metrics here."""
+        return self.metrics.registry
 
     def add_healthz_check(self, name: str, check: Check) -> None:
         """A liveness check: ``check()`` (sync or async) returns ``None`` or why it fails."""
@@ -175,11 +209,9 @@ class Manager:
         return {name: getattr(status.state, "value", str(status.state)) for name, status in found.items()}
 
     def _cluster_ready(self, name: str, cluster: Cluster) -> str | None:
-        waiting = [
-            controller.name
-            for controller in self.controllers.values()
-            if name in controller.engaged() and not controller.synced(name)
-        ]
+        # A controller that has not engaged the cluster yet counts as waiting too:
+        # the manager records a cluster before its fan-out reaches every controller.
+        waiting = [controller.name for controller in self.controllers.values() if not controller.synced(name)]
         health = cluster.health
         if not health.healthy:
             return f"unreachable: {health.last_error}"
@@ -237,6 +269,8 @@ class Manager:
             component.observers.append(self.metrics.observe_reconcile)
             if self.elector is not None:
                 component.leader = self.elector
+            if self.coordinator is not None:
+                component.gate = self.work
         if isinstance(component, Aware):
             self._awares.append(component)
         if isinstance(component, Runnable):
@@ -340,6 +374,10 @@ class Manager:
                 self._launch(component)
             if self.local is not None:
                 await self.engage(LOCAL_CLUSTER, self.local)
+            if self.coordinator is not None:
+                self._tasks["coordinator"] = asyncio.create_task(
+                    self.coordinator.run(self), name="coordinator"
+                )
             runner = _runnable_provider(self.provider)
             if runner is not None:
                 provider_task = asyncio.create_task(runner.run(self), name="provider")
@@ -355,7 +393,9 @@ class Manager:
         watched: set[asyncio.Task[object]] = {stop_waiter}
         if provider_task is not None:
             watched.add(provider_task)
-        watched.update(task for key, task in self._tasks.items() if isinstance(key, Runnable))
+        watched.update(
+            task for key, task in self._tasks.items() if isinstance(key, Runnable) or key == "coordinator"
+        )
         try:
             while not self._stop.is_set():
                 done, _pending = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)

@@ -42,6 +42,13 @@ class ManagerSettings(BaseSettings):
     )
     renew_deadline: float = Field(default=10.0, gt=0, description="seconds a leader keeps trying to renew")
     retry_period: float = Field(default=2.0, gt=0, description="seconds between election attempts")
+    sharding: bool = Field(
+        default=False,
+        description="split the clusters between replicas with Leases (instead of leader election)",
+    )
+    shard_group: str = Field(default="mcruntime", description="the shard group: Lease name prefix and label")
+    shard_namespace: str = Field(default="default", description="where the shard Leases live")
+    shard_weight: float = Field(default=1.0, gt=0, description="this replica's relative share of clusters")
     max_concurrent_reconciles: int = Field(default=1, ge=1, description="default workers per controller")
     cache_sync_timeout: float = Field(
         default=60.0, gt=0, description="seconds a cluster's caches may take to sync"
@@ -57,7 +64,13 @@ class ManagerSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _lease_timing(self) -> ManagerSettings:
-        if self.leader_election and not self.lease_duration > self.renew_deadline > self.retry_period:
+        if self.leader_election and self.sharding:
+            raise ValueError(
+                f"{ENV_PREFIX}LEADER_ELECTION and {ENV_PREFIX}SHARDING are alternatives; set one"
+            )
+        if (self.leader_election or self.sharding) and not (
+            self.lease_duration > self.renew_deadline > self.retry_period
+        ):
             order = " > ".join(
                 f"{ENV_PREFIX}{name}" for name in ("LEASE_DURATION", "RENEW_DEADLINE", "RETRY_PERIOD")
             )

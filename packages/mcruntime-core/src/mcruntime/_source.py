@@ -63,6 +63,7 @@ class Attachment:
 
     informer: Informer
     registration: HandlerRegistration
+    wanted: Callable[[JSON], bool]
 
     def detach(self) -> None:
         self.registration.remove()
@@ -110,7 +111,7 @@ class KindSource:
                 sink(Event("delete", cluster_name, obj))
 
         registration = informer.add_handler(ResourceEventHandler(on_add, on_update, on_delete))
-        return Attachment(informer, registration)
+        return Attachment(informer, registration, wanted)
 
 
 @dataclass

@@ -1,0 +1,112 @@
+"""One sharded replica in a process of its own, for the sharding tests.
+
+Usage: python shard_replica.py SPEC.json IDENTITY [WEIGHT]
+
+SPEC holds the hub kubeconfig path, the clusters (name → kubeconfig path), the
+namespace for the Leases and the ConfigMaps, the group name and the lease
+timing. Each cluster's work is one ConfigMap labelled with the cluster's name
+(several cluster names share an API server): the reconcile stamps this
+replica's identity and a counter on it and comes back every ``period``
+seconds, so a second writer would show up in the ConfigMap's history. The
+process prints one JSON line whenever the set of clusters it owns changes, and
+stops gracefully on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import mcruntime as mcr
+
+CONFIGMAP = mcr.Kind("v1", "ConfigMap")
+CLUSTER_LABEL = "shard-test/cluster"
+
+
+def sharded_manager(
+    spec: dict[str, Any], identity: str, weight: float, *, handle_signals: bool = True
+) -> mcr.Manager:
+    """A sharded manager over the spec's clusters, stamping its identity on each cluster's ConfigMap."""
+    namespace = spec["namespace"]
+    coordinator = mcr.ShardedCoordinator(
+        mcr.ShardingConfig(
+            name=spec["group"],
+            namespace=namespace,
+            identity=identity,
+            weight=weight,
+            lease_duration=spec["lease_duration"],
+            renew_deadline=spec["renew_deadline"],
+            retry_period=spec["retry_period"],
+        )
+    )
+    provider = mcr.StaticProvider(
+        {name: mcr.load_kubeconfig(path) for name, path in spec["clusters"].items()}
+    )
+    manager = mcr.Manager(
+        provider,
+        local=mcr.load_kubeconfig(spec["hub"]),
+        coordinator=coordinator,
+        handle_signals=handle_signals,
+    )
+    period = float(spec.get("period", 1.0))
+
+    async def stamp(request: mcr.Request) -> mcr.Result:
+        cluster = await manager.get_cluster(request.cluster)
+        current = await cluster.client.get(CONFIGMAP, request.name, namespace=request.namespace)
+        data = current.get("data") or {}
+        waited = time.time() - float(data.get("at", "0"))
+        if waited < period and data.get("writer") == identity:
+            return mcr.Result(requeue_after=period - waited)  # our own write's event: not due yet
+        current["data"] = {
+            **data,
+            "writer": identity,
+            "count": str(int(data.get("count", "0")) + 1),
+            "at": repr(time.time()),
+        }
+        await cluster.client.update(current)  # resourceVersion: a concurrent writer gets a Conflict
+        return mcr.Result(requeue_after=period)
+
+    def own_cluster(event: mcr.Event) -> bool:
+        labels = event.object.get("metadata", {}).get("labels") or {}
+        return labels.get(CLUSTER_LABEL) == event.cluster
+
+    (
+        mcr.controller_managed_by(manager)
+        .named("stamp")
+        .for_(CONFIGMAP, namespace=namespace, predicates=[own_cluster], clusters=mcr.PROVIDER_ONLY)
+        .complete(stamp)
+    )
+    manager.add(_OwnershipReporter(coordinator))
+    return manager
+
+
+class _OwnershipReporter:
+    """Prints the owned set whenever it changes (what the test follows)."""
+
+    def __init__(self, coordinator: mcr.ShardedCoordinator) -> None:
+        self._coordinator = coordinator
+
+    async def start(self) -> None:
+        reported: frozenset[str] | None = None
+        while True:
+            owned = self._coordinator.owned
+            if owned != reported:
+                reported = owned
+                print(json.dumps({"owned": sorted(owned), "time": time.time()}), flush=True)
+            await asyncio.sleep(0.05)
+
+
+async def main(spec_path: str, identity: str, weight: str = "1") -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    spec = json.loads(Path(spec_path).read_text())
+    await sharded_manager(spec, identity, float(weight)).start()
+    print(json.dumps({"stopped": True, "time": time.time()}), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:4]))
