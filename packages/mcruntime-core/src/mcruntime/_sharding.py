@@ -298,10 +298,14 @@ class ShardedCoordinator:
                 self._leaving[name] = asyncio.create_task(self._hand_over(client, name))
         held = [name for name in self._fences if name not in self._leaving]
         wanted = [name for name in desired if name not in self._fences and name not in self._leaving]
-        await asyncio.gather(
-            *(self._renew_fence(client, name) for name in held),
+        results = await asyncio.gather(
             *(self._acquire_fence(client, name) for name in wanted),
+            *(self._renew_fence(client, name) for name in held),
         )
+        acquired = [name for name, won in zip(wanted, results, strict=False) if won]
+        if acquired:
+            # One replay for everything won this round, not one per cluster.
+            self._seat.work.open(*acquired)
         self.metrics.owned.set(len(self._fences))
 
     # --- the peer Lease ---------------------------------------------------------------------
@@ -377,11 +381,12 @@ class ShardedCoordinator:
             return False
         return time.monotonic() - seen.changed_at > self.config.lease_duration
 
-    async def _acquire_fence(self, client: Client, cluster: str) -> None:
+    async def _acquire_fence(self, client: Client, cluster: str) -> bool:
+        """Take the fence of ``cluster`` if it is free; returns whether work may start there."""
         assert self._seat is not None and self.metrics is not None
         started = time.monotonic()
         if not self._fence_free(cluster, started):
-            return
+            return False
         name = self.config.fence_lease(cluster)
         try:
             async with asyncio.timeout(self.config.retry_period):
@@ -394,7 +399,7 @@ class ShardedCoordinator:
                     spec = dict(current.get("spec") or {})
                     holder = str(spec.get("holderIdentity") or "")
                     if holder not in ("", self.identity) and not self._expired_as_seen(name, spec):
-                        return
+                        return False
                     now = _micro_time()
                     if holder != self.identity:
                         spec["leaseTransitions"] = int(str(spec.get("leaseTransitions") or 0)) + 1
@@ -407,21 +412,20 @@ class ShardedCoordinator:
                     current["spec"] = spec
                     written = await client.update(current)
         except (AlreadyExists, Conflict):
-            return  # another replica moved first; the informer will tell us who
+            return False  # another replica moved first; the informer will tell us who
         except _API_ERRORS as error:
             log.warning(
                 "sharding %s: could not acquire the fence of %r: %s", self.config.name, cluster, error
             )
-            return
-        if cluster not in self._seat.clusters() or cluster not in self._desired:
-            # It left, or moved, while we were acquiring: give the fence straight back.
-            self._fences[cluster] = _Fence(written, started)
-            self._leaving[cluster] = asyncio.create_task(self._hand_over(client, cluster))
-            return
+            return False
         self._fences[cluster] = _Fence(written, started)
         self.metrics.fence_acquisitions.inc()
+        if cluster not in self._seat.clusters() or cluster not in self._desired:
+            # It left, or moved, while we were acquiring: give the fence straight back.
+            self._leaving[cluster] = asyncio.create_task(self._hand_over(client, cluster))
+            return False
         log.info("sharding %s: %s now works on cluster %r", self.config.name, self.identity, cluster)
-        self._seat.work.open(cluster)
+        return True
 
     async def _renew_fence(self, client: Client, cluster: str) -> None:
         fence = self._fences.get(cluster)
@@ -482,7 +486,9 @@ class ShardedCoordinator:
                 self.config.renew_deadline - self.config.retry_period - (time.monotonic() - fence.renewed_at)
             )
             await self._seat.work.close(cluster, grace=max(0.0, min(self.config.handover_grace, budget)))
-            if await self._release(client, cluster, fence):
+            # A cluster that left the fleet takes its fence along; one that moved keeps it for its new owner.
+            gone = cluster not in self._seat.clusters()
+            if await self._release(client, cluster, fence, delete=gone):
                 self.metrics.fence_releases.inc()
                 log.info("sharding %s: %s handed cluster %r over", self.config.name, self.identity, cluster)
             self._fences.pop(cluster, None)
@@ -490,7 +496,7 @@ class ShardedCoordinator:
             self._leaving.pop(cluster, None)
             self._wake.set()
 
-    async def _release(self, client: Client, cluster: str, fence: _Fence) -> bool:
+    async def _release(self, client: Client, cluster: str, fence: _Fence, *, delete: bool = False) -> bool:
         name = str(fence.lease["metadata"]["name"])
         try:
             async with asyncio.timeout(self.config.retry_period):
@@ -501,6 +507,12 @@ class ShardedCoordinator:
                 spec = dict(current.get("spec") or {})
                 if spec.get("holderIdentity") != self.identity:
                     return False
+                if delete:
+                    version = str(current["metadata"].get("resourceVersion", ""))
+                    await client.delete(
+                        LEASE, name, namespace=self.config.namespace, resource_version=version
+                    )
+                    return True
                 spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=_micro_time())
                 current["spec"] = spec
                 await client.update(current)
