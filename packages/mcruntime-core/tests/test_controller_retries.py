@@ -135,3 +135,25 @@ async def test_reconcilers_can_be_objects_with_a_reconcile_method() -> None:
     await wait_for(lambda: counting.seen == [mcr.Request("east", "ns", "x")])
     await controller.shutdown(1)
     await runner
+
+
+async def test_a_conflict_is_retried_with_one_quiet_line(caplog: pytest.LogCaptureFixture) -> None:
+    attempts = 0
+
+    async def stale(_request: mcr.Request) -> None:
+        nonlocal attempts
+        attempts += 1
+        if attempts == 1:
+            raise mcr.Conflict("the object has been modified", cluster="east", status=409, reason="Conflict")
+
+    controller, channel = _controller(stale)
+    runner = asyncio.create_task(controller.start())
+    with caplog.at_level(logging.INFO, logger="mcruntime.controller"):
+        await channel.put(mcr.Request("east", "ns", "raced"))
+        await wait_for(lambda: controller.stats.success == 1)
+    assert attempts == 2 and controller.stats.error == 1
+    conflicts = [record for record in caplog.records if "conflict" in record.getMessage()]
+    assert [record.levelno for record in conflicts] == [logging.INFO]
+    assert conflicts[0].exc_info is None
+    await controller.shutdown(1)
+    await runner

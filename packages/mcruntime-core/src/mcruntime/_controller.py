@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._context import _enter, _leave
-from ._errors import ClusterNotFound
+from ._errors import ClusterNotFound, Conflict
 from ._predicate import Event, Predicate, matches
 from ._ratelimit import RateLimiter, default_rate_limiter
 from ._reconcile import ReconcileFunction, Request, Result, TerminalError
@@ -395,6 +395,13 @@ class Controller:
             self.stats.dropped_cluster_gone += 1
             self.queue.forget(request)
             log.info("controller %s: %s dropped: cluster %r is gone", self.name, request, request.cluster)
+        except Conflict as conflict:
+            # Optimistic concurrency doing its job (usually a cache behind our own write):
+            # worth a retry and a line, not an error with a traceback.
+            outcome = "error"
+            self.stats.error += 1
+            self.queue.add_rate_limited(request)
+            log.info("controller %s: %s hit a conflict, retrying: %s", self.name, request, conflict)
         except TerminalError:
             outcome = "terminal"
             self.stats.terminal += 1
