@@ -1,0 +1,464 @@
+"""job-fanout: a Test on the main cluster runs a Job in the main cluster and in every sub cluster.
+
+The scenario of the seed article (a multi-cluster operator written with
+controller-runtime): a custom resource ``Test`` lives on the main cluster; for
+each one, the controller creates a Job in the main cluster and in every sub
+cluster, follows the Jobs' status in all of them, and sets the Test's
+``status.phase`` to ``finished`` when every Job succeeded or ``error`` as soon
+as one failed. The article had to smuggle the cluster name into the request's
+namespace and keep a map of clients by hand; here the request carries its
+cluster, Job events from any cluster map to the Test on the main cluster with
+``enqueue_mapped``, and sub clusters come and go through a provider while the
+controller runs (a new cluster gets the Tests' Jobs too; a removed one drops
+out of their status). A finalizer deletes the Jobs everywhere when a Test is
+deleted.
+
+Run it against a main cluster and a directory of sub-cluster kubeconfigs::
+
+    python examples/job-fanout/job_fanout.py --main main.kubeconfig --clusters ./fleet/
+
+Clusters without nodes (the testbed's, for one) never run a Job; pass
+``--simulate-kubelet`` to have :mod:`simulated_kubelet` finish them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import mcruntime as mcr
+from mcruntime_file import KubeconfigFileProvider
+
+GROUP = "demo.mcruntime.dev"
+TEST = mcr.Kind(f"{GROUP}/v1", "Test")
+JOB = mcr.Kind("batch/v1", "Job")
+NAMESPACE = mcr.Kind("v1", "Namespace")
+CRD = mcr.Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+TEST_LABEL = f"{GROUP}/test"
+"""Label on every child Job: the name of its Test (same namespace, main cluster)."""
+OUTCOME_ANNOTATION = f"{GROUP}/simulated-outcome"
+"""Set to ``fail`` on the Jobs of clusters listed in ``spec.failIn``; only the simulated kubelet reads it."""
+FINALIZER = f"{GROUP}/jobs"
+MAIN = "main"
+"""How the main (local) cluster, whose mcruntime name is ``""``, appears in a Test's status."""
+FIELD_MANAGER = "job-fanout"
+
+log = logging.getLogger("job_fanout")
+
+JSON = dict[str, Any]
+
+
+def display_name(cluster: str) -> str:
+    """The name a person reads: ``main`` for the local cluster, else the provider's name."""
+    return cluster or MAIN
+
+
+def crd_manifest() -> JSON:
+    """The ``Test`` CustomResourceDefinition (namespaced, with a status subresource)."""
+    string_list = {"type": "array", "items": {"type": "string"}}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"tests.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {"plural": "tests", "singular": "test", "kind": "Test", "listKind": "TestList"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {
+                                "spec": {
+                                    "type": "object",
+                                    "properties": {
+                                        "image": {"type": "string"},
+                                        "command": string_list,
+                                        "failIn": {
+                                            **string_list,
+                                            "description": "clusters whose Job the simulated kubelet fails",
+                                        },
+                                    },
+                                },
+                                "status": {
+                                    "type": "object",
+                                    "properties": {
+                                        "phase": {"type": "string"},
+                                        "clusters": {
+                                            "type": "object",
+                                            "additionalProperties": {"type": "string"},
+                                        },
+                                    },
+                                },
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+async def install_crd(cluster: mcr.Cluster, timeout: float = 30.0) -> None:
+    """Create the Test CRD unless it exists, and wait until Tests can be listed.
+
+    Established is not yet servable: for a second or two the API server answers
+    429 "storage is (re)initializing" for a new resource; the list below waits
+    that out (the client retries 429s) so the controller's informers never see it.
+    """
+    with contextlib.suppress(mcr.AlreadyExists):
+        await cluster.client.create(crd_manifest(), field_manager=FIELD_MANAGER)
+    async with asyncio.timeout(timeout):
+        while True:
+            crd = await cluster.client.get(CRD, f"tests.{GROUP}")
+            conditions = (crd.get("status") or {}).get("conditions") or []
+            if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+                break
+            await asyncio.sleep(0.1)
+        while True:
+            try:
+                await cluster.client.list(TEST, page_size=1)
+                return
+            except (mcr.TooManyRequests, mcr.KindNotFound):
+                await asyncio.sleep(0.2)
+
+
+def make_test(
+    name: str,
+    namespace: str = "default",
+    *,
+    image: str = "busybox:1.36",
+    command: Sequence[str] = ("sh", "-c", "echo testing && sleep 2"),
+    fail_in: Iterable[str] = (),
+) -> JSON:
+    """A Test object; ``fail_in`` names clusters (``main`` included) whose Job the simulated kubelet fails."""
+    return {
+        "apiVersion": TEST.api_version,
+        "kind": "Test",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"image": image, "command": list(command), "failIn": list(fail_in)},
+    }
+
+
+def job_for(test: JSON, cluster: str) -> JSON:
+    """The child Job of ``test`` in ``cluster``: same name and namespace, labelled with its Test."""
+    metadata = test["metadata"]
+    spec = test.get("spec") or {}
+    annotations = {OUTCOME_ANNOTATION: "fail"} if display_name(cluster) in (spec.get("failIn") or []) else {}
+    container: JSON = {"name": "test", "image": spec.get("image") or "busybox:1.36"}
+    if spec.get("command"):
+        container["command"] = list(spec["command"])
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": metadata["name"],
+            "namespace": metadata["namespace"],
+            "labels": {TEST_LABEL: metadata["name"]},
+            "annotations": annotations,
+        },
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {TEST_LABEL: metadata["name"]}},
+                "spec": {"restartPolicy": "Never", "containers": [container]},
+            },
+        },
+    }
+
+
+def job_phase(job: JSON) -> str:
+    """``succeeded``, ``failed`` or ``running``, from the Job's terminal conditions."""
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("status") != "True":
+            continue
+        if condition.get("type") == "Complete":
+            return "succeeded"
+        if condition.get("type") == "Failed":
+            return "failed"
+    return "running"
+
+
+def overall_phase(children: Mapping[str, str]) -> str:
+    """The article's rule: one failed Job makes the Test ``error``; all succeeded, ``finished``."""
+    if any(phase == "failed" for phase in children.values()):
+        return "error"
+    if children and all(phase == "succeeded" for phase in children.values()):
+        return "finished"
+    return "running"
+
+
+def metadata_key(obj: JSON) -> tuple[str, str]:
+    """(namespace, name) of an object, for log lines."""
+    return obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
+
+
+def owning_test(_cluster: str, job: JSON) -> list[mcr.Request]:
+    """Map a child Job, in whichever cluster, to its Test on the main cluster."""
+    metadata = job.get("metadata") or {}
+    test = (metadata.get("labels") or {}).get(TEST_LABEL)
+    if not test:
+        return []
+    return [mcr.Request(mcr.LOCAL_CLUSTER, metadata.get("namespace", ""), test)]
+
+
+class JobFanout:
+    """The reconciler of Tests, and an ``Aware`` so it hears clusters come and go.
+
+    Tests are reconciled when they change, when one of their Jobs changes in
+    any cluster, and when a cluster is engaged or stops: a new sub cluster gets
+    the Jobs of every Test, and a removed one drops out of their status.
+    """
+
+    def __init__(self, manager: mcr.Manager, *, namespace: str | None = None) -> None:
+        """``namespace`` limits the controller to the Tests of one namespace (``None``: all)."""
+        self.manager = manager
+        self.namespace = namespace
+        self.triggers: asyncio.Queue[mcr.Request | mcr.Event] = asyncio.Queue()
+        self._tests: set[mcr.Request] = set()
+
+    def setup(self, *, max_concurrent_reconciles: int = 4) -> mcr.Controller:
+        """Wire the controller into the manager and return it."""
+        controller = (
+            mcr.controller_managed_by(self.manager)
+            .named("job-fanout")
+            .for_(TEST, clusters=mcr.LOCAL_ONLY, namespace=self.namespace)
+            .watches(
+                JOB,
+                mcr.enqueue_mapped(owning_test),
+                clusters=mcr.EVERY_CLUSTER,
+                namespace=self.namespace,
+                label_selector=TEST_LABEL,
+            )
+            .watches_channel(self.triggers)
+            .with_options(max_concurrent_reconciles=max_concurrent_reconciles)
+            .complete(self)
+        )
+        self.manager.add(self)
+        return controller
+
+    async def engage(self, name: str, cluster: mcr.Cluster) -> None:
+        """A cluster joined: every known Test again, and again when it leaves."""
+        log.info("cluster %s engaged", display_name(name))
+
+        def left() -> None:
+            log.info("cluster %s left", display_name(name))
+            self._retrigger()
+
+        cluster.on_stop(left)
+        self._retrigger()
+
+    def _retrigger(self) -> None:
+        for request in list(self._tests):
+            self.triggers.put_nowait(request)
+
+    async def reconcile(self, request: mcr.Request) -> mcr.Result | None:
+        """Fan the Test's Job out to every engaged cluster and sum their status up.
+
+        A ``Conflict`` (the cache was behind a write of ours) needs no handling:
+        the controller retries it with one quiet log line.
+        """
+        main = await self.manager.get_cluster(mcr.LOCAL_CLUSTER)
+        test = await main.cache.get(TEST, request.name, namespace=request.namespace)
+        if test is None:
+            self._tests.discard(request)
+            return None
+        metadata = test["metadata"]
+        finalizers: list[str] = metadata.setdefault("finalizers", [])
+        if metadata.get("deletionTimestamp"):
+            self._tests.discard(request)
+            if FINALIZER in finalizers:
+                await self._delete_jobs(test)
+                finalizers.remove(FINALIZER)
+                with contextlib.suppress(mcr.NotFound):  # a stale cache: already released
+                    await main.client.update(test, field_manager=FIELD_MANAGER)
+                    log.info("Test %s/%s deleted: its Jobs are deleted in every cluster", *metadata_key(test))
+            return None
+        self._tests.add(request)
+        if FINALIZER not in finalizers:
+            finalizers.append(FINALIZER)
+            test = await main.client.update(test, field_manager=FIELD_MANAGER)
+
+        clusters = self.manager.clusters()
+        results = await asyncio.gather(
+            *(self._child(name, cluster, test) for name, cluster in clusters.items()), return_exceptions=True
+        )
+        children: dict[str, str] = {}
+        retry = False
+        for name, result in zip(clusters, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result
+                log.warning("Test %s: cluster %s: %s", request, display_name(name), result)
+                children[display_name(name)] = "unknown"
+                retry = True
+            else:
+                children[display_name(name)] = result
+        status: JSON = {"phase": overall_phase(children), "clusters": dict(sorted(children.items()))}
+        if test.get("status") != status:
+            previous = (test.get("status") or {}).get("phase")
+            test["status"] = status
+            await main.client.update_status(test, field_manager=FIELD_MANAGER)
+            if previous != status["phase"]:
+                details = ", ".join(f"{cluster}: {phase}" for cluster, phase in status["clusters"].items())
+                log.info("Test %s/%s is %s (%s)", *metadata_key(test), status["phase"], details)
+        return mcr.Result(requeue_after=5.0) if retry else None
+
+    async def _child(self, name: str, cluster: mcr.Cluster, test: JSON) -> str:
+        """The phase of the Test's Job in one cluster, creating the Job (and namespace) if missing."""
+        metadata = test["metadata"]
+        job = await cluster.cache.get(JOB, metadata["name"], namespace=metadata["namespace"])
+        if job is not None:
+            return job_phase(job)
+        manifest = job_for(test, name)
+        try:
+            await cluster.client.create(manifest, field_manager=FIELD_MANAGER)
+        except mcr.AlreadyExists:
+            return "running"  # created by an earlier pass; the cache has not seen it yet
+        except mcr.NotFound:  # the namespace does not exist in this cluster yet
+            with contextlib.suppress(mcr.AlreadyExists):
+                await cluster.client.create(
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": metadata["namespace"]}},
+                    field_manager=FIELD_MANAGER,
+                )
+            with contextlib.suppress(mcr.AlreadyExists):
+                await cluster.client.create(manifest, field_manager=FIELD_MANAGER)
+        log.info(
+            "created Job %s/%s in cluster %s", metadata["namespace"], metadata["name"], display_name(name)
+        )
+        return "running"
+
+    async def _delete_jobs(self, test: JSON) -> None:
+        """Delete the Test's Job in every engaged cluster (Jobs in clusters already gone stay there)."""
+        metadata = test["metadata"]
+
+        async def delete(cluster: mcr.Cluster) -> None:
+            # Background: the API server's default for batch/v1 Jobs is to orphan their
+            # Pods through a finalizer that only the garbage collector removes.
+            with contextlib.suppress(mcr.NotFound):
+                await cluster.client.delete(
+                    JOB, metadata["name"], namespace=metadata["namespace"], propagation_policy="Background"
+                )
+
+        await asyncio.gather(*(delete(cluster) for cluster in self.manager.clusters().values()))
+
+
+def build(
+    main: mcr.ClusterConfig,
+    provider: mcr.Provider | None,
+    *,
+    namespace: str | None = None,
+    simulate_kubelet: bool = False,
+    metrics_address: str | None = None,
+    handle_signals: bool = True,
+) -> tuple[mcr.Manager, JobFanout]:
+    """The manager with the job-fanout controller (and the simulated kubelet, if asked for)."""
+    manager = mcr.Manager(
+        provider,
+        local=main,
+        metrics_address=metrics_address,
+        handle_signals=handle_signals,
+        graceful_shutdown_timeout=10.0,
+    )
+    fanout = JobFanout(manager, namespace=namespace)
+    fanout.setup()
+    if simulate_kubelet:
+        # Imported here: it builds on this module's names, and real clusters never need it.
+        from simulated_kubelet import SimulatedKubelet
+
+        SimulatedKubelet(manager, namespace=namespace).setup()
+    return manager, fanout
+
+
+def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line: main cluster, sub clusters, namespace, simulated kubelet, metrics."""
+    parser = argparse.ArgumentParser(
+        prog="job_fanout.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--main", help="kubeconfig of the main cluster (default: $KUBECONFIG or ~/.kube/config)"
+    )
+    parser.add_argument("--main-context", help="context of --main to use (default: its current context)")
+    parser.add_argument(
+        "--clusters",
+        nargs="*",
+        default=[],
+        metavar="PATH",
+        help="kubeconfig files or directories of sub clusters, watched while running; every context is one",
+    )
+    parser.add_argument(
+        "--naming",
+        choices=["context", "file/context"],
+        default="context",
+        help="sub clusters are named by their context (default) or by file path and context",
+    )
+    parser.add_argument("--namespace", help="only the Tests of this namespace (default: every namespace)")
+    parser.add_argument(
+        "--simulate-kubelet",
+        action="store_true",
+        help="finish Jobs by writing their status, for clusters without nodes (such as the testbed's)",
+    )
+    parser.add_argument(
+        "--metrics-address", default="127.0.0.1:8080", help="host:port of /metrics ('' disables)"
+    )
+    parser.add_argument(
+        "--no-install-crd", action="store_true", help="do not create the Test CRD on the main cluster"
+    )
+    return parser.parse_args(argv)
+
+
+def main_config(arguments: argparse.Namespace) -> mcr.ClusterConfig:
+    """The main cluster's config from ``--main`` (and ``--main-context``), else ``KUBECONFIG``."""
+    if arguments.main:
+        return mcr.load_kubeconfig(Path(arguments.main).expanduser(), context=arguments.main_context)
+    return mcr.load_kubeconfig_env(context=arguments.main_context)
+
+
+async def run(arguments: argparse.Namespace) -> None:
+    """Install the CRD, then run the manager until SIGINT or SIGTERM."""
+    config = main_config(arguments)
+    if not arguments.no_install_crd:
+        async with mcr.Cluster(mcr.LOCAL_CLUSTER, config) as cluster:
+            await install_crd(cluster)
+    provider = (
+        KubeconfigFileProvider(arguments.clusters, naming=arguments.naming) if arguments.clusters else None
+    )
+    manager, _ = build(
+        config,
+        provider,
+        namespace=arguments.namespace,
+        simulate_kubelet=arguments.simulate_kubelet,
+        metrics_address=arguments.metrics_address or None,
+    )
+    await manager.start()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit code."""
+    arguments = parse_arguments(argv)
+    mcr.configure_logging("INFO")
+    try:
+        asyncio.run(run(arguments))
+    except mcr.MCRuntimeError as error:
+        print(f"job-fanout: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""job-fanout, run from its command line against testbed control planes.
+
+cluster-1 is the main cluster; sub clusters are kubeconfig files in a directory
+the program watches, added and deleted while it runs. The simulated kubelet
+finishes the Jobs (the testbed has no nodes). Each test works in a namespace of
+its own, and the program watches only that one, so tests never see each other's
+Tests.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import mcruntime as mcr
+from example_testing import (
+    KubeconfigDir,
+    admin_cluster,
+    create_namespace,
+    eventually,
+    running,
+    write_kubeconfig,
+)
+from job_fanout import JOB, TEST, TEST_LABEL, install_crd, make_test, parse_arguments, run
+from mcruntime.testing import Fleet
+
+
+@asynccontextmanager
+async def fanout(fleet: Fleet, tmp_path: Path, subs: list[str]) -> AsyncIterator[tuple[str, KubeconfigDir]]:
+    """job-fanout running with cluster-1 as main and ``subs`` as kubeconfig files; yields (namespace, dir)."""
+    namespace = f"fanout-{uuid.uuid4().hex[:8]}"
+    main_file = write_kubeconfig(tmp_path / "main.kubeconfig", fleet["cluster-1"].kubeconfig())
+    fleet_dir = KubeconfigDir(tmp_path / "fleet")
+    for name in subs:
+        fleet_dir.add(fleet[name])
+    async with admin_cluster(fleet["cluster-1"]) as main:
+        await install_crd(main)
+        await create_namespace(main, namespace)
+    arguments = parse_arguments(
+        [
+            "--main",
+            str(main_file),
+            "--clusters",
+            str(fleet_dir.path),
+            "--namespace",
+            namespace,
+            "--simulate-kubelet",
+            "--metrics-address",
+            "127.0.0.1:0",
+        ]
+    )
+    async with running(run(arguments), "job-fanout"):
+        yield namespace, fleet_dir
+
+
+async def phase_of(main: mcr.Cluster, namespace: str, name: str) -> dict[str, Any]:
+    test = await main.client.get(TEST, name, namespace=namespace)
+    status: dict[str, Any] = test.get("status") or {}
+    return status
+
+
+async def test_a_test_runs_a_job_in_every_cluster_and_finishes(fleet: Fleet, tmp_path: Path) -> None:
+    async with (
+        fanout(fleet, tmp_path, ["cluster-2", "cluster-3"]) as (namespace, _),
+        admin_cluster(fleet["cluster-1"]) as main,
+    ):
+        await main.client.create(make_test("smoke", namespace))
+
+        async def finished() -> bool:
+            return (await phase_of(main, namespace, "smoke")) == {
+                "phase": "finished",
+                "clusters": {"cluster-2": "succeeded", "cluster-3": "succeeded", "main": "succeeded"},
+            }
+
+        await eventually(
+            finished, "Test smoke finished with a succeeded Job in main, cluster-2 and cluster-3"
+        )
+        for plane in (fleet["cluster-1"], fleet["cluster-2"], fleet["cluster-3"]):
+            async with admin_cluster(plane) as cluster:
+                job = await cluster.client.get(JOB, "smoke", namespace=namespace)
+                assert job["metadata"]["labels"][TEST_LABEL] == "smoke"
+                assert job["spec"]["template"]["spec"]["containers"][0]["image"] == "busybox:1.36"
+                assert job["status"]["succeeded"] == 1
+
+
+async def test_one_failed_job_makes_the_test_error(fleet: Fleet, tmp_path: Path) -> None:
+    async with (
+        fanout(fleet, tmp_path, ["cluster-2"]) as (namespace, _),
+        admin_cluster(fleet["cluster-1"]) as main,
+    ):
+        await main.client.create(make_test("flaky", namespace, fail_in=["cluster-2"]))
+
+        async def errored() -> bool:
+            return (await phase_of(main, namespace, "flaky")) == {
+                "phase": "error",
+                "clusters": {"cluster-2": "failed", "main": "succeeded"},
+            }
+
+        await eventually(errored, "Test flaky in error: its Job failed in cluster-2, succeeded in main")
+
+
+async def test_clusters_joining_get_jobs_and_clusters_leaving_drop_out(fleet: Fleet, tmp_path: Path) -> None:
+    async with (
+        fanout(fleet, tmp_path, ["cluster-2"]) as (namespace, fleet_dir),
+        admin_cluster(fleet["cluster-1"]) as main,
+    ):
+        await main.client.create(make_test("roaming", namespace))
+
+        async def clusters_are(expected: set[str], phase: str) -> bool:
+            status = await phase_of(main, namespace, "roaming")
+            return set(status.get("clusters") or {}) == expected and status.get("phase") == phase
+
+        await eventually(
+            lambda: clusters_are({"main", "cluster-2"}, "finished"), "finished on main and cluster-2"
+        )
+
+        fleet_dir.add(fleet["cluster-3"])  # a cluster joins: it gets the Test's Job, which runs again
+        await eventually(
+            lambda: clusters_are({"main", "cluster-2", "cluster-3"}, "finished"), "finished on cluster-3 too"
+        )
+        async with admin_cluster(fleet["cluster-3"]) as joined:
+            assert (await joined.client.get(JOB, "roaming", namespace=namespace))["status"]["succeeded"] == 1
+
+        fleet_dir.remove("cluster-2")  # a cluster leaves: it drops out of the status
+        await eventually(lambda: clusters_are({"main", "cluster-3"}, "finished"), "cluster-2 dropped out")
+
+
+async def test_deleting_a_test_deletes_its_jobs_in_every_cluster(fleet: Fleet, tmp_path: Path) -> None:
+    async with (
+        fanout(fleet, tmp_path, ["cluster-2"]) as (namespace, _),
+        admin_cluster(fleet["cluster-1"]) as main,
+        admin_cluster(fleet["cluster-2"]) as sub,
+    ):
+        await main.client.create(make_test("doomed", namespace))
+
+        async def jobs_exist() -> bool:
+            found = [await c.client.list(JOB, namespace=namespace) for c in (main, sub)]
+            return all(len(listed.items) == 1 for listed in found)
+
+        await eventually(jobs_exist, "the Test's Jobs exist in main and cluster-2")
+        test = await main.client.get(TEST, "doomed", namespace=namespace)
+        assert "demo.mcruntime.dev/jobs" in test["metadata"]["finalizers"]
+
+        await main.client.delete(TEST, "doomed", namespace=namespace)
+
+        async def all_gone() -> bool:
+            try:
+                await main.client.get(TEST, "doomed", namespace=namespace)
+                return False
+            except mcr.NotFound:
+                pass
+            found = [await c.client.list(JOB, namespace=namespace) for c in (main, sub)]
+            return all(not listed.items for listed in found)
+
+        await eventually(all_gone, "the Test and its Jobs in main and cluster-2 deleted")
