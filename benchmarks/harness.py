@@ -1,0 +1,485 @@
+"""Plumbing shared by the scenarios: peer processes, kubeconfig files, seeding and the floor.
+
+Every peer (mcruntime, the Go multicluster-runtime program, kopf) runs as a
+child process speaking the line protocol of ``peers/peerio.py``; the harness
+measures RSS and file descriptors from outside through psutil, so the figures
+mean the same for a Python and a Go process. Children are put in their own
+process group and armed with ``PR_SET_PDEATHSIG``, and :func:`running` stops
+them in a ``finally``, so a failed or interrupted run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+import yaml
+
+import mcruntime as mcr
+from mcruntime.testing import ControlPlane
+
+HERE = Path(__file__).resolve().parent
+PEERS = HERE / "peers"
+GO_SOURCE = PEERS / "mcr-go"
+CACHE_DIR = Path(os.environ.get("MCRUNTIME_BENCH_CACHE", "~/.cache/mcruntime-bench")).expanduser()
+CONFIGMAP = mcr.Kind("v1", "ConfigMap")
+MIB = 1024 * 1024
+PAYLOAD = "x" * 200  # about the size of a small real ConfigMap
+
+
+class BenchError(RuntimeError):
+    """A scenario could not complete; the message says which peer and why."""
+
+
+# --- the Go peer ------------------------------------------------------------------------
+
+
+def go_version() -> str | None:
+    """``go version`` output, or None without a Go toolchain."""
+    go = shutil.which("go")
+    if go is None:
+        return None
+    return subprocess.run([go, "version"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def build_go_peer(log: Callable[[str], None]) -> Path:
+    """Build ``peers/mcr-go`` with ``go build`` into the cache directory, once per source digest.
+
+    The binary lives outside the repository (never committed) and is named by a
+    digest of the sources, so an edited peer is rebuilt and an unchanged one is
+    not; Go's own build cache makes a rebuild after a small edit quick.
+    """
+    go = shutil.which("go")
+    if go is None:
+        raise SystemExit(
+            "benchmarks: the Go peer needs a Go toolchain (1.25 or newer) on PATH, and none was found.\n"
+            "Install Go (https://go.dev/doc/install), or leave the Go peer out with --peers mcruntime,kopf."
+        )
+    digest = hashlib.sha256()
+    for name in ("go.mod", "go.sum", "main.go"):
+        digest.update((GO_SOURCE / name).read_bytes())
+    binary = CACHE_DIR / f"mcr-go-{digest.hexdigest()[:12]}"
+    if binary.exists():
+        log(f"Go peer: cached {binary}")
+        return binary
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    partial = binary.with_suffix(".partial")
+    # providers/file is on the module proxy but not in the checksum database:
+    # go.sum pins its hash, so skipping the database lookup for it loses nothing.
+    env = os.environ | {
+        "GOFLAGS": "-mod=readonly",
+        "GONOSUMDB": "sigs.k8s.io/multicluster-runtime/providers/file",
+    }
+    started = time.monotonic()
+    log("Go peer: go build (a cold build takes a few minutes on 2 cores) ...")
+    result = subprocess.run(
+        [go, "build", "-trimpath", "-o", str(partial), "."],
+        cwd=GO_SOURCE,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise SystemExit(f"benchmarks: go build of {GO_SOURCE} failed:\n{result.stderr}")
+    os.replace(partial, binary)
+    log(f"Go peer: built in {time.monotonic() - started:.0f}s -> {binary}")
+    return binary
+
+
+# --- peer processes ---------------------------------------------------------------------
+
+
+def context_of(cluster: str) -> str:
+    """The kubeconfig context in a peer's cluster name (Go names clusters ``<file>+<context>``)."""
+    return cluster.rsplit("+", 1)[-1].rsplit("/", 1)[-1]
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the harness dies, whatever the cause."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Peer:
+    """One running peer and everything it has reported so far."""
+
+    name: str
+    argv: Sequence[str]
+    log_path: Path
+    spawned: float = 0.0
+    started: float | None = None
+    exited: bool = False
+    seen: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    first: dict[str, float] = field(default_factory=dict)
+    last: dict[str, float] = field(default_factory=dict)
+    records: list[tuple[str, str, float, float | None]] = field(default_factory=list)
+    process: asyncio.subprocess.Process | None = None
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _replies: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+    _reader: asyncio.Task[None] | None = None
+
+    @property
+    def pid(self) -> int:
+        """The peer's process id (only once started)."""
+        assert self.process is not None
+        return self.process.pid
+
+    async def start(self) -> None:
+        """Spawn the peer; ``spawned`` is the wall-clock time just before."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.spawned = time.time()
+            self.process = await asyncio.create_subprocess_exec(
+                *self.argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+                limit=1 << 20,
+            )
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        try:
+            async for raw in self.process.stdout:
+                message = json.loads(raw)
+                event = message["ev"]
+                if event == "r":
+                    cluster, name, at = context_of(message["c"]), message["n"], message["t"]
+                    self.records.append((cluster, name, at, message.get("w")))
+                    self.seen[cluster].add(name)
+                    self.first.setdefault(cluster, at)
+                    self.last[cluster] = at
+                elif event == "start":
+                    self.started = message["t"]
+                else:
+                    self._replies.put_nowait(message)
+                self._changed.set()
+        finally:
+            self.exited = True
+            self._changed.set()
+
+    def reset(self) -> None:
+        """Forget the records so far (the process keeps running)."""
+        self.seen.clear()
+        self.first.clear()
+        self.last.clear()
+        self.records.clear()
+
+    async def wait_until(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
+        """Wait for ``condition`` over the records; fail with the peer's log tail if it dies."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if self.exited:
+                raise BenchError(f"{self.name} exited while waiting for {what}:\n{self.log_tail()}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BenchError(
+                    f"{self.name}: timed out after {timeout:.0f}s waiting for {what}\n{self.log_tail()}"
+                )
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(remaining, 0.05))
+
+    async def command(self, word: str) -> dict[str, Any]:
+        """Send a stdin command and return its answer."""
+        assert self.process is not None and self.process.stdin is not None
+        while not self._replies.empty():
+            self._replies.get_nowait()
+        self.process.stdin.write(f"{word}\n".encode())
+        await self.process.stdin.drain()
+        try:
+            return await asyncio.wait_for(self._replies.get(), 30)
+        except TimeoutError:
+            raise BenchError(f"{self.name} did not answer {word!r}\n{self.log_tail()}") from None
+
+    async def engaged(self) -> int:
+        """How many clusters the peer has engaged now."""
+        return int((await self.command("stats"))["clusters"])
+
+    async def sample(self) -> dict[str, float]:
+        """RSS (MiB), open fds and threads from /proc after a GC, plus the peer's task count."""
+        await self.command("gc")
+        await asyncio.sleep(0.2)
+        stats = await self.command("stats")
+        process = psutil.Process(self.pid)
+        return {
+            "rss": process.memory_info().rss / MIB,
+            "fds": float(process.num_fds()),
+            "threads": float(process.num_threads()),
+            "tasks": float(stats["tasks"]),
+            "clusters": float(stats["clusters"]),
+        }
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The end of the peer's stderr, for error messages."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    async def stop(self) -> None:
+        """Close stdin (peers exit on EOF), then SIGTERM and SIGKILL the group if need be."""
+        process = self.process
+        if process is None:
+            return
+        if process.returncode is None:
+            if process.stdin is not None:
+                with contextlib.suppress(OSError, RuntimeError):
+                    process.stdin.close()
+            for signum, grace in ((None, 10.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+                if signum is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(process.pid, signum)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(process.wait(), grace)
+                    break
+        if self._reader is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._reader, 5)
+
+
+@contextlib.asynccontextmanager
+async def running(peer: Peer) -> AsyncIterator[Peer]:
+    """Start ``peer`` and always stop it."""
+    try:
+        await peer.start()
+        yield peer
+    finally:
+        await peer.stop()
+
+
+@dataclass(frozen=True)
+class PeerKind:
+    """How to start one kind of peer against a kubeconfig directory (or single file, for kopf)."""
+
+    name: str
+    multicluster: bool
+    command: Callable[[Path, str], list[str]]
+
+
+def peer_kinds(go_binary: Path | None, local_kubeconfig: Path) -> dict[str, PeerKind]:
+    """The peers by name; ``go`` only when its binary was built."""
+    python = sys.executable
+    kinds = {
+        "mcruntime": PeerKind(
+            "mcruntime",
+            True,
+            lambda d, ns: [
+                python,
+                str(PEERS / "mcruntime_peer.py"),
+                "--kubeconfig-dir",
+                str(d),
+                "--namespace",
+                ns,
+            ],
+        ),
+        "kopf": PeerKind(
+            "kopf",
+            False,
+            lambda d, ns: [
+                python,
+                str(PEERS / "kopf_peer.py"),
+                "--kubeconfig",
+                str(next(d.glob("*.kubeconfig"))),
+                "--namespace",
+                ns,
+            ],
+        ),
+    }
+    if go_binary is not None:
+        binary = str(go_binary)
+        kinds["go"] = PeerKind(
+            "go",
+            True,
+            lambda d, ns: [
+                binary,
+                "-kubeconfig-dir",
+                str(d),
+                "-local-kubeconfig",
+                str(local_kubeconfig),
+                "-namespace",
+                ns,
+            ],
+        )
+    return kinds
+
+
+# --- kubeconfig files -------------------------------------------------------------------
+
+
+def kubeconfig(contexts: Iterable[tuple[str, ControlPlane]]) -> dict[str, Any]:
+    """One kubeconfig document with a context per ``(name, plane)``; planes may repeat."""
+    clusters: dict[str, dict[str, Any]] = {}
+    users: dict[str, dict[str, Any]] = {}
+    entries: list[dict[str, Any]] = []
+    for name, plane in contexts:
+        if plane.name not in clusters:
+            document = plane.kubeconfig()
+            clusters[plane.name] = {"name": plane.name, "cluster": document["clusters"][0]["cluster"]}
+            users[plane.name] = {"name": f"{plane.name}-admin", "user": document["users"][0]["user"]}
+        entries.append({"name": name, "context": {"cluster": plane.name, "user": f"{plane.name}-admin"}})
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": list(clusters.values()),
+        "users": list(users.values()),
+        "contexts": entries,
+        "current-context": entries[0]["name"] if entries else "",
+    }
+
+
+def write_kubeconfig(path: Path, contexts: Iterable[tuple[str, ControlPlane]]) -> float:
+    """Write atomically (temporary dot file renamed into place); return the time of the rename."""
+    temporary = path.parent / f".{path.name}.tmp"
+    temporary.write_text(yaml.safe_dump(kubeconfig(contexts), sort_keys=False))
+    temporary.chmod(0o600)
+    at = time.time()
+    os.replace(temporary, path)
+    return at
+
+
+# --- seeding, writing and the floor ---------------------------------------------------------
+
+
+def object_name(index: int) -> str:
+    """The benchmark's ConfigMap names."""
+    return f"cm-{index:05d}"
+
+
+async def seed(planes: Sequence[ControlPlane], namespace: str, count: int) -> None:
+    """Create ``namespace`` with ``count`` ConfigMaps in every plane (idempotent)."""
+    semaphore = asyncio.Semaphore(48)
+
+    async def one(client: mcr.Client, index: int) -> None:
+        async with semaphore:
+            with contextlib.suppress(mcr.AlreadyExists):
+                await client.create(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "ConfigMap",
+                        "metadata": {"name": object_name(index), "namespace": namespace},
+                        "data": {"ts": repr(time.time()), "payload": PAYLOAD},
+                    }
+                )
+
+    async def plane_seed(plane: ControlPlane) -> None:
+        async with mcr.Cluster(f"seed-{plane.name}", mcr.kubeconfig_from_dict(plane.kubeconfig())) as cluster:
+            with contextlib.suppress(mcr.AlreadyExists):
+                await cluster.client.create(
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+                )
+            await asyncio.gather(*(one(cluster.client, index) for index in range(count)))
+
+    await asyncio.gather(*(plane_seed(plane) for plane in planes))
+
+
+async def floor(planes: Sequence[ControlPlane], namespace: str, expected: int) -> float:
+    """The S1 floor: every plane's paged list (500 a page) fetched and ``json.loads``-ed, no runtime.
+
+    The planes are listed concurrently, as the peers' informers list them.
+    """
+
+    async def one(session: aiohttp.ClientSession, plane: ControlPlane) -> int:
+        params = {"limit": "500"}
+        count = 0
+        while True:
+            async with session.get(
+                f"{plane.server}/api/v1/namespaces/{namespace}/configmaps",
+                params=params,
+                ssl=plane.admin_ssl_context(),
+            ) as response:
+                page = json.loads(await response.read())
+            count += len(page["items"])
+            token = page["metadata"].get("continue")
+            if not token:
+                return count
+            params["continue"] = token
+
+    async with aiohttp.ClientSession() as session:
+        started = time.perf_counter()
+        counts = await asyncio.gather(*(one(session, plane) for plane in planes))
+        elapsed = time.perf_counter() - started
+    if sum(counts) != expected:
+        raise BenchError(f"floor listed {sum(counts)} ConfigMaps, expected {expected}")
+    return elapsed
+
+
+async def write_load(
+    targets: Sequence[tuple[str, ControlPlane]],
+    namespace: str,
+    objects: int,
+    rate: float,
+    seconds: float,
+) -> list[tuple[str, str, float]]:
+    """Patch ``data.ts`` with ``time.time()`` at ``rate`` writes/s for ``seconds``, round-robin.
+
+    Writes rotate over clusters, then objects, so one object is rewritten only
+    every ``len(targets) * objects`` writes and two writes rarely coalesce into
+    one reconcile. Returns ``(context, name, written_at)`` per write.
+    """
+    writes: list[tuple[str, str, float]] = []
+    clusters = [
+        (context, mcr.Cluster(f"writer-{context}", mcr.kubeconfig_from_dict(plane.kubeconfig())))
+        for context, plane in targets
+    ]
+    semaphore = asyncio.Semaphore(64)
+    pending: set[asyncio.Task[None]] = set()
+
+    async def patch(cluster: mcr.Cluster, name: str, stamp: float) -> None:
+        async with semaphore:
+            await cluster.client.patch(CONFIGMAP, name, {"data": {"ts": repr(stamp)}}, namespace=namespace)
+
+    try:
+        for _, cluster in clusters:
+            await cluster.start()
+            await cluster.client.resource(CONFIGMAP)
+        loop = asyncio.get_running_loop()
+        begin = loop.time()
+        total = int(rate * seconds)
+        for index in range(total):
+            delay = begin + index / rate - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            context, cluster = clusters[index % len(clusters)]
+            name = object_name((index // len(clusters)) % objects)
+            stamp = time.time()
+            writes.append((context, name, stamp))
+            task = asyncio.create_task(patch(cluster, name, stamp))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        if pending:
+            await asyncio.gather(*pending)
+    finally:
+        for _, cluster in clusters:
+            await cluster.stop()
+    return writes
+
+
+def percentile(values: Sequence[float], share: float) -> float:
+    """The nearest-rank percentile (``share`` in 0..1) of ``values``."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = max(0, min(len(ordered) - 1, round(share * len(ordered) + 0.5) - 1))
+    return ordered[rank]

@@ -1,0 +1,183 @@
+// Command mcr-go is the Go peer of mcruntime's benchmarks: a multicluster-runtime
+// manager with the file provider and one ConfigMap controller, doing the same
+// reconcile work as benchmarks/peers/mcruntime_peer.py and reporting the same
+// JSON lines, so the harness can compare the two on the same control planes.
+//
+// Protocol (shared by every peer):
+//
+//	stdout: {"ev":"start","t":<unix seconds>}                 once, when main begins
+//	        {"ev":"r","c":cluster,"n":name,"t":start,"w":ts}    one per reconcile
+//	        {"ev":"stats","clusters":n,"tasks":goroutines}      in answer to "stats"
+//	stdin:  "stats"  report the counters above
+//	        "gc"     collect garbage and return memory to the OS, then answer "gc"
+//
+// Timestamps are wall-clock seconds (time.Now), the clock the harness's writer
+// uses, so write-to-reconcile latency needs no clock translation.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
+	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
+	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
+	"sigs.k8s.io/multicluster-runtime/providers/file"
+)
+
+// out serialises JSON lines; a ticker flushes it so the harness sees progress
+// without a write system call per reconcile.
+type out struct {
+	mu sync.Mutex
+	w  *bufio.Writer
+}
+
+func (o *out) emit(v any, flush bool) {
+	line, _ := json.Marshal(v)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.w.Write(line)
+	o.w.WriteByte('\n')
+	if flush {
+		o.w.Flush()
+	}
+}
+
+func (o *out) flush() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.w.Flush()
+}
+
+func now() float64 { return float64(time.Now().UnixNano()) / 1e9 }
+
+func main() {
+	started := now()
+	dir := flag.String("kubeconfig-dir", "", "directory of *.kubeconfig files, one cluster per context")
+	local := flag.String("local-kubeconfig", "", "kubeconfig of the manager's local cluster (multicluster-runtime needs one)")
+	namespace := flag.String("namespace", "", "the only namespace whose ConfigMaps are cached and reconciled")
+	workers := flag.Int("workers", 1, "MaxConcurrentReconciles (controller-runtime's default is 1)")
+	flag.Parse()
+	ctrllog.SetLogger(logr.Discard())
+
+	o := &out{w: bufio.NewWriterSize(os.Stdout, 1<<16)}
+	o.emit(map[string]any{"ev": "start", "t": started}, true)
+	if err := run(o, *dir, *local, *namespace, *workers); err != nil {
+		o.flush()
+		fmt.Fprintln(os.Stderr, "mcr-go:", err)
+		os.Exit(1)
+	}
+	o.flush()
+}
+
+func run(o *out, dir, local, namespace string, workers int) error {
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+
+	provider, err := file.New(file.Options{
+		KubeconfigDirs: []string{dir},
+		ClusterOptions: []cluster.Option{func(opts *cluster.Options) {
+			if namespace != "" {
+				opts.Cache.DefaultNamespaces = map[string]cache.Config{namespace: {}}
+			}
+		}},
+	})
+	if err != nil {
+		return fmt.Errorf("file provider: %w", err)
+	}
+	localConfig, err := clientcmd.BuildConfigFromFlags("", local)
+	if err != nil {
+		return fmt.Errorf("local kubeconfig: %w", err)
+	}
+	mgr, err := mcmanager.New(localConfig, provider, mcmanager.Options{
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+	})
+	if err != nil {
+		return fmt.Errorf("manager: %w", err)
+	}
+
+	reconcile := func(ctx context.Context, req mcreconcile.Request) (ctrl.Result, error) {
+		begun := now()
+		cl, err := mgr.GetCluster(ctx, req.ClusterName)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		cm := &corev1.ConfigMap{}
+		if err := cl.GetClient().Get(ctx, req.NamespacedName, cm); err != nil {
+			if apierrors.IsNotFound(err) {
+				return ctrl.Result{}, nil
+			}
+			return ctrl.Result{}, err
+		}
+		record := map[string]any{"ev": "r", "c": string(req.ClusterName), "n": req.Name, "t": begun}
+		if written, err := strconv.ParseFloat(cm.Data["ts"], 64); err == nil {
+			record["w"] = written
+		}
+		o.emit(record, false)
+		return ctrl.Result{}, nil
+	}
+	if err := mcbuilder.ControllerManagedBy(mgr).
+		Named("bench").
+		For(&corev1.ConfigMap{}).
+		WithOptions(controller.TypedOptions[mcreconcile.Request]{MaxConcurrentReconciles: workers}).
+		Complete(mcreconcile.Func(reconcile)); err != nil {
+		return fmt.Errorf("controller: %w", err)
+	}
+
+	go func() { // flush reconcile records every 50 ms
+		ticker := time.NewTicker(50 * time.Millisecond)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+				o.flush()
+			}
+		}
+	}()
+	go func() { // stdin commands; EOF (the harness went away) stops the peer
+		scanner := bufio.NewScanner(os.Stdin)
+		for scanner.Scan() {
+			switch scanner.Text() {
+			case "stats":
+				o.emit(map[string]any{
+					"ev": "stats", "clusters": len(provider.ClusterNames()), "tasks": runtime.NumGoroutine(),
+				}, true)
+			case "gc":
+				runtime.GC()
+				debug.FreeOSMemory()
+				o.emit(map[string]any{"ev": "gc"}, true)
+			}
+		}
+		cancel()
+	}()
+
+	if err := mgr.Start(ctx); err != nil && ctx.Err() == nil {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,87 @@
+"""mcruntime's side of the benchmarks: a manager, the file provider, one ConfigMap controller.
+
+It runs as a process of its own, like the Go and kopf peers, so that RSS, file
+descriptors and start-up are measured the same way for everyone. The reconcile
+is the shared work: note the start time, read the object from the cluster's
+cache, parse the writer's timestamp, report one record.
+
+Run by benchmarks/run.py; ``--profile FILE`` writes cProfile statistics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import logging
+import time
+from pathlib import Path
+
+from peerio import PeerIO, start_record, written_at
+
+import mcruntime as mcr
+from mcruntime_file import KubeconfigFileProvider
+
+CONFIGMAP = mcr.Kind("v1", "ConfigMap")
+
+
+async def serve(directory: Path, namespace: str, workers: int, debounce: float) -> None:
+    """Run the manager until stdin closes."""
+    provider = KubeconfigFileProvider(directory, naming="context", debounce=debounce)
+    manager = mcr.Manager(provider, handle_signals=False)
+    io = PeerIO(lambda: len(manager.clusters()))
+    io.emit(start_record())
+
+    async def reconcile(request: mcr.Request) -> None:
+        begun = time.time()
+        cluster = await manager.get_cluster(request.cluster)
+        found = await cluster.cache.get(CONFIGMAP, request.name, namespace=request.namespace)
+        if found is None:
+            return
+        record: dict[str, object] = {"ev": "r", "c": request.cluster, "n": request.name, "t": begun}
+        written = written_at(found.get("data"))
+        if written is not None:
+            record["w"] = written
+        io.emit(record)
+
+    (
+        mcr.controller_managed_by(manager)
+        .named("bench")
+        .for_(CONFIGMAP, namespace=namespace)
+        .with_options(max_concurrent_reconciles=workers)
+        .complete(reconcile)
+    )
+    runner = asyncio.create_task(manager.start())
+    try:
+        await io.run()
+    finally:
+        manager.stop()
+        await runner
+
+
+def main() -> None:
+    """Parse the shared peer options and serve."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kubeconfig-dir", type=Path, required=True)
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument(
+        "--workers", type=int, default=1, help="max_concurrent_reconciles (default 1, as Go's)"
+    )
+    parser.add_argument("--debounce", type=float, default=0.1, help="the file provider's (default 0.1 s)")
+    parser.add_argument("--profile", type=Path, help="write cProfile statistics here")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    if args.profile is None:
+        asyncio.run(serve(args.kubeconfig_dir, args.namespace, args.workers, args.debounce))
+        return
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        asyncio.run(serve(args.kubeconfig_dir, args.namespace, args.workers, args.debounce))
+    finally:
+        profiler.disable()
+        profiler.dump_stats(args.profile)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""The line protocol every benchmark peer speaks, for the Python peers.
+
+The harness compares peers written in different languages, so they share a
+protocol rather than code: JSON lines on stdout and one-word commands on stdin
+(see ``mcr-go/main.go`` for the same in Go). Records are buffered and flushed
+every 50 ms so that reporting costs a peer one write per batch, not one system
+call per reconcile; the timestamps inside the records, not their arrival time,
+are what the harness measures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+FLUSH_INTERVAL = 0.05
+
+
+class PeerIO:
+    """Buffers records for stdout and answers ``stats``/``gc`` commands from stdin."""
+
+    def __init__(self, clusters: Callable[[], int]) -> None:
+        """``clusters`` counts the engaged clusters for ``stats`` answers."""
+        self._clusters = clusters
+        self._pending: list[str] = []
+        self.closed = asyncio.Event()
+
+    def emit(self, record: dict[str, Any]) -> None:
+        """Queue one record; it reaches stdout within ``FLUSH_INTERVAL``."""
+        self._pending.append(json.dumps(record, separators=(",", ":")))
+
+    def flush(self) -> None:
+        """Write every queued record now."""
+        if self._pending:
+            sys.stdout.write("\n".join(self._pending) + "\n")
+            self._pending.clear()
+        sys.stdout.flush()
+
+    def _command(self, line: str) -> None:
+        if line == "stats":
+            self.emit({"ev": "stats", "clusters": self._clusters(), "tasks": len(asyncio.all_tasks())})
+        elif line == "gc":
+            gc.collect()
+            self.emit({"ev": "gc"})
+        self.flush()
+
+    async def run(self) -> None:
+        """Flush periodically and serve stdin until it closes (the harness went away)."""
+        loop = asyncio.get_running_loop()
+
+        def read() -> None:  # a thread: asyncio has no portable non-blocking stdin
+            for raw in sys.stdin:
+                loop.call_soon_threadsafe(self._command, raw.strip())
+            loop.call_soon_threadsafe(self.closed.set)
+
+        threading.Thread(target=read, name="peer-stdin", daemon=True).start()
+        try:
+            while not self.closed.is_set():
+                self.flush()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.closed.wait(), FLUSH_INTERVAL)
+        finally:
+            self.flush()
+
+
+def start_record() -> dict[str, Any]:
+    """The first line of every peer: when its own code began (after imports)."""
+    return {"ev": "start", "t": time.time()}
+
+
+def written_at(data: object) -> float | None:
+    """The writer's timestamp in a ConfigMap's ``data.ts``: parsing it is part of the work."""
+    if isinstance(data, dict):
+        value = data.get("ts")
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                return None
+    return None

@@ -1,0 +1,195 @@
+"""Benchmarks against the Go multicluster-runtime peer and kopf, on the same control planes in one run.
+
+    hatch run bench:all            full sizes; rewrites benchmarks/RESULTS.md and its PNGs
+    hatch run bench:smoke          tiny sizes into a temporary directory (CI)
+    python benchmarks/run.py all --only s1,s3 --peers go,mcruntime
+    python benchmarks/run.py report --results benchmarks/results.json   re-render only
+
+Each run starts its own testbed fleet (kube-apiserver + etcd processes), seeds
+it, builds the Go peer if needed, runs the chosen scenarios (see
+``scenarios.py``), then writes ``results.json``, ``RESULTS.md`` and PNGs into
+the output directory. A failing scenario is reported and the others still
+run; the exit status is non-zero if any failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+from harness import GO_SOURCE, build_go_peer, go_version, peer_kinds, seed
+from report import render
+from scenarios import (
+    BULK,
+    FULL,
+    SMALL,
+    SMOKE,
+    Bench,
+    Sizes,
+    s1_initial_sync,
+    s2_steady_state,
+    s3_engage,
+    s4_memory,
+    s5_churn,
+    s6_single_cluster,
+)
+
+import mcruntime as mcr
+from mcruntime.testing import ETCD_VERSION, KUBERNETES_VERSION, Fleet
+
+HERE = Path(__file__).resolve().parent
+SCENARIOS = ("s1", "s2", "s3", "s4", "s5", "s6")
+_T0 = time.monotonic()
+
+
+def log(message: str) -> None:
+    """Progress on stderr, with the seconds since the run began."""
+    print(f"[{time.monotonic() - _T0:7.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def machine() -> dict[str, str]:
+    """What the figures were measured on."""
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    system = f"{platform.system()} {platform.release()}"
+    try:
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                system = f"{line.split('=', 1)[1].strip(chr(34))}, kernel {platform.release()}"
+    except OSError:
+        pass
+    modules = {}
+    for line in (GO_SOURCE / "go.mod").read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].startswith(("sigs.k8s.io/", "k8s.io/client-go")):
+            modules[parts[0]] = parts[1]
+    import kopf
+
+    return {
+        "CPU": cpu,
+        "cores": str(os.cpu_count()),
+        "memory": f"{psutil.virtual_memory().total / 2**30:.1f} GiB",
+        "OS": system,
+        "Python": platform.python_version(),
+        "Go": go_version() or "not installed",
+        "Kubernetes (kube-apiserver)": KUBERNETES_VERSION,
+        "etcd": ETCD_VERSION,
+        "mcruntime": mcr.__version__,
+        "Go peer modules": ", ".join(f"{name} {version}" for name, version in modules.items()),
+        "kopf": getattr(kopf, "__version__", "unknown"),
+    }
+
+
+def _load() -> str:
+    """Load averages and the busiest other processes: the machine is shared with other work."""
+    one, five, _ = os.getloadavg()
+    return f"{one:.2f} (1 min), {five:.2f} (5 min)"
+
+
+async def _run(bench: Bench, only: list[str], profile: Path | None) -> tuple[dict[str, Any], list[str]]:
+    sizes = bench.sizes
+    started = time.monotonic()
+    await seed(bench.planes, BULK, sizes.bulk_objects)
+    await seed(bench.planes, SMALL, sizes.small_objects)
+    log(f"seeded {sizes.planes} planes in {time.monotonic() - started:.0f}s")
+    steps: dict[str, Callable[[], Awaitable[dict[str, Any]]]] = {
+        "s1": lambda: s1_initial_sync(bench, profile),
+        "s2": lambda: s2_steady_state(bench),
+        "s3": lambda: s3_engage(bench),
+        "s4": lambda: s4_memory(bench),
+        "s5": lambda: s5_churn(bench),
+        "s6": lambda: s6_single_cluster(bench),
+    }
+    results: dict[str, Any] = {}
+    failed: list[str] = []
+    for name in only:
+        log(f"{name.upper()} ...")
+        began = time.monotonic()
+        load = _load()
+        try:
+            results[name] = await steps[name]()
+        except Exception as error:  # one broken scenario must not cost the others
+            failed.append(name)
+            results[name] = {"error": f"{type(error).__name__}: {error}"}
+            log(f"{name.upper()} FAILED:\n{traceback.format_exc()}")
+        results.setdefault(name, {})["scenario_seconds"] = time.monotonic() - began
+        results[name]["load"] = load
+    return results, failed
+
+
+def run(sizes: Sizes, out: Path, only: list[str], peers: list[str], profile: bool) -> int:
+    """Build, start the fleet, run, write results.json, RESULTS.md and PNGs; return the exit status."""
+    out.mkdir(parents=True, exist_ok=True)
+    go_binary = build_go_peer(log) if "go" in peers else None
+    description = machine()
+    description["load average at start"] = _load()
+    with tempfile.TemporaryDirectory(prefix="mcruntime-bench-") as scratch:
+        work = Path(scratch)
+        with Fleet(workdir=work / "testbed") as fleet:
+            log(f"starting {sizes.planes} control planes ...")
+            planes = fleet.start(sizes.planes)
+            kinds = {
+                name: kind
+                for name, kind in peer_kinds(go_binary, planes[0].kubeconfig_path()).items()
+                if name in peers
+            }
+            bench = Bench(planes, sizes, kinds, work / "runs", log)
+            profile_path = work / "profile_s1.prof" if profile else None  # summarised into RESULTS.md
+            results, failed = asyncio.run(_run(bench, only, profile_path))
+    description["load average at end"] = _load()
+    results["machine"] = description
+    results["sizes"] = sizes.__dict__
+    results["peers"] = peers
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    render(results, out)
+    log(f"wrote {out / 'RESULTS.md'}")
+    print(f"benchmarks: {len(only) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+def main() -> None:
+    """Parse the command line and run."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=("all", "smoke", "report"))
+    parser.add_argument(
+        "--out", type=Path, help="output directory (all: benchmarks/, smoke: a new temporary one)"
+    )
+    parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios, e.g. s1,s3")
+    parser.add_argument("--peers", default="go,mcruntime,kopf", help="comma-separated peers")
+    parser.add_argument("--results", type=Path, help="report mode: the results.json to render")
+    args = parser.parse_args()
+    if args.mode == "report":
+        source = args.results or HERE / "results.json"
+        render(json.loads(source.read_text()), args.out or source.parent)
+        return
+    only = [name.strip().lower() for name in args.only.split(",") if name.strip()]
+    unknown = set(only) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenarios: {', '.join(sorted(unknown))}")
+    peers = [name.strip() for name in args.peers.split(",") if name.strip()]
+    if args.mode == "smoke":
+        out = args.out or Path(tempfile.mkdtemp(prefix="mcruntime-bench-smoke-"))
+        log(f"smoke run into {out}")
+        sys.exit(run(SMOKE, out, only, peers, profile=False))
+    sys.exit(run(FULL, args.out or HERE, only, peers, profile=True))
+
+
+if __name__ == "__main__":
+    main()
