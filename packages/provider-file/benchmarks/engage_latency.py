@@ -102,7 +102,7 @@ def main() -> None:
         latencies = sorted(asyncio.run(run()))
     ms = [value * 1000 for value in latencies]
     p90 = ms[max(0, round(0.9 * len(ms)) - 1)]
-    print(f"engage latency, file appears -> first reconcile, {len(ms)} rounds (debounce 0.1 s):")
+    print(f"engage latency, file appears -> first reconcile, {len(ms)} rounds (default options):")
     median = statistics.median(ms)
     print(f"  median {median:.0f} ms, p90 {p90:.0f} ms, min {ms[0]:.0f} ms, max {ms[-1]:.0f} ms")
 

@@ -122,7 +122,7 @@ class KubeconfigFileProvider:
         trust: mcr.TrustPolicy | None = None,
         options: mcr.ClusterOptions | None = None,
         probe_interval: float = 10.0,
-        debounce: float = 0.1,
+        debounce: float = 0.02,
         removal_delay: float = 0.5,
         rescan_interval: float = 30.0,
     ) -> None:
