@@ -8,6 +8,8 @@ bottom to top: kubeconfig → transport/client → informer/cache → cluster.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ._builder import Builder, BuilderError, controller_managed_by
 from ._cache import Cache, CacheSyncTimeout, field_getter
 from ._client import Client, ObjectList, PatchType, WatchEvent
@@ -88,7 +90,6 @@ from ._reconcile import LOCAL_CLUSTER, ReconcileFunction, Reconciler, Request, R
 from ._rendezvous import owner as rendezvous_owner
 from ._secret_provider import KubeconfigSecretProvider, SecretStatus
 from ._serving import Check, Checks, Endpoints
-from ._settings import ManagerSettings, SettingsError
 from ._sharding import ShardedCoordinator, ShardingConfig, ShardMetrics
 from ._source import EVERY_CLUSTER, LOCAL_ONLY, PROVIDER_ONLY, ChannelSource, ClusterSelection, KindSource
 from ._transport import RetryPolicy
@@ -233,3 +234,16 @@ __all__ = [
     "strip_managed_fields",
     "to_json_shape",
 ]
+
+if TYPE_CHECKING:
+    from ._settings import ManagerSettings, SettingsError
+
+
+def __getattr__(name: str) -> Any:
+    # The settings pull in pydantic (~0.1 s of import time) and only programs
+    # configured from the environment need them.
+    if name in ("ManagerSettings", "SettingsError"):
+        from . import _settings
+
+        return getattr(_settings, name)
+    raise AttributeError(f"module 'mcruntime' has no attribute {name!r}")

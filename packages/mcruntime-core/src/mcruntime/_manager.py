@@ -33,11 +33,12 @@ from ._metrics import ManagerMetrics
 from ._provider import Aware, Provider, ProviderRunnable
 from ._reconcile import LOCAL_CLUSTER
 from ._serving import Check, CheckLine, Checks, Endpoints
-from ._settings import ManagerSettings
 from ._sharding import ShardedCoordinator, ShardingConfig
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+
+    from ._settings import ManagerSettings
 
 log = logging.getLogger("mcruntime.manager")
 
@@ -140,6 +141,8 @@ class Manager:
 
         Raises :class:`SettingsError` naming every invalid variable.
         """
+        from ._settings import ManagerSettings  # pydantic loads only for managers built from settings
+
         values = settings or ManagerSettings.load()
         election = None
         if values.leader_election:
@@ -300,6 +303,7 @@ class Manager:
                 del self._engaged[name]
                 self._engage_started.pop(name, None)
                 self.metrics.disengagements.labels(name or "local").inc()
+                self.metrics.forget_cluster(name)
                 for listener in self.disengage_listeners:
                     listener(name, cluster)
 

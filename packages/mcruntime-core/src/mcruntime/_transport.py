@@ -15,6 +15,7 @@ only what provably never reached the server.
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import base64
 import datetime
 import logging
@@ -28,19 +29,53 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
-from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio.config.kube_config import KubeConfigLoader
 
 from ._errors import Unreachable
 from ._kubeconfig import ClusterConfig
+
+if TYPE_CHECKING:
+    # Imported where used: kubernetes-asyncio's generated models take ~0.3 s and
+    # ~35 MiB to import, and only exec plugins and typed-API users need them.
+    from kubernetes_asyncio import client as k8s_client
+    from kubernetes_asyncio.config.kube_config import KubeConfigLoader
 
 log = logging.getLogger("mcruntime.transport")
 
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 _CONNECT_TIMEOUT = 10.0
+_STDLIB_TLS_READ_BUFFER = 256 * 1024
+_tls_buffer_tuned = False
+
+
+def _tune_tls_read_buffer() -> None:
+    """Lower asyncio's per-connection TLS read buffer from 256 KiB to 64 KiB, once per process.
+
+    Every TLS connection asyncio makes allocates (and zero-fills, so it is
+    resident) a read buffer of ``SSLProtocol.max_size``, and a fleet holds a
+    watch connection per cluster and kind: at 256 KiB that buffer was most of
+    an idle cluster's memory. TLS records carry at most 16 KiB, so 64 KiB
+    reads lose nothing. The setting is the process's, so it is only lowered
+    from the standard library's own default; ``MCRUNTIME_TLS_READ_BUFFER_KIB``
+    chooses another size (256 keeps the default).
+    """
+    global _tls_buffer_tuned
+    if _tls_buffer_tuned:
+        return
+    _tls_buffer_tuned = True
+    raw = os.environ.get("MCRUNTIME_TLS_READ_BUFFER_KIB", "64")
+    try:
+        size = int(raw) * 1024
+    except ValueError:
+        log.warning("MCRUNTIME_TLS_READ_BUFFER_KIB=%r is not a whole number of KiB; keeping 64", raw)
+        size = 64 * 1024
+    protocol = getattr(asyncio.sslproto, "SSLProtocol", None)
+    if size > 0 and getattr(protocol, "max_size", None) == _STDLIB_TLS_READ_BUFFER:
+        protocol.max_size = size  # type: ignore[union-attr]
+
+
 _EXPIRY_SKEW = datetime.timedelta(minutes=5)
 
 
@@ -95,6 +130,8 @@ class _Credentials:
             exec_config = {k: v for k, v in dict(user.get("exec") or {}).items() if k != "_base_dir"}
             user_entry = dict(user, exec=exec_config) if exec_config else dict(user)
             base_dir = (user.get("exec") or {}).get("_base_dir", "")
+            from kubernetes_asyncio.config.kube_config import KubeConfigLoader
+
             self._loader = KubeConfigLoader(
                 {
                     "clusters": [{"name": "c", "cluster": dict(config.cluster)}],
@@ -195,6 +232,7 @@ class Transport:
                 raise Unreachable("the cluster was stopped", cluster=self.cluster)
             if self._session is not None:
                 return
+            _tune_tls_read_buffer()
             workdir = Path(tempfile.mkdtemp(prefix="mcruntime-"))
             os.chmod(workdir, 0o700)
             self._workdir = workdir
@@ -290,6 +328,8 @@ class Transport:
         if self._workdir is None:
             raise RuntimeError(f"cluster {self.cluster!r}: the transport is not open")
         assert self._credentials is not None
+        from kubernetes_asyncio import client as k8s_client
+
         configuration = k8s_client.Configuration(host=self.server)
         configuration.ssl_ca_cert = self._material_file("certificate-authority", self.config.cluster)
         configuration.cert_file = self._material_file("client-certificate", self.config.user)
