@@ -14,8 +14,9 @@ read at scrape time by a collector, so nothing goes stale when a cluster leaves.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -41,17 +42,22 @@ class _QueueMetrics:
         self._metrics = metrics
         self._controller = controller
 
+        self._latency = metrics.queue_latency.labels(controller, controller)
+        self._duration = metrics.work_duration.labels(controller, controller)
+
     def on_add(self, key: Hashable, group: Hashable) -> None:
-        self._metrics.queue_adds.labels(self._controller, self._controller, _cluster_label(group)).inc()
+        name = self._controller
+        self._metrics.child(self._metrics.queue_adds, name, name, _cluster_label(group)).inc()
 
     def on_get(self, key: Hashable, group: Hashable, waited: float) -> None:
-        self._metrics.queue_latency.labels(self._controller, self._controller).observe(waited)
+        self._latency.observe(waited)
 
     def on_done(self, key: Hashable, group: Hashable, processing: float) -> None:
-        self._metrics.work_duration.labels(self._controller, self._controller).observe(processing)
+        self._duration.observe(processing)
 
     def on_retry(self, key: Hashable, group: Hashable) -> None:
-        self._metrics.queue_retries.labels(self._controller, self._controller, _cluster_label(group)).inc()
+        name = self._controller
+        self._metrics.child(self._metrics.queue_retries, name, name, _cluster_label(group)).inc()
 
 
 class ManagerMetrics:
@@ -65,6 +71,7 @@ class ManagerMetrics:
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self.reconcile_total = Counter(
             "controller_runtime_reconcile_total",
             "Reconciles per controller, result and cluster.",
@@ -136,6 +143,27 @@ class ManagerMetrics:
         )
         registry.register(_LiveCollector(controllers, clusters, states))
 
+    def child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, cached; the last value must be the cluster's label.
+
+        prometheus_client's lookup costs about a microsecond per call, and a
+        reconcile makes several.
+        """
+        key = (metric, values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
+
+    def forget_cluster(self, cluster: str) -> None:
+        """Drop a cluster's reconcile and queue series, so churn does not grow the registry forever."""
+        label = _cluster_label(cluster)
+        for key in [key for key in self._children if key[1][-1] == label]:
+            metric, values = key
+            del self._children[key]
+            with contextlib.suppress(KeyError):
+                metric.remove(*values)
+
     def queue_metrics(self, controller: str) -> _QueueMetrics:
         """The hook to give a controller's work queue."""
         return _QueueMetrics(self, controller)
@@ -146,12 +174,12 @@ class ManagerMetrics:
         ``outcome`` is success, error, terminal, requeue, requeue_after or dropped.
         """
         cluster = _cluster_label(request.cluster)
-        self.reconcile_total.labels(controller, outcome, cluster).inc()
+        self.child(self.reconcile_total, controller, outcome, cluster).inc()
         if outcome == "error":
-            self.reconcile_errors.labels(controller, cluster).inc()
+            self.child(self.reconcile_errors, controller, cluster).inc()
         elif outcome == "terminal":
-            self.terminal_errors.labels(controller, cluster).inc()
-        self.reconcile_time.labels(controller, cluster).observe(seconds)
+            self.child(self.terminal_errors, controller, cluster).inc()
+        self.child(self.reconcile_time, controller, cluster).observe(seconds)
 
 
 class _LiveCollector(Collector):
