@@ -75,3 +75,28 @@ async def test_a_stopped_cluster_cannot_be_restarted(fleet: Fleet) -> None:
     assert cluster.stopped
     with pytest.raises(RuntimeError, match="was stopped"):
         await cluster.start()
+
+
+async def test_clusters_share_discovery_and_keep_one_connection_for_their_watch(fleet: Fleet) -> None:
+    import asyncio.sslproto
+
+    async with (
+        running_cluster(fleet["cluster-1"], "one") as one,
+        running_cluster(fleet["cluster-2"], "two") as two,
+    ):
+        for cluster in (one, two):
+            await cluster.reader.list(CONFIGMAP)
+        # The same resource from two servers is one shared object.
+        assert (await one.client.resource(CONFIGMAP)) is (await two.client.resource(CONFIGMAP))
+        # Discovery asked one question at a time, and the list's connection went on to carry the
+        # watch: one TLS connection each, with the smaller read buffer.
+        assert asyncio.sslproto.SSLProtocol.max_size == 64 * 1024
+        assert _connections(one) == 1 and _connections(two) == 1
+
+
+def _connections(cluster: mcr.Cluster) -> int:
+    session = cluster.transport._session  # what the pool holds is what stays resident
+    assert session is not None
+    connector = session.connector
+    assert connector is not None
+    return len(connector._acquired) + sum(len(idle) for idle in connector._conns.values())
