@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+import pytest
 from kube_helpers import CONFIGMAP, configmap, new_namespace, running_cluster, wait_for
 
 import mcruntime as mcr
@@ -85,3 +88,47 @@ async def test_a_caller_mutating_what_it_read_cannot_corrupt_the_cache(fleet: Fl
         assert again is not None
         assert again["data"] == {"v": "original"}
         assert "labels" not in again["metadata"]
+
+
+async def test_a_namespace_scoped_cache_needs_only_namespaced_rights(fleet: Fleet) -> None:
+    plane = fleet["cluster-2"]
+    async with running_cluster(plane, "admin") as admin:
+        mine, other = await new_namespace(admin, "mine"), await new_namespace(admin, "other")
+        await admin.client.create(configmap("here", mine, v="1"))
+        await admin.client.create(configmap("there", other, v="1"))
+        await admin.client.create(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": {"name": "read-configmaps", "namespace": mine},
+                "rules": [
+                    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}
+                ],
+            }
+        )
+        user = plane.add_token_user("reader", cluster_admin=False, namespace=mine)
+        await admin.client.create(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": "reader", "namespace": mine},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Role",
+                    "name": "read-configmaps",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": mine}],
+            }
+        )
+    config = mcr.kubeconfig_from_dict(plane.kubeconfig(user))
+    scoped = mcr.ClusterOptions(cache_namespace=mine, cache_sync_timeout=10)
+    async with mcr.Cluster("scoped", config, scoped) as cluster:
+        found = await cluster.reader.list(CONFIGMAP)
+        assert [(o["metadata"]["namespace"], o["metadata"]["name"]) for o in found] == [(mine, "here")]
+        assert await cluster.reader.get(CONFIGMAP, "here", namespace=mine) is not None
+        with pytest.raises(ValueError, match=re.escape(f"holds namespace '{mine}' only")):
+            await cluster.reader.get(CONFIGMAP, "there", namespace=other)
+    # The same user without the scope would need cluster-wide list rights.
+    async with mcr.Cluster("wide", config, mcr.ClusterOptions(cache_sync_timeout=1)) as cluster:
+        with pytest.raises(mcr.CacheSyncTimeout, match=r"(?i)forbidden"):
+            await cluster.reader.list(CONFIGMAP)

@@ -45,8 +45,10 @@ class Cache:
         transform: Transform | None = strip_managed_fields,
         resync_period: float | None = None,
         read_timeout: float = 90.0,
+        namespace: str | None = None,
     ) -> None:
         self.client = client
+        self.namespace = namespace
         self._tasks = tasks
         self._sync_timeout = sync_timeout
         self._transform = transform
@@ -72,6 +74,7 @@ class Cache:
         field_selector: str | None = None,
     ) -> Informer:
         """The shared informer for this scope, created and started on first request."""
+        namespace = self._scope(namespace)
         selector = LabelSelector.parse(label_selector).text
         key: InformerKey = (kind, namespace, selector, field_selector)
         informer = self._informers.get(key)
@@ -106,6 +109,17 @@ class Cache:
     def indexes(self, kind: Kind) -> list[str]:
         return sorted(self._indexes.get(kind, {}))
 
+    def _scope(self, namespace: str | None) -> str | None:
+        """The namespace to cache: the cache's own when it has one (never another)."""
+        if self.namespace is None:
+            return namespace
+        if namespace not in (None, self.namespace):
+            raise ValueError(
+                f"cluster {self.cluster!r}: the cache holds namespace {self.namespace!r} only "
+                f"(ClusterOptions.cache_namespace), not {namespace!r}; read it with the client"
+            )
+        return self.namespace
+
     async def _synced(self, kind: Kind) -> Informer:
         informer = self.informer(kind)
         if not informer.has_synced and not await informer.wait_for_sync(self._sync_timeout):
@@ -132,6 +146,7 @@ class Cache:
 
         Starts the kind's informer on first use and waits for it to sync.
         """
+        self._scope(namespace)
         informer = await self._synced(kind)
         found = informer.get(f"{namespace}/{name}" if namespace else name)
         return json_copy(found) if found is not None else None
@@ -145,6 +160,7 @@ class Cache:
         index: tuple[str, str] | None = None,
     ) -> list[JSON]:
         """Copies of the matching objects; ``index=(name, value)`` uses a field index."""
+        self._scope(namespace)
         informer = await self._synced(kind)
         selector = LabelSelector.parse(label_selector)
         if index is not None:

@@ -58,6 +58,14 @@ class ClusterOptions:
     discovery_refresh_interval: float = 5.0
     transform: Transform | None = strip_managed_fields
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    cache_namespace: str | None = None
+    """Cache namespaced kinds of this namespace only (cluster-scoped kinds whole).
+
+    For controllers that work in one namespace: informers then need only
+    namespaced ``list``/``watch`` permissions and hold only that namespace's
+    objects. Cache reads of another namespace raise ``ValueError``; the client
+    still reaches every namespace.
+    """
 
 
 class Cluster:
@@ -86,6 +94,7 @@ class Cluster:
             transform=self.options.transform,
             resync_period=self.options.resync_period,
             read_timeout=self.options.watch_read_timeout,
+            namespace=self.options.cache_namespace,
         )
         self.started_at: float | None = None
         self._stopped = False
