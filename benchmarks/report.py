@@ -292,7 +292,7 @@ def render(results: dict[str, Any], out: Path) -> None:
             f"reconcile in its cluster ({sizes.get('small_objects')}-object namespace). "
             f"{s3['rounds']} rounds after one",
             "warm-up round; each round's file is removed and the disengagement awaited.",
-            "mcruntime's file provider debounces events by 0.1 s (default); Go's reacts at once;",
+            "mcruntime's file provider debounces events by 0.02 s (default); Go's reacts at once;",
             "*mcruntime debounce=0* is the same peer with `debounce=0`, to show that cost.",
             "",
         ]

@@ -297,7 +297,7 @@ async def s3_engage(bench: Bench) -> dict[str, Any]:
     sizes = bench.sizes
     result: dict[str, Any] = {"rounds": sizes.s3_rounds, "peers": {}}
     variants: list[tuple[str, str, tuple[str, ...]]] = [(kind, kind, ()) for kind in bench.multicluster()]
-    if "mcruntime" in bench.kinds:  # what the provider's 0.1 s debounce costs
+    if "mcruntime" in bench.kinds:  # what the provider's default debounce (0.02 s) costs
         variants.append(("mcruntime debounce=0", "mcruntime", ("--debounce", "0")))
     for label, kind, extra in variants:
         directory = bench.directory(f"s3-{kind}")

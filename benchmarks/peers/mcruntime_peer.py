@@ -25,9 +25,17 @@ from mcruntime_file import KubeconfigFileProvider
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
 
 
-async def serve(directory: Path, namespace: str, workers: int, debounce: float) -> None:
-    """Run the manager until stdin closes."""
-    provider = KubeconfigFileProvider(directory, naming="context", debounce=debounce)
+async def serve(directory: Path, namespace: str, workers: int, debounce: float | None) -> None:
+    """Run the manager until stdin closes.
+
+    The cache holds the benchmark's namespace only, as the Go peer's
+    (controller-runtime's ``DefaultNamespaces``) does.
+    """
+    options = mcr.ClusterOptions(cache_namespace=namespace)
+    if debounce is None:
+        provider = KubeconfigFileProvider(directory, naming="context", options=options)
+    else:
+        provider = KubeconfigFileProvider(directory, naming="context", options=options, debounce=debounce)
     manager = mcr.Manager(provider, handle_signals=False)
     io = PeerIO(lambda: len(manager.clusters()))
     io.emit(start_record())
@@ -67,7 +75,7 @@ def main() -> None:
     parser.add_argument(
         "--workers", type=int, default=1, help="max_concurrent_reconciles (default 1, as Go's)"
     )
-    parser.add_argument("--debounce", type=float, default=0.1, help="the file provider's (default 0.1 s)")
+    parser.add_argument("--debounce", type=float, default=None, help="the file provider's (default: its own)")
     parser.add_argument("--profile", type=Path, help="write cProfile statistics here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
