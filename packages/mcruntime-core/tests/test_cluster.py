@@ -10,7 +10,7 @@ import pytest
 from kube_helpers import CONFIGMAP, NAMESPACE, configmap, install_widget_crd, new_namespace, running_cluster
 
 import mcruntime as mcr
-from mcruntime.testing import Fleet
+from mcruntime.testing import Fleet, wait_until
 
 
 def _sockets() -> set[str]:
@@ -100,3 +100,28 @@ def _connections(cluster: mcr.Cluster) -> int:
     connector = session.connector
     assert connector is not None
     return len(connector._acquired) + sum(len(idle) for idle in connector._conns.values())
+
+
+async def test_a_stop_cancelled_halfway_still_closes_everything(fleet: Fleet) -> None:
+    tasks_before = asyncio.all_tasks()
+    cluster = mcr.Cluster("interrupted", mcr.kubeconfig_from_dict(fleet["cluster-1"].kubeconfig()))
+    await cluster.start()
+    await cluster.reader.list(CONFIGMAP)
+    private = Path(cluster.transport._workdir or "")
+    released = asyncio.Event()
+
+    async def slow_goodbye() -> None:
+        await released.wait()  # a stop callback that takes its time
+
+    cluster.on_stop(slow_goodbye)
+    stopping = asyncio.create_task(cluster.stop())
+    await wait_until(lambda: cluster.stopped, timeout=5)
+    stopping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    released.set()
+    await cluster.stop()  # a later caller waits for the same teardown to finish
+    assert cluster.transport._session is None
+    assert not private.exists()
+    await asyncio.sleep(0)
+    assert asyncio.all_tasks() == tasks_before

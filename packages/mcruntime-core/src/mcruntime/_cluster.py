@@ -8,6 +8,7 @@ fleet leaves no task and no socket behind.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
@@ -98,6 +99,7 @@ class Cluster:
         )
         self.started_at: float | None = None
         self._stopped = False
+        self._teardown: asyncio.Future[None] | None = None
         self._stop_callbacks: list[StopCallback] = []
 
     def __repr__(self) -> str:
@@ -150,9 +152,16 @@ class Cluster:
         Stop callbacks run first (disengagement), then every watch and task is
         cancelled, every connection closed and the private files deleted.
         """
-        if self._stopped:
-            return
-        self._stopped = True
+        if self._teardown is None:
+            self._stopped = True
+            self._teardown = asyncio.ensure_future(self._tear_down())
+        elif self._teardown is asyncio.current_task():
+            return  # a stop callback stopping its own cluster: the teardown is already running
+        # Shielded: a caller cancelled halfway (a provider shutting down, a timeout)
+        # must not leave tasks running or sockets open; every caller waits for the end.
+        await asyncio.shield(self._teardown)
+
+    async def _tear_down(self) -> None:
         for callback in list(reversed(self._stop_callbacks)):
             try:
                 result = callback()
