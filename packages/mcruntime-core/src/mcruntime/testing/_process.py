@@ -2,9 +2,13 @@
 
 Three layers make sure of it: every child runs in its own process group (so a
 stop reaches anything it forked), the kernel kills it if our process dies without
-cleaning up (``PR_SET_PDEATHSIG``, when spawned from the main thread, the only
-thread whose exit is our exit), and an ``atexit`` hook stops whatever is still
+cleaning up (``PR_SET_PDEATHSIG``), and an ``atexit`` hook stops whatever is still
 registered on an orderly interpreter exit.
+
+The kernel sends the death signal when the *thread* that forked the child
+ends, so children are forked only by threads that live as long as the
+process: the main thread, or, for callers on other threads (``asyncio.to_thread``,
+say), one daemon thread that exists only to spawn.
 """
 
 from __future__ import annotations
@@ -14,21 +18,63 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import queue
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
+from typing import TypeVar
+
+_T = TypeVar("_T")
 
 _PR_SET_PDEATHSIG = 1
 _live: set[ManagedProcess] = set()
 _live_lock = threading.Lock()
 
 
+class _Spawner:
+    """A daemon thread that forks children for callers on short-lived threads."""
+
+    def __init__(self) -> None:
+        self._work: queue.SimpleQueue[tuple[Callable[[], object], Future[object]]] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, name="mcruntime-testbed-spawner", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            call, result = self._work.get()
+            try:
+                result.set_result(call())
+            except BaseException as error:  # handed to the caller, who re-raises it
+                result.set_exception(error)
+
+    def run(self, call: Callable[[], _T]) -> _T:
+        result: Future[object] = Future()
+        self._work.put((call, result))
+        return result.result()  # type: ignore[return-value]
+
+
+_spawner: _Spawner | None = None
+_spawner_lock = threading.Lock()
+
+
+def _on_lasting_thread(call: Callable[[], _T]) -> _T:
+    """Run ``call`` on the main thread's behalf or on the spawner: never on a thread that may end."""
+    global _spawner
+    if threading.current_thread() is threading.main_thread():
+        return call()
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = _Spawner()
+    if threading.current_thread() is _spawner.thread:
+        return call()
+    return _spawner.run(call)
+
+
 def _death_signal_hook(parent: int) -> Callable[[], None] | None:
-    if threading.current_thread() is not threading.main_thread():
-        return None
     library = ctypes.util.find_library("c")
     if library is None:
         return None
@@ -78,14 +124,16 @@ class ManagedProcess:
             raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self._popen = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self._env,
-                start_new_session=True,
-                preexec_fn=_death_signal_hook(os.getpid()),
+            self._popen = _on_lasting_thread(
+                lambda: subprocess.Popen(
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self._env,
+                    start_new_session=True,
+                    preexec_fn=_death_signal_hook(os.getpid()),
+                )
             )
         with _live_lock:
             _live.add(self)
