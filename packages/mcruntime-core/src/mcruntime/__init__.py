@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._backoff import Backoff
 from ._builder import Builder, BuilderError, controller_managed_by
 from ._cache import Cache, CacheSyncTimeout, field_getter
 from ._client import Client, ObjectList, PatchType, WatchEvent
@@ -131,6 +132,7 @@ __all__ = [
     "Event",
     "EventHandler",
     "EventRecorder",
+    "Backoff",
     "ExponentialBackoff",
     "FleetClient",
     "FleetResult",
