@@ -15,7 +15,7 @@ from ._builder import Builder, BuilderError, controller_managed_by
 from ._cache import Cache, CacheSyncTimeout, field_getter
 from ._client import Client, ObjectList, PatchType, WatchEvent
 from ._clients import FleetClient, FleetResult, RoutedClient
-from ._cluster import Cluster, ClusterHealth, ClusterOptions
+from ._cluster import Cluster, ClusterOptions
 from ._clusterset import ClusterSet, ClusterState, ClusterStatus
 from ._context import ReconcileContext, current_reconcile, current_request
 from ._controller import Controller, ReconcileStats
@@ -44,6 +44,7 @@ from ._errors import (
 from ._events import EventRecorder
 from ._follow import follow_informers, hub_connection
 from ._handler import EventHandler, enqueue_for_object, enqueue_for_owner, enqueue_mapped
+from ._health import ClusterHealth, HealthState
 from ._informer import (
     HandlerRegistration,
     IndexFunc,
@@ -106,6 +107,7 @@ __all__ = [
     "APIError",
     "AlreadyExists",
     "Aware",
+    "Backoff",
     "BadRequest",
     "Builder",
     "BuilderError",
@@ -132,13 +134,13 @@ __all__ = [
     "Event",
     "EventHandler",
     "EventRecorder",
-    "Backoff",
     "ExponentialBackoff",
     "FleetClient",
     "FleetResult",
     "Forbidden",
     "Gone",
     "HandlerRegistration",
+    "HealthState",
     "IndexFunc",
     "Informer",
     "InformerStats",

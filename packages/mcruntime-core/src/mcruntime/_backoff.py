@@ -53,10 +53,12 @@ class Backoff:
             return self.base
         # The exponent at which the cap is reached; beyond it the answer is the cap,
         # so factor**failures is never computed for a large count (no OverflowError).
-        limit = math.log(self.cap / self.base, self.factor)
-        if failures >= limit:
+        # Computed in log space, so a tiny base and a huge factor cannot overflow either.
+        exponent = math.log(self.cap) - math.log(self.base)
+        step = math.log(self.factor)
+        if failures * step >= exponent:
             return self.cap
-        return min(self.cap, self.base * self.factor**failures)
+        return min(self.cap, math.exp(math.log(self.base) + failures * step))
 
     def delay(self, failures: int) -> float:
         """The jittered wait after ``failures`` consecutive failures."""

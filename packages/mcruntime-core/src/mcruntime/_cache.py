@@ -92,7 +92,10 @@ class Cache:
             for name, extract in self._indexes.get(kind, {}).items():
                 informer.add_index(name, extract)
             self._informers[key] = informer
-            self._tasks.spawn(informer.run(), f"informer:{kind}")
+            scope = "".join(
+                (f" namespace={namespace}" if namespace else "", f" labels={selector}" if selector else "")
+            )
+            self._tasks.supervise(informer.run, f"informer:{kind}{scope}")
         return informer
 
     def index_field(self, kind: Kind, name: str, extract: IndexFunc) -> None:

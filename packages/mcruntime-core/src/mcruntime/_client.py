@@ -16,7 +16,7 @@ import aiohttp
 import orjson
 
 from ._discovery import Discovery
-from ._errors import Unreachable, error_from_status
+from ._errors import APIError, Unreachable, error_from_status
 from ._kind import Kind, Resource
 from ._objects import JSON, to_json_shape
 from ._transport import Transport
@@ -28,6 +28,9 @@ _PATCH_CONTENT_TYPES: dict[str, str] = {
     "strategic": "application/strategic-merge-patch+json",
 }
 _APPLY = "application/apply-patch+yaml"  # JSON is valid YAML
+# One watch event carries one object; etcd refuses objects over 1.5 MiB. A server
+# streaming far more without a line break is broken or hostile: stop buffering it.
+MAX_WATCH_EVENT_BYTES = 32 * 2**20
 
 
 class WatchEvent(NamedTuple):
@@ -242,6 +245,13 @@ class Client:
                 async for chunk in response.content.iter_any():
                     buffer += chunk
                     if b"\n" not in chunk:
+                        if len(buffer) > MAX_WATCH_EVENT_BYTES:
+                            raise APIError(
+                                f"watch of {resource.plural} sent an event over "
+                                f"{MAX_WATCH_EVENT_BYTES // 2**20} MiB; dropping the connection",
+                                cluster=self.cluster,
+                                kind=resource.kind,
+                            )
                         continue
                     *lines, rest = bytes(buffer).split(b"\n")
                     buffer = bytearray(rest)
@@ -250,14 +260,17 @@ class Client:
                             yield self._event(line, resource)
                 if buffer.strip():
                     yield self._event(bytes(buffer), resource)
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as error:
-            self.transport.health.failure(f"watch of {resource.kind} interrupted: {type(error).__name__}")
-            raise Unreachable(f"watch of {resource.plural} interrupted", cluster=self.cluster) from None
-        except TimeoutError:
+        except TimeoutError:  # before ClientConnectionError: aiohttp's read timeout is both
             self.transport.health.failure(f"watch of {resource.kind} silent for {read_timeout}s")
             raise Unreachable(
                 f"watch of {resource.plural} silent for {read_timeout}s", cluster=self.cluster
             ) from None
+        except aiohttp.ClientConnectionError as error:  # dropped, reset, or closed by the circuit
+            health = self.transport.health
+            if health.unreachable:
+                raise Unreachable(f"watch of {resource.plural} closed: {health.reason}", cluster=self.cluster) from None
+            health.failure(f"watch of {resource.kind} interrupted: {type(error).__name__}")
+            raise Unreachable(f"watch of {resource.plural} interrupted", cluster=self.cluster) from None
 
     def _event(self, line: bytes, resource: Resource) -> WatchEvent:
         event = orjson.loads(line)

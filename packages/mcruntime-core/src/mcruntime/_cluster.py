@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from ._backoff import DEFAULT_BACKOFF, Backoff
 from ._cache import Cache
 from ._client import Client
 from ._discovery import Discovery
+from ._health import ClusterHealth
 from ._informer import Transform, strip_managed_fields
 from ._kubeconfig import ClusterConfig
 from ._tasks import TaskSet
@@ -33,32 +35,26 @@ StopCallback = Callable[[], Awaitable[None] | None]
 
 
 @dataclass(frozen=True)
-class ClusterHealth:
-    """When the API server last answered, and the last failure seen (both wall-clock)."""
-
-    last_contact: float | None
-    last_error: str | None
-    last_error_at: float | None
-
-    @property
-    def healthy(self) -> bool:
-        """Contact happened after the last error (or there was no error yet)."""
-        if self.last_error_at is None:
-            return True
-        return self.last_contact is not None and self.last_contact > self.last_error_at
-
-
-@dataclass(frozen=True)
 class ClusterOptions:
     """Tuning for one cluster's client and cache."""
 
     request_timeout: float = 30.0
+    """The most one request may take, answer included (a large list can be slow)."""
+    connect_timeout: float = 5.0
+    """The most opening a connection (TCP and TLS) may take."""
+    health_probe_interval: float = 5.0
+    """Seconds between health probes (``GET /version``), start to start."""
+    health_probe_timeout: float = 5.0
+    """How long a probe waits for an answer; a hung server is unhealthy, and
+    its requests fail fast, within ``health_probe_interval + health_probe_timeout``."""
     watch_read_timeout: float = 90.0
     cache_sync_timeout: float = 60.0
     resync_period: float | None = None
     discovery_refresh_interval: float = 5.0
     transform: Transform | None = strip_managed_fields
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    backoff: Backoff = DEFAULT_BACKOFF
+    """The retry loops' backoff (informers, the probe after failures)."""
     cache_namespace: str | None = None
     """Cache namespaced kinds of this namespace only (cluster-scoped kinds whole).
 
@@ -82,7 +78,11 @@ class Cluster:
         self.options = options or ClusterOptions()
         self._tasks = TaskSet(f"cluster {name}")
         self.transport = Transport(
-            config, name, request_timeout=self.options.request_timeout, retry=self.options.retry
+            config,
+            name,
+            request_timeout=self.options.request_timeout,
+            retry=self.options.retry,
+            connect_timeout=self.options.connect_timeout,
         )
         self.client = Client(
             self.transport,
@@ -125,11 +125,26 @@ class Cluster:
         return self._tasks
 
     async def start(self) -> None:
-        """Open the HTTP session; informers start lazily on first read."""
+        """Start the health probe and open the HTTP session; informers start lazily on first read.
+
+        The probe starts first and keeps running if opening fails (unusable TLS
+        material, say), so the failure shows in :attr:`health` and a fixed
+        cluster recovers without a restart.
+        """
         if self._stopped:
             raise RuntimeError(f"cluster {self.name!r} was stopped; create a new Cluster")
+        if self.started_at is None:
+            self.started_at = time.time()
+            self._tasks.supervise(self._probe, "health-probe", backoff=self.options.backoff)
         await self.transport.open()
-        self.started_at = time.time()
+
+    async def _probe(self) -> None:
+        await self.transport.health.probe_forever(
+            self.transport.probe,
+            interval=self.options.health_probe_interval,
+            timeout=self.options.health_probe_timeout,
+            backoff=self.options.backoff,
+        )
 
     def on_stop(self, callback: StopCallback) -> Callable[[], None]:
         """Call ``callback`` (sync or async) when the cluster stops; returns an unregister.
@@ -203,9 +218,15 @@ class Cluster:
 
     @property
     def health(self) -> ClusterHealth:
-        """Last successful contact and last error, from every request and watch."""
-        health = self.transport.health
-        return ClusterHealth(health.last_contact, health.last_error, health.last_error_at)
+        """The health probe's verdict, with the last contact and error of any request.
+
+        The one record ``statuses()``, ``/readyz`` and the metrics read.
+        """
+        return self.transport.health.snapshot()
+
+    def failing_loops(self) -> list[str]:
+        """Why each of this cluster's background loops that died is down (restarting)."""
+        return [f"{loop.name} died ({loop.last_error}); restarting" for loop in self._tasks.failing()]
 
     async def kubernetes_configuration(self) -> k8s_client.Configuration:
         """An isolated kubernetes-asyncio ``Configuration`` for typed API classes.

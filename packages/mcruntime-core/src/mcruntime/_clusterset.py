@@ -11,22 +11,25 @@ A provider says what should exist, ``await clusters.sync({name: config})`` or
   its replacement, because entries are matched by instance, not by name);
 - a removed name stops its cluster, which disengages it everywhere;
 - field indexes registered at any time apply to every cluster, now and later;
-- each cluster has a state: engaging, ready, or unhealthy with its last error,
-  kept fresh by a periodic probe. Unhealthy is never treated as gone.
+- each cluster has a state: engaging, ready, or unhealthy with why, read from
+  the cluster's own health record (its probe's verdict), so the set's
+  statuses, ``/readyz`` and the metrics agree. Unhealthy is never treated as gone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import enum
 import logging
-import random
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
 from ._cluster import Cluster, ClusterOptions
 from ._errors import ClusterNotFound
+from ._health import HealthState
 from ._informer import IndexFunc
 from ._kind import Kind
 from ._kubeconfig import ClusterConfig
@@ -44,9 +47,14 @@ class ClusterState(enum.Enum):
     UNHEALTHY = "unhealthy"
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClusterStatus:
-    """A cluster's state, its last error and when it last changed."""
+    """A snapshot of one cluster in a set: its state, why, since when, and how often it changed.
+
+    ``state`` comes from the cluster's health record (the probe's verdict), so
+    it agrees with ``/readyz`` and the metrics: engaging until the cluster is
+    handed to the manager and first probed, then ready or unhealthy.
+    """
 
     name: str
     state: ClusterState
@@ -60,8 +68,25 @@ class ClusterStatus:
 class _Entry:
     cluster: Cluster
     fingerprint: str
-    status: ClusterStatus
+    created: float
+    engagements: int = 1
+    credential_rotations: int = 0
+    start_error: str | None = None
     engaged: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def status(self, name: str) -> ClusterStatus:
+        health = self.cluster.health
+        counts = {"engagements": self.engagements, "credential_rotations": self.credential_rotations}
+        if health.state is HealthState.UNHEALTHY:
+            return ClusterStatus(name, ClusterState.UNHEALTHY, health.since, health.reason, **counts)
+        if not self.engaged.is_set() or health.state is HealthState.UNKNOWN:
+            if self.start_error is not None:
+                return ClusterStatus(name, ClusterState.UNHEALTHY, self.created, self.start_error, **counts)
+            return ClusterStatus(name, ClusterState.ENGAGING, self.created, None, **counts)
+        failing = self.cluster.failing_loops()
+        if failing:
+            return ClusterStatus(name, ClusterState.UNHEALTHY, health.since, "; ".join(failing), **counts)
+        return ClusterStatus(name, ClusterState.READY, max(health.since, self.created), None, **counts)
 
 
 class ClusterSet:
@@ -71,16 +96,20 @@ class ClusterSet:
         self,
         *,
         options: ClusterOptions | None = None,
-        probe_interval: float = 10.0,
-        probe_timeout: float = 5.0,
+        probe_interval: float | None = None,
+        probe_timeout: float | None = None,
         owner: str = "clusters",
     ) -> None:
-        self.options = options or ClusterOptions()
-        self._probe_interval = probe_interval
-        self._probe_timeout = probe_timeout
+        """Clusters are built with ``options``; ``probe_interval``/``probe_timeout`` override its probe's."""
+        options = options or ClusterOptions()
+        if probe_interval is not None:
+            options = dataclasses.replace(options, health_probe_interval=probe_interval)
+        if probe_timeout is not None:
+            options = dataclasses.replace(options, health_probe_timeout=probe_timeout)
+        self.options = options
         self._owner = owner
         self._entries: dict[str, _Entry] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, _NameLock] = {}
         self._indexes: dict[tuple[Kind, str], IndexFunc] = {}
         self._aware: Aware | None = None
         self._tasks = TaskSet(owner)
@@ -99,35 +128,43 @@ class ClusterSet:
         await asyncio.gather(*removals, *changes)
 
     async def set(self, name: str, config: ClusterConfig) -> bool:
-        """Add ``name``, or change it if its config changed; returns whether anything changed."""
+        """Add ``name``, or change it if its config changed; returns whether anything changed.
+
+        Runs to the end even if the caller is cancelled halfway, so a cluster
+        is never left registered but not started.
+        """
         if self._closed:
             raise RuntimeError(f"{self._owner} is stopped")
-        async with self._lock(name):
+        return await asyncio.shield(self._set(name, config))
+
+    async def _set(self, name: str, config: ClusterConfig) -> bool:
+        async with self._exclusive(name):
+            if self._closed:
+                return False
             fingerprint = config.fingerprint()
             current = self._entries.get(name)
             if current is not None and current.fingerprint == fingerprint:
                 return False
             if current is not None and current.cluster.replace_credentials(config):
                 current.fingerprint = fingerprint
-                current.status.credential_rotations += 1
+                current.credential_rotations += 1
                 log.info("%s: cluster %r: credentials rotated in place", self._owner, name)
                 return True
             cluster = Cluster(name, config, self.options)
-            status = ClusterStatus(name, ClusterState.ENGAGING, time.time())
+            entry = _Entry(cluster, fingerprint, time.time())
             if current is not None:
-                status.engagements = current.status.engagements + 1
-                status.credential_rotations = current.status.credential_rotations
-            entry = _Entry(cluster, fingerprint, status)
+                entry.engagements = current.engagements + 1
+                entry.credential_rotations = current.credential_rotations
             self._entries[name] = entry  # the replacement is visible before the old one stops
+            self._tasks.spawn(self._engage(name, entry), f"engage:{name}")
             if current is not None:
                 log.info("%s: cluster %r changed; replacing it", self._owner, name)
                 await current.cluster.stop()
-            self._tasks.spawn(self._engage(name, entry), f"engage:{name}")
             return True
 
     async def remove(self, name: str) -> bool:
         """Stop and forget ``name``; returns whether it existed."""
-        async with self._lock(name):
+        async with self._exclusive(name):
             entry = self._entries.pop(name, None)
             if entry is None:
                 return False
@@ -135,8 +172,20 @@ class ClusterSet:
             await entry.cluster.stop()
             return True
 
-    def _lock(self, name: str) -> asyncio.Lock:
-        return self._locks.setdefault(name, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def _exclusive(self, name: str) -> AsyncIterator[None]:
+        """One change at a time per name; the lock goes when nobody holds or awaits it."""
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = _NameLock()
+        lock.users += 1
+        try:
+            async with lock.lock:
+                yield
+        finally:
+            lock.users -= 1
+            if lock.users == 0 and self._locks.get(name) is lock:
+                del self._locks[name]
 
     # --- the consumers' side ---------------------------------------------------------------
 
@@ -157,13 +206,15 @@ class ClusterSet:
         return sorted(self._entries)
 
     def status(self, name: str) -> ClusterStatus:
+        """A snapshot of ``name``'s state; raises :class:`ClusterNotFound`."""
         entry = self._entries.get(name)
         if entry is None:
             raise ClusterNotFound(name)
-        return entry.status
+        return entry.status(name)
 
     def statuses(self) -> dict[str, ClusterStatus]:
-        return {name: entry.status for name, entry in sorted(self._entries.items())}
+        """A snapshot of every cluster's state, by name."""
+        return {name: entry.status(name) for name, entry in sorted(self._entries.items())}
 
     async def wait_engaged(self, name: str, timeout: float = 30.0) -> Cluster:
         """Wait until ``name`` has been handed to the aware (for tests and tools)."""
@@ -215,8 +266,9 @@ class ClusterSet:
             if self._entries.get(name) is not entry or cluster.stopped:
                 return  # replaced or removed while starting
             # Unusable TLS material, say: unhealthy, not gone. It is engaged all the
-            # same, and the probe (like every request) tries to open it again.
-            self._mark(entry, ClusterState.UNHEALTHY, f"start failed: {error}")
+            # same, and its probe (like every request) tries to open it again.
+            entry.start_error = f"start failed: {error}"
+            log.warning("%s: cluster %r: %s", self._owner, name, entry.start_error)
         for (kind, index_name), extract in self._indexes.items():
             cluster.cache.index_field(kind, index_name, extract)
         await self._running.wait()
@@ -225,44 +277,12 @@ class ClusterSet:
         assert self._aware is not None
         try:
             await self._aware.engage(name, cluster)
-        except Exception as error:
-            self._mark(entry, ClusterState.UNHEALTHY, f"engage failed: {error}")
+        except Exception:
             log.exception("%s: engaging cluster %r failed", self._owner, name)
         entry.engaged.set()
-        cluster.tasks.spawn(self._probe(entry), "health")
 
-    async def _probe(self, entry: _Entry) -> None:
-        """Keep the cluster's state honest: ready when it answers, unhealthy when not."""
-        failures = 0
-        while True:
-            try:
-                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
-                # cancellation that races with completion, and this task must end.
-                async with asyncio.timeout(self._probe_timeout):
-                    status, _headers, _body = await entry.cluster.transport.request(
-                        "GET", "/version", idempotent=True
-                    )
-                if status == 200:
-                    self._mark(entry, ClusterState.READY, None)
-                    failures = 0
-                else:
-                    self._mark(entry, ClusterState.UNHEALTHY, f"GET /version answered {status}")
-                    failures += 1
-            except Exception as error:  # unreachable, TLS, timeout: unhealthy, never gone
-                self._mark(entry, ClusterState.UNHEALTHY, str(error) or type(error).__name__)
-                failures += 1
-            interval = self._probe_interval if failures == 0 else min(self._probe_interval, 0.5 * 2**failures)
-            await asyncio.sleep(interval * random.uniform(0.8, 1.2))  # noqa: S311
 
-    def _mark(self, entry: _Entry, state: ClusterState, error: str | None) -> None:
-        if entry.status.state is not state:
-            log.info(
-                "%s: cluster %r is %s%s",
-                self._owner,
-                entry.status.name,
-                state.value,
-                f": {error}" if error else "",
-            )
-            entry.status.state = state
-            entry.status.since = time.time()
-        entry.status.error = error
+@dataclass
+class _NameLock:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ._backoff import Backoff
 from ._client import Client
 from ._errors import Gone, KindNotFound
 from ._kind import Kind
@@ -159,6 +160,7 @@ class Informer:
         read_timeout: float = 90.0,
         page_size: int = 500,
         max_backoff: float = 30.0,
+        backoff: Backoff | None = None,
     ) -> None:
         self.client = client
         self.kind = kind
@@ -172,7 +174,7 @@ class Informer:
         self._resync_period = resync_period
         self._read_timeout = read_timeout
         self._page_size = page_size
-        self._max_backoff = max_backoff
+        self._backoff = backoff or Backoff(cap=max_backoff)
         self._handlers: list[HandlerRegistration] = []
         self._synced = asyncio.Event()
         self._created = time.monotonic()
@@ -271,6 +273,8 @@ class Informer:
 
     async def _list_and_watch(self) -> None:
         failures = 0
+        gone_streak = 0
+        health = self.client.transport.health
         # A resumed informer continues from its last resourceVersion; the server
         # says 410 if that history is gone, and then the relist emits the difference.
         need_list = not (self.has_synced and self.resource_version)
@@ -280,21 +284,29 @@ class Informer:
                     await self._relist()
                     need_list = False
                     failures = 0
+                    gone_streak = 0
                 await self._watch()
                 failures = 0
                 self.stats.watch_restarts += 1
-            except Gone:
+            except Gone as error:
+                # The first 410 relists at once; a relist that keeps expiring (a paged
+                # list whose continue token outlived the server's history) backs off.
                 self.stats.relists_after_gone += 1
                 need_list = True
+                if gone_streak:
+                    self.stats.last_error = str(error)
+                    delay = await self._backoff.sleep(gone_streak - 1)
+                    log.info("%r: %s again; relisting after %.1fs", self, error, delay)
+                gone_streak += 1
             except Exception as error:  # any failure: back off and try again, never die
                 if isinstance(error, KindNotFound):
                     need_list = True
                 self.stats.last_error = str(error)
                 self.stats.watch_restarts += 1
-                delay = random.uniform(0.5, 1.0) * min(self._max_backoff, 0.2 * 2**failures)  # noqa: S311
+                log.info("%r: %s; retrying with backoff (failure %d)", self, error, failures + 1)
+                # While the cluster is known unreachable, resume as soon as it answers again.
+                await self._backoff.sleep(failures, wake=health.recovery())
                 failures += 1
-                log.info("%r: %s; retrying in %.1fs", self, error, delay)
-                await asyncio.sleep(delay)
 
     async def _relist(self) -> None:
         listed: dict[str, JSON] = {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import threading
@@ -25,6 +26,7 @@ from ._controller import Controller
 from ._coordinator import Coordinator, WorkGate
 from ._errors import ClusterNotFound
 from ._events import EventRecorder
+from ._health import HealthState
 from ._informer import IndexFunc
 from ._kind import Kind
 from ._kubeconfig import ClusterConfig
@@ -34,6 +36,7 @@ from ._provider import Aware, Provider, ProviderRunnable
 from ._reconcile import LOCAL_CLUSTER
 from ._serving import Check, CheckLine, Checks, Endpoints
 from ._sharding import ShardedCoordinator, ShardingConfig
+from ._tasks import TaskSet
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -107,6 +110,9 @@ class Manager:
         self._runnables: list[Runnable] = []
         self._engaged: dict[str, Cluster] = {}
         self._tasks: dict[object, asyncio.Task[None]] = {}
+        # The manager's own long-lived loops (leader election, coordination), restarted if they die.
+        self._loops = TaskSet("manager")
+        self._loops.crash_listeners.append(self._count_crash)
         self._stop = asyncio.Event()
         self._started = asyncio.Event()
         self._running = False
@@ -122,6 +128,7 @@ class Manager:
         self._healthz = Checks()
         self._readyz = Checks()
         self._healthz.add("ping", lambda: None)
+        self._healthz.add("loops", self._loops_alive)
         self._readyz.add_group("clusters", self._cluster_readiness)
         self.endpoints = Endpoints(self._healthz, self._readyz, self.metrics.registry)
         self._engage_started: dict[str, float] = {}
@@ -212,15 +219,32 @@ class Manager:
         return {name: getattr(status.state, "value", str(status.state)) for name, status in found.items()}
 
     def _cluster_ready(self, name: str, cluster: Cluster) -> str | None:
-        # A controller that has not engaged the cluster yet counts as waiting too:
-        # the manager records a cluster before its fan-out reaches every controller.
-        waiting = [controller.name for controller in self.controllers.values() if not controller.synced(name)]
+        # The cluster's own health record decides reachability, exactly as
+        # statuses() and the metrics read it. A controller that has not engaged
+        # the cluster yet counts as waiting too: the manager records a cluster
+        # before its fan-out reaches every controller.
         health = cluster.health
-        if not health.healthy:
-            return f"unreachable: {health.last_error}"
+        if health.state is HealthState.UNHEALTHY:
+            return f"unhealthy: {health.reason}"
+        if health.state is HealthState.UNKNOWN:
+            return "no answer from its health probe yet"
+        failing = cluster.failing_loops()
+        if failing:
+            return "; ".join(failing)
+        waiting = [controller.name for controller in self.controllers.values() if not controller.synced(name)]
         if waiting:
             return f"caches not synced for {', '.join(sorted(waiting))}"
         return None
+
+    def _count_crash(self, loop: str, _error: BaseException) -> None:
+        # Labelled by the loop's kind of work, not its cluster: bounded, and nothing to drop on churn.
+        self.metrics.loop_crashes.labels(loop.split(" ", 1)[0]).inc()
+
+    def _loops_alive(self) -> str | None:
+        failing = self._loops.failing()
+        if not failing:
+            return None
+        return "; ".join(f"{loop.name} died ({loop.last_error}); restarting" for loop in failing)
 
     async def _cluster_readiness(self) -> list[CheckLine]:
         lines: list[CheckLine] = []
@@ -286,7 +310,17 @@ class Manager:
             self._tasks[component] = asyncio.create_task(component.start(), name=f"runnable:{component!r}")
         if isinstance(component, Aware):
             for name, cluster in list(self._engaged.items()):
-                self._tasks[(component, name)] = asyncio.create_task(component.engage(name, cluster))
+                key = (component, name)
+                task = asyncio.create_task(component.engage(name, cluster), name=f"engage:{name}")
+                self._tasks[key] = task
+                task.add_done_callback(functools.partial(self._engage_done, key))
+
+    def _engage_done(self, key: object, task: asyncio.Task[None]) -> None:
+        """Forget a finished late engagement (the map must not grow with churn); report a failure."""
+        if self._tasks.get(key) is task:
+            del self._tasks[key]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("engaging %r failed", key, exc_info=task.exception())
 
     # --- clusters -------------------------------------------------------------------------
 
@@ -308,6 +342,7 @@ class Manager:
                     listener(name, cluster)
 
         cluster.on_stop(forget)
+        cluster.tasks.crash_listeners.append(self._count_crash)
         for listener in self.engage_listeners:
             listener(name, cluster)
         results = await asyncio.gather(
@@ -371,17 +406,15 @@ class Manager:
                 self.local = Cluster(LOCAL_CLUSTER, self._local_config, self._cluster_options)
                 await self.local.start()
                 if self.elector is not None:
-                    self._tasks["leader-election"] = asyncio.create_task(
-                        self.elector.run(self.local), name="leader-election"
-                    )
+                    elector, local = self.elector, self.local
+                    self._loops.supervise(lambda: elector.run(local), "leader-election")
             for component in [*self._runnables, *[a for a in self._awares if not isinstance(a, Runnable)]]:
                 self._launch(component)
             if self.local is not None:
                 await self.engage(LOCAL_CLUSTER, self.local)
             if self.coordinator is not None:
-                self._tasks["coordinator"] = asyncio.create_task(
-                    self.coordinator.run(self), name="coordinator"
-                )
+                coordinator = self.coordinator
+                self._loops.supervise(lambda: coordinator.run(self), "coordinator")
             runner = _runnable_provider(self.provider)
             if runner is not None:
                 provider_task = asyncio.create_task(runner.run(self), name="provider")
@@ -397,9 +430,7 @@ class Manager:
         watched: set[asyncio.Task[object]] = {stop_waiter}
         if provider_task is not None:
             watched.add(provider_task)
-        watched.update(
-            task for key, task in self._tasks.items() if isinstance(key, Runnable) or key == "coordinator"
-        )
+        watched.update(task for key, task in self._tasks.items() if isinstance(key, Runnable))
         try:
             while not self._stop.is_set():
                 done, _pending = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
@@ -429,6 +460,7 @@ class Manager:
             *self._tasks.values(), *([provider_task] if provider_task else []), return_exceptions=True
         )
         self._tasks.clear()
+        await self._loops.close()
         if self.local is not None:
             await self.local.stop()
         await self.endpoints.stop()

@@ -141,6 +141,12 @@ class ManagerMetrics:
             ["cluster"],
             registry=registry,
         )
+        self.loop_crashes = Counter(
+            "mcruntime_loop_crashes_total",
+            "Long-lived loops (informers, health probes, leader election, ...) that died and were restarted.",
+            ["loop"],
+            registry=registry,
+        )
         registry.register(_LiveCollector(controllers, clusters, states))
 
     def child(self, metric: Any, *values: str) -> Any:

@@ -20,11 +20,9 @@ import base64
 import datetime
 import logging
 import os
-import random
 import shutil
 import ssl
 import tempfile
-import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -33,7 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from ._backoff import Backoff
 from ._errors import Unreachable
+from ._health import HealthRecord
 from ._kubeconfig import ClusterConfig
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mcruntime.transport")
 
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-_CONNECT_TIMEOUT = 10.0
+_CONNECT_TIMEOUT = 5.0
 _STDLIB_TLS_READ_BUFFER = 256 * 1024
 _tls_buffer_tuned = False
 
@@ -88,25 +88,9 @@ class RetryPolicy:
     max_delay: float = 10.0
 
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
-        """Full-jitter exponential backoff, never shorter than the server's Retry-After."""
-        backoff = random.uniform(0, min(self.max_delay, self.base_delay * 2**attempt))  # noqa: S311
-        return max(backoff, retry_after or 0.0)
-
-
-@dataclass
-class Health:
-    """What the transport saw last: when the server last answered, and the last failure."""
-
-    last_contact: float | None = None
-    last_error: str | None = None
-    last_error_at: float | None = None
-
-    def contact(self) -> None:
-        self.last_contact = time.time()
-
-    def failure(self, message: str) -> None:
-        self.last_error = message
-        self.last_error_at = time.time()
+        """Full-jitter capped backoff (the one :class:`Backoff`), never shorter than Retry-After."""
+        backoff = Backoff(base=self.base_delay, cap=max(self.max_delay, self.base_delay), jitter=1.0)
+        return max(backoff.delay(attempt), retry_after or 0.0)
 
 
 class _Credentials:
@@ -203,11 +187,17 @@ class Transport:
         *,
         request_timeout: float = 30.0,
         retry: RetryPolicy | None = None,
+        connect_timeout: float = _CONNECT_TIMEOUT,
     ) -> None:
         self.config = config
         self.cluster = cluster
-        self.health = Health()
+        self.health = HealthRecord(cluster)
+        self.health.open_listeners.append(self._interrupt)
         self._request_timeout = request_timeout
+        self._connect_timeout = connect_timeout
+        # Requests waiting on the server and open watches, interrupted when the circuit opens.
+        self._waiting: set[asyncio.Timeout] = set()
+        self._streams: set[aiohttp.ClientResponse] = set()
         self._retry = retry or RetryPolicy()
         self._workdir: Path | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -392,58 +382,143 @@ class Transport:
 
         Non-2xx statuses are returned, not raised: the client maps them to typed
         errors with the object they concern. Raises :class:`Unreachable` when no
-        response arrived after the retries.
+        response arrived after the retries, and at once while the cluster is
+        known to be unreachable (its health probe gets no answer): a request to
+        a hung server must not hold a worker for its whole timeout.
         """
+        self._fail_fast(method, path)
         await self.open()
         assert self._credentials is not None
         safe = idempotent if idempotent is not None else method in ("GET", "HEAD", "PUT", "DELETE")
-        url = self.server + path
-        client_timeout = aiohttp.ClientTimeout(
-            total=timeout or self._request_timeout, sock_connect=_CONNECT_TIMEOUT
-        )
         reauthenticated = False
         attempt = 0
         while True:
-            headers = await self._headers(accept, content_type)
-            session = self._session
-            if session is None:
-                raise Unreachable("the cluster was stopped", cluster=self.cluster)
             try:
-                async with session.request(
-                    method,
-                    url,
-                    params=params,
-                    data=body,
-                    headers=headers,
-                    timeout=client_timeout,
-                    **self._request_options(),
-                ) as response:
-                    payload = await response.read()
-                    status = response.status
-                    response_headers = dict(response.headers)
-            except (aiohttp.ClientError, TimeoutError, ssl.SSLError) as error:
-                never_sent = isinstance(error, aiohttp.ClientConnectorError)
-                message = _describe_connection_error(error)
-                self.health.failure(message)
-                if (safe or never_sent) and attempt + 1 < self._retry.attempts:
+                status, response_headers, payload = await self._send(
+                    method, path, params, body, content_type, accept, timeout or self._request_timeout
+                )
+            except _NoAnswer as failure:
+                self.health.failure(failure.message)
+                if (safe or failure.never_sent) and attempt + 1 < self._retry.attempts:
                     await asyncio.sleep(self._retry.delay(attempt))
                     attempt += 1
+                    self._fail_fast(method, path)
                     continue
-                raise Unreachable(message, cluster=self.cluster) from None
-            self.health.contact()
-            if status == 401 and not reauthenticated:
-                # A rotated token file or an expired exec credential: fetch it anew once.
-                self._credentials.invalidate()
-                reauthenticated = True
-                continue
+                raise Unreachable(failure.message, cluster=self.cluster) from None
+            if status == 401:
+                if not reauthenticated:
+                    # A rotated token file or an expired exec credential: fetch it anew once.
+                    self._credentials.invalidate()
+                    reauthenticated = True
+                    continue
+                self.health.credentials_rejected(
+                    f"credentials rejected: {method} {path} answered 401 Unauthorized"
+                )
             if status in _RETRY_STATUSES and (safe or status == 429) and attempt + 1 < self._retry.attempts:
                 retry_after = _retry_after(response_headers)
                 await asyncio.sleep(self._retry.delay(attempt, retry_after))
                 attempt += 1
+                self._fail_fast(method, path)
                 continue
             if status >= 500:
                 self.health.failure(f"HTTP {status} on {method} {path}")
             return status, response_headers, payload
+
+    async def probe(self, timeout: float) -> tuple[str, bool] | None:
+        """One ``GET /version`` for the health probe: ``None`` if it answered 200.
+
+        Otherwise returns what failed, worded for a person, and whether the
+        server gave no answer at all (which opens the circuit). It bypasses the
+        circuit (it is what closes it) and does not retry: the probe's cadence
+        is its retry. A 401 is retried once with a fresh credential, as every
+        request is, so a rotated token file does not count as a rejection.
+        """
+        for attempt in range(2):
+            try:
+                await self.open()
+                assert self._credentials is not None
+                status, _headers, _body = await self._send(
+                    "GET", "/version", None, None, None, "application/json", timeout
+                )
+            except _NoAnswer as failure:
+                if failure.timed_out:
+                    return f"no answer to GET /version in {timeout:g}s", True
+                return f"GET /version failed: {failure.message}", True
+            except Unreachable as error:  # unusable TLS material, or the cluster was stopped
+                return error.message, True
+            if status == 200:
+                return None
+            if status == 401 and attempt == 0:
+                self._credentials.invalidate()
+                continue
+            if status in (401, 403):
+                phrase = "Unauthorized" if status == 401 else "Forbidden"
+                return f"credentials rejected: GET /version answered {status} {phrase}", False
+            return f"GET /version answered {status}", False
+        return "credentials rejected: GET /version answered 401 Unauthorized", False
+
+    def _fail_fast(self, method: str, path: str) -> None:
+        if self.health.unreachable:
+            raise Unreachable(
+                f"{self.health.reason}; not sending {method} {path} until the server answers again",
+                cluster=self.cluster,
+            )
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None,
+        body: bytes | None,
+        content_type: str | None,
+        accept: str,
+        timeout: float,
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """One attempt; raises :class:`_NoAnswer` when no response arrived (or the circuit cut it)."""
+        headers = await self._headers(accept, content_type)
+        session = self._session
+        if session is None:
+            raise Unreachable("the cluster was stopped", cluster=self.cluster)
+        client_timeout = aiohttp.ClientTimeout(
+            total=timeout, connect=self._connect_timeout, sock_connect=self._connect_timeout
+        )
+        interrupted = False
+        try:
+            async with asyncio.timeout(None) as waiting:
+                self._waiting.add(waiting)
+                try:
+                    async with session.request(
+                        method,
+                        self.server + path,
+                        params=params,
+                        data=body,
+                        headers=headers,
+                        timeout=client_timeout,
+                        **self._request_options(),
+                    ) as response:
+                        payload = await response.read()
+                        status = response.status
+                        response_headers = dict(response.headers)
+                finally:
+                    self._waiting.discard(waiting)
+                    interrupted = waiting.expired()
+        except (aiohttp.ClientError, TimeoutError, ssl.SSLError) as error:
+            if interrupted:
+                raise _NoAnswer(f"{self.health.reason}; the request was interrupted", False, False) from None
+            never_sent = isinstance(error, aiohttp.ClientConnectorError)
+            timed_out = isinstance(error, TimeoutError)
+            raise _NoAnswer(_describe_connection_error(error), never_sent, timed_out) from None
+        self.health.contact()
+        return status, response_headers, payload
+
+    def _interrupt(self, reason: str) -> None:
+        """The circuit opened: end every request waiting on the server and every watch."""
+        if self._waiting:
+            now = asyncio.get_running_loop().time()
+            for waiting in list(self._waiting):
+                waiting.reschedule(now)
+        for response in list(self._streams):
+            response.close()
 
     @asynccontextmanager
     async def stream(
@@ -456,15 +531,23 @@ class Transport:
         """Open a long-lived GET (a watch); ``read_timeout`` bounds silence on the socket.
 
         The caller checks the status; a silent connection raises a timeout within
-        ``read_timeout`` instead of hanging forever.
+        ``read_timeout`` instead of hanging forever. While the cluster is known
+        to be unreachable no stream opens, and open ones are closed when that
+        becomes known.
         """
+        self._fail_fast("GET", path)
         await self.open()
         assert self._credentials is not None
         headers = await self._headers("application/json", None)
         session = self._session
         if session is None:
             raise Unreachable("the cluster was stopped", cluster=self.cluster)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=_CONNECT_TIMEOUT, sock_read=read_timeout)
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=self._connect_timeout,
+            sock_connect=self._connect_timeout,
+            sock_read=read_timeout,
+        )
         try:
             async with session.get(
                 self.server + path, params=params, headers=headers, timeout=timeout, **self._request_options()
@@ -472,11 +555,25 @@ class Transport:
                 self.health.contact()
                 if response.status == 401:
                     self._credentials.invalidate()
-                yield response
+                self._streams.add(response)
+                try:
+                    yield response
+                finally:
+                    self._streams.discard(response)
         except (aiohttp.ClientConnectorError, ssl.SSLError) as error:
             message = _describe_connection_error(error)
             self.health.failure(message)
             raise Unreachable(message, cluster=self.cluster) from None
+
+
+class _NoAnswer(Exception):
+    """One attempt got no response: why, whether it surely never reached the server, whether it timed out."""
+
+    def __init__(self, message: str, never_sent: bool, timed_out: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.never_sent = never_sent
+        self.timed_out = timed_out
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
