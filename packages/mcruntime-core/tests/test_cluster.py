@@ -89,9 +89,10 @@ async def test_clusters_share_discovery_and_keep_one_connection_for_their_watch(
         # The same resource from two servers is one shared object.
         assert (await one.client.resource(CONFIGMAP)) is (await two.client.resource(CONFIGMAP))
         # Discovery asked one question at a time, and the list's connection went on to carry the
-        # watch: one TLS connection each, with the smaller read buffer.
+        # watch; the health probe (GET /version every few seconds) keeps one more for its requests:
+        # at most two TLS connections each, with the smaller read buffer.
         assert asyncio.sslproto.SSLProtocol.max_size == 64 * 1024
-        assert _connections(one) == 1 and _connections(two) == 1
+        assert _connections(one) <= 2 and _connections(two) <= 2
 
 
 def _connections(cluster: mcr.Cluster) -> int:

@@ -44,9 +44,10 @@ class ClusterOptions:
     """The most opening a connection (TCP and TLS) may take."""
     health_probe_interval: float = 5.0
     """Seconds between health probes (``GET /version``), start to start."""
-    health_probe_timeout: float = 5.0
+    health_probe_timeout: float = 4.0
     """How long a probe waits for an answer; a hung server is unhealthy, and
-    its requests fail fast, within ``health_probe_interval + health_probe_timeout``."""
+    its requests fail fast, within ``health_probe_interval + health_probe_timeout``
+    (9 s with the defaults)."""
     watch_read_timeout: float = 90.0
     cache_sync_timeout: float = 60.0
     resync_period: float | None = None

@@ -212,7 +212,9 @@ class HealthRecord:
                 failures += 1
                 wait = min(interval, backoff.delay(failures - 1))
             remaining = started + wait - loop.time()
-            if remaining > 0:
+            if remaining <= 0:
+                await asyncio.sleep(0)  # never a loop that does not yield, whatever the probe does
+            else:
                 try:
                     async with asyncio.timeout(remaining):
                         await self._suspect.wait()

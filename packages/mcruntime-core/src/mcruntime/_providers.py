@@ -21,7 +21,7 @@ from ._provider import Aware, Provider, ProviderRunnable
 class _ClusterSetProvider:
     """Shared plumbing: ``get``/``index_field``/``run`` delegate to a ClusterSet."""
 
-    def __init__(self, owner: str, options: ClusterOptions | None, probe_interval: float) -> None:
+    def __init__(self, owner: str, options: ClusterOptions | None, probe_interval: float | None) -> None:
         self.clusters = ClusterSet(options=options, probe_interval=probe_interval, owner=owner)
 
     async def get(self, name: str) -> Cluster:
@@ -46,7 +46,7 @@ class SingleProvider(_ClusterSetProvider):
         config: ClusterConfig,
         *,
         options: ClusterOptions | None = None,
-        probe_interval: float = 10.0,
+        probe_interval: float | None = None,
     ) -> None:
         super().__init__(f"single provider {name!r}", options, probe_interval)
         self.name = name
@@ -69,7 +69,7 @@ class StaticProvider(_ClusterSetProvider):
         clusters: Mapping[str, ClusterConfig] | None = None,
         *,
         options: ClusterOptions | None = None,
-        probe_interval: float = 10.0,
+        probe_interval: float | None = None,
     ) -> None:
         super().__init__("static provider", options, probe_interval)
         self._initial = dict(clusters or {})

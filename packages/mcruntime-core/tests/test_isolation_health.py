@@ -1,0 +1,250 @@
+"""Health with one source of truth, and a fail-fast circuit, on real control planes.
+
+A hung server (SIGSTOP: the socket accepts, nothing answers) and a revoked token
+must show in ``statuses()``, ``/readyz`` and ``mcruntime_cluster_healthy`` alike,
+within the probe's timeout plus one interval, with a message that says what
+failed; requests to a hung server fail at once instead of holding a worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import aiohttp
+import pytest
+from kube_helpers import CONFIGMAP, configmap, running, running_cluster, unique, wait_for
+
+import mcruntime as mcr
+from mcruntime._backoff import Backoff
+from mcruntime._health import HealthRecord
+from mcruntime.testing import ControlPlane, Fleet
+
+# The defaults under test: a probe every 5 s with a 4 s timeout; the promise is 10 s.
+PROBE_TIMEOUT = mcr.ClusterOptions().health_probe_timeout
+DETECTION_BOUND = mcr.ClusterOptions().health_probe_interval + PROBE_TIMEOUT
+PROMISE = 10.0
+
+
+def config_of(plane: ControlPlane, user: object = None) -> mcr.ClusterConfig:
+    return mcr.kubeconfig_from_dict(plane.kubeconfig(user))  # type: ignore[arg-type]
+
+
+@contextmanager
+def hung(plane: ControlPlane) -> Iterator[None]:
+    """The plane's kube-apiserver stopped (not killed) for the block: it hangs, it does not refuse."""
+    process = plane.apiserver.process
+    assert process is not None and process.pid is not None
+    os.kill(process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+
+
+async def _get(url: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status, await response.text()
+
+
+async def _readyz_line(manager: mcr.Manager, name: str) -> str:
+    _status, body = await _get(manager.endpoints.url("/readyz") + "?verbose")
+    for line in body.splitlines():
+        if line.startswith((f"[+]cluster:{name} ", f"[-]cluster:{name} ")):
+            return line
+    return ""
+
+
+async def _healthy_metric(manager: mcr.Manager, name: str) -> float | None:
+    _status, body = await _get(manager.endpoints.url("/metrics"))
+    found = re.search(rf'^mcruntime_cluster_healthy{{cluster="{name}"}} (\S+)$', body, re.MULTILINE)
+    return float(found.group(1)) if found else None
+
+
+def _state(provider: mcr.StaticProvider, name: str) -> mcr.ClusterState | None:
+    status = provider.statuses().get(name)
+    return status.state if status is not None else None
+
+
+async def _nothing(_request: mcr.Request) -> None:
+    return None
+
+
+async def test_a_hung_server_is_unhealthy_everywhere_within_interval_plus_timeout(
+    fleet: Fleet, fresh_cluster: ControlPlane
+) -> None:
+    provider = mcr.StaticProvider({"up": config_of(fleet["cluster-1"]), "hung": config_of(fresh_cluster)})
+    manager = mcr.Manager(
+        provider, health_probe_address="127.0.0.1:0", metrics_address="127.0.0.1:0", handle_signals=False
+    )
+    mcr.controller_managed_by(manager).for_(CONFIGMAP).complete(_nothing)
+    async with running(manager):
+        await wait_for(lambda: provider.statuses().get("hung") is not None)
+        await wait_for(lambda: provider.statuses()["hung"].state is mcr.ClusterState.READY, timeout=30)
+        await wait_for(lambda: _readyz_line(manager, "hung"), timeout=30)
+        with hung(fresh_cluster):
+            stopped = time.monotonic()
+            await wait_for(
+                lambda: provider.statuses()["hung"].state is mcr.ClusterState.UNHEALTHY,
+                timeout=DETECTION_BOUND + 5,
+            )
+            detected = time.monotonic() - stopped
+            status = provider.statuses()["hung"]
+            assert status.error == f"no answer to GET /version in {PROBE_TIMEOUT:g}s", status
+            # Every view reads the same record, so they agree at once.
+            assert await _readyz_line(manager, "hung") == (
+                f"[-]cluster:hung failed: unhealthy: no answer to GET /version in {PROBE_TIMEOUT:g}s"
+            )
+            assert await _healthy_metric(manager, "hung") == 0.0
+            assert manager.clusters()["hung"].health.unreachable
+            assert (await _readyz_line(manager, "up")).startswith("[+]cluster:up ok")
+            assert await _healthy_metric(manager, "up") == 1.0
+            print(f"hung server reported unhealthy after {detected:.1f}s (bound {DETECTION_BOUND:.0f}s)")
+            assert detected <= PROMISE
+        resumed = time.monotonic()
+        await wait_for(lambda: provider.statuses()["hung"].state is mcr.ClusterState.READY, timeout=30)
+        recovered = time.monotonic() - resumed
+        print(f"resumed server reported healthy after {recovered:.1f}s")
+        assert recovered <= mcr.ClusterOptions().health_probe_interval + 1.0
+        await wait_for(lambda: _readyz_line(manager, "hung"), timeout=30)
+        assert (await _readyz_line(manager, "hung")).startswith("[+]cluster:hung ok")
+        assert await _healthy_metric(manager, "hung") == 1.0
+
+
+async def test_requests_to_a_hung_server_fail_fast_and_waiting_ones_are_interrupted(
+    fresh_cluster: ControlPlane,
+) -> None:
+    async with running_cluster(fresh_cluster) as cluster:
+        await wait_for(lambda: cluster.health.healthy, timeout=30)
+        with hung(fresh_cluster):
+            started = time.monotonic()
+            waiting = asyncio.create_task(cluster.client.get(CONFIGMAP, "anything", namespace="default"))
+            with pytest.raises(mcr.Unreachable, match="no answer to GET /version in"):
+                await waiting
+            interrupted_after = time.monotonic() - started
+            # Without the circuit this GET would wait out 5 attempts of the 30 s request timeout.
+            assert interrupted_after <= PROMISE
+            started = time.monotonic()
+            with pytest.raises(mcr.Unreachable, match="not sending GET"):
+                await cluster.client.get(CONFIGMAP, "anything", namespace="default")
+            assert time.monotonic() - started < 0.5
+        await wait_for(lambda: cluster.health.healthy, timeout=30)
+        assert await cluster.client.get(mcr.Kind("v1", "Namespace"), "default") is not None
+
+
+async def test_a_revoked_token_is_unhealthy_in_readyz_naming_the_401_and_a_new_token_recovers(
+    fresh_cluster: ControlPlane,
+) -> None:
+    account = unique("revoked")
+    user = fresh_cluster.add_token_user(account)
+    provider = mcr.StaticProvider({"member": config_of(fresh_cluster, user)})
+    manager = mcr.Manager(provider, health_probe_address="127.0.0.1:0", handle_signals=False)
+    mcr.controller_managed_by(manager).for_(CONFIGMAP).complete(_nothing)
+    async with running(manager):
+        await wait_for(lambda: _readyz_line(manager, "member"), timeout=30)
+        await wait_for(lambda: _state(provider, "member") is mcr.ClusterState.READY, timeout=30)
+        fresh_cluster.revoke_token_user(account)
+        # The apiserver keeps accepting a revoked token from its authentication cache
+        # for a few seconds; measure from the first 401 an independent client sees.
+        first_401 = await _first_401(fresh_cluster, user)
+        await wait_for(
+            lambda: provider.statuses()["member"].state is mcr.ClusterState.UNHEALTHY,
+            timeout=DETECTION_BOUND + 5,
+        )
+        detected = time.monotonic() - first_401
+        print(f"revoked token reported unhealthy {detected:.1f}s after the server began refusing it")
+        assert detected <= PROMISE
+        assert provider.statuses()["member"].error == "credentials rejected: GET /version answered 401 Unauthorized"
+        assert await _readyz_line(manager, "member") == (
+            "[-]cluster:member failed: unhealthy: credentials rejected: GET /version answered 401 Unauthorized"
+        )
+        # A new token (a new ServiceAccount of the same name) is swapped in place and recovers.
+        renewed = fresh_cluster.add_token_user(account)
+        await provider.update("member", config_of(fresh_cluster, renewed))
+        await wait_for(lambda: provider.statuses()["member"].state is mcr.ClusterState.READY, timeout=30)
+        assert provider.statuses()["member"].credential_rotations == 1
+
+
+async def _first_401(plane: ControlPlane, user: object) -> float:
+    async with mcr.Cluster("observer", config_of(plane, user)) as observer:
+        while True:
+            status, _headers, _body = await observer.transport.request("GET", "/version")
+            if status == 401:
+                return time.monotonic()
+            await asyncio.sleep(0.1)
+
+
+async def test_an_informer_survives_5000_consecutive_failures_at_its_capped_delay(
+    fresh_cluster: ControlPlane,
+) -> None:
+    chosen: list[float] = []
+
+    class Recording(Backoff):
+        def delay(self, failures: int) -> float:
+            chosen.append(Backoff().delay(failures))
+            return 0.0
+
+    options = mcr.ClusterOptions(retry=mcr.RetryPolicy(attempts=1), health_probe_interval=3600.0)
+    async with running_cluster(fresh_cluster, options=options) as cluster:
+        await wait_for(lambda: cluster.health.healthy, timeout=30)
+        await fresh_cluster.stop_async()  # every list now fails: connection refused
+        informer = mcr.Informer(cluster.client, CONFIGMAP, namespace="default", backoff=Recording())
+        task = asyncio.create_task(informer.run())
+        try:
+            await wait_for(lambda: len(chosen) >= 5000, timeout=120)
+            assert not task.done(), "the informer's loop died"
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await fresh_cluster.start_async()
+    cap = Backoff().cap
+    assert max(chosen) <= cap and min(chosen[-1000:]) >= cap / 2  # at its cap, jittered
+    assert "cannot connect" in (informer.stats.last_error or "")
+
+
+async def test_a_health_probe_survives_5000_consecutive_failures_at_its_capped_delay() -> None:
+    record = HealthRecord("nowhere")
+    waits: list[float] = []
+
+    class Recording(Backoff):
+        def delay(self, failures: int) -> float:
+            waits.append(Backoff(base=0.5, cap=5.0).delay(failures))
+            return 0.0
+
+    async def failing_probe(_timeout: float) -> tuple[str, bool]:
+        return "GET /version failed: cannot connect: Connection refused", True
+
+    task = asyncio.create_task(
+        record.probe_forever(failing_probe, interval=5.0, timeout=5.0, backoff=Recording())
+    )
+    try:
+        await wait_for(lambda: len(waits) >= 5000, timeout=60)
+        assert not task.done(), "the probe loop died"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert record.snapshot().state is mcr.HealthState.UNHEALTHY and record.unreachable
+    assert max(waits) <= 5.0 and min(waits[-100:]) >= 2.5
+
+
+async def test_a_set_cancelled_halfway_still_replaces_and_starts_the_cluster(fleet: Fleet) -> None:
+    provider = mcr.StaticProvider({"member": config_of(fleet["cluster-1"])})
+    manager = mcr.Manager(provider, handle_signals=False)
+    async with running(manager):
+        old = await provider.clusters.wait_engaged("member")
+        change = asyncio.create_task(provider.update("member", config_of(fleet["cluster-2"])))
+        await asyncio.sleep(0)  # let the update register the replacement, then cancel its caller
+        change.cancel()
+        await asyncio.gather(change, return_exceptions=True)
+        await wait_for(lambda: manager.clusters().get("member") not in (None, old), timeout=30)
+        new = manager.clusters()["member"]
+        assert old.stopped and not new.stopped and new.config.server == fleet["cluster-2"].server
+        await wait_for(lambda: new.health.healthy, timeout=30)
+        ns = unique("cancelled")
+        await new.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        assert await new.client.create(configmap("x", ns)) is not None
