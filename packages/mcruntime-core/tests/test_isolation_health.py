@@ -159,7 +159,10 @@ async def test_a_revoked_token_is_unhealthy_in_readyz_naming_the_401_and_a_new_t
         detected = time.monotonic() - first_401
         print(f"revoked token reported unhealthy {detected:.1f}s after the server began refusing it")
         assert detected <= PROMISE
-        assert provider.statuses()["member"].error == "credentials rejected: GET /version answered 401 Unauthorized"
+        assert (
+            provider.statuses()["member"].error
+            == "credentials rejected: GET /version answered 401 Unauthorized"
+        )
         assert await _readyz_line(manager, "member") == (
             "[-]cluster:member failed: unhealthy: credentials rejected: GET /version answered 401 Unauthorized"
         )

@@ -268,7 +268,8 @@ class Client:
         except aiohttp.ClientConnectionError as error:  # dropped, reset, or closed by the circuit
             health = self.transport.health
             if health.unreachable:
-                raise Unreachable(f"watch of {resource.plural} closed: {health.reason}", cluster=self.cluster) from None
+                message = f"watch of {resource.plural} closed: {health.reason}"
+                raise Unreachable(message, cluster=self.cluster) from None
             health.failure(f"watch of {resource.kind} interrupted: {type(error).__name__}")
             raise Unreachable(f"watch of {resource.plural} interrupted", cluster=self.cluster) from None
 

@@ -255,7 +255,9 @@ class _LiveCollector(Collector):
             labels=["cluster"],
         )
         healthy = GaugeMetricFamily(
-            "mcruntime_cluster_healthy", "1 when the cluster's health probe got a good answer.", labels=["cluster"]
+            "mcruntime_cluster_healthy",
+            "1 when the cluster's health probe got a good answer.",
+            labels=["cluster"],
         )
         relists = CounterMetricFamily(
             "mcruntime_informer_relists",

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -79,7 +78,7 @@ class KindProvider:
         trust: What a kind kubeconfig may ask for. Untrusted by default, which
             kind's client-certificate kubeconfigs satisfy.
         options: Options of every engaged cluster.
-        probe_interval: Seconds between health probes of each cluster.
+        probe_interval: Seconds between health probes of each cluster (default: ``options``').
         max_backoff: The longest wait between two attempts after failures.
     """
 
@@ -94,7 +93,7 @@ class KindProvider:
         command_timeout: float = 30.0,
         trust: mcr.TrustPolicy | None = None,
         options: mcr.ClusterOptions | None = None,
-        probe_interval: float = 10.0,
+        probe_interval: float | None = None,
         max_backoff: float = 30.0,
     ) -> None:
         self.settings = KindSettings.load(
@@ -109,7 +108,10 @@ class KindProvider:
             raise ValueError("max_backoff must be positive")
         self._cli = KindCLI(self.settings.binary, self.settings.command_timeout)
         self._trust = trust or mcr.TrustPolicy.untrusted()
-        self._max_backoff = max(max_backoff, self.settings.poll_interval)
+        # The core's one backoff: poll_interval doubling up to max_backoff, overflow-safe.
+        self._retry_backoff = mcr.Backoff(
+            base=self.settings.poll_interval, cap=max(max_backoff, self.settings.poll_interval), jitter=0.2
+        )
         self._owner = "kind clusters"
         self.clusters = mcr.ClusterSet(options=options, probe_interval=probe_interval, owner=self._owner)
         self._last_good: dict[str, mcr.ClusterConfig] = {}
@@ -127,7 +129,7 @@ class KindProvider:
         *,
         trust: mcr.TrustPolicy | None = None,
         options: mcr.ClusterOptions | None = None,
-        probe_interval: float = 10.0,
+        probe_interval: float | None = None,
         max_backoff: float = 30.0,
     ) -> KindProvider:
         """A provider configured from ``MCRUNTIME_KIND_*`` (or the given settings).
@@ -253,8 +255,7 @@ class KindProvider:
         self._last_error = error
 
     def _backoff(self, failures: int) -> float:
-        delay: float = min(self._max_backoff, self.settings.poll_interval * 2.0 ** min(failures, 20))
-        return delay * random.uniform(0.8, 1.0)  # noqa: S311 - jitter, not cryptography
+        return self._retry_backoff.delay(failures)
 
     async def _poll(self) -> None:
         """List, fetch every listed kubeconfig that is due, and make the set match."""
