@@ -406,6 +406,25 @@ async def test_a_missing_kind_binary_is_reported_and_retried(tmp_path: Path, fle
         assert kind_provider.last_error is None
 
 
+async def test_discovery_survives_5000_consecutive_failures_at_its_capped_delay(tmp_path: Path) -> None:
+    chosen: list[float] = []
+
+    class Recording(mcr.Backoff):
+        def delay(self, failures: int) -> float:
+            chosen.append(mcr.Backoff(base=2.0, cap=30.0, jitter=0.2).delay(failures))
+            return 0.0
+
+    kind_provider = provider(binary=str(tmp_path / "never" / "kind"), backoff=Recording())
+    logging.getLogger("mcruntime.providers.kind").disabled = True
+    try:
+        async with running(kind_provider):
+            await wait_until(lambda: len(chosen) >= 5000, timeout=120, what="5,000 failed polls")
+            assert kind_provider.last_error is not None and "no kind executable" in kind_provider.last_error
+    finally:
+        logging.getLogger("mcruntime.providers.kind").disabled = False
+    assert max(chosen) <= 30.0 and min(chosen[-1000:]) >= 24.0  # at its cap, jittered by a fifth
+
+
 async def test_a_kubeconfig_not_readable_yet_is_retried_neither_engaged_nor_removed(
     kind: FakeKind, fleet: Fleet
 ) -> None:

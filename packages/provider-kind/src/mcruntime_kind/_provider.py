@@ -80,6 +80,8 @@ class KindProvider:
         options: Options of every engaged cluster.
         probe_interval: Seconds between health probes of each cluster (default: ``options``').
         max_backoff: The longest wait between two attempts after failures.
+        backoff: The retry delays after failed polls, instead of ``poll_interval``
+            doubling up to ``max_backoff``.
     """
 
     def __init__(
@@ -95,6 +97,7 @@ class KindProvider:
         options: mcr.ClusterOptions | None = None,
         probe_interval: float | None = None,
         max_backoff: float = 30.0,
+        backoff: mcr.Backoff | None = None,
     ) -> None:
         self.settings = KindSettings.load(
             binary=binary,
@@ -109,7 +112,7 @@ class KindProvider:
         self._cli = KindCLI(self.settings.binary, self.settings.command_timeout)
         self._trust = trust or mcr.TrustPolicy.untrusted()
         # The core's one backoff: poll_interval doubling up to max_backoff, overflow-safe.
-        self._retry_backoff = mcr.Backoff(
+        self._retry_backoff = backoff or mcr.Backoff(
             base=self.settings.poll_interval, cap=max(max_backoff, self.settings.poll_interval), jitter=0.2
         )
         self._owner = "kind clusters"
