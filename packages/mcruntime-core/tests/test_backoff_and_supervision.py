@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import mcruntime as mcr
 from mcruntime import Backoff
 from mcruntime._tasks import TaskSet
 
@@ -135,3 +136,10 @@ async def test_a_loop_that_returns_is_not_restarted() -> None:
     await task
     assert runs == 1 and tasks.failing() == []
     await tasks.close()
+
+
+def test_request_retries_use_the_capped_backoff_at_any_attempt_count() -> None:
+    policy = mcr.RetryPolicy(attempts=10_000, base_delay=0.2, max_delay=10.0)
+    delays = [policy.delay(attempt) for attempt in range(5000)]
+    assert max(delays) <= 10.0 and min(delays) >= 0.0
+    assert policy.delay(4999, retry_after=42.0) == 42.0  # the server's Retry-After is honoured
