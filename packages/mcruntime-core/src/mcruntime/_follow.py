@@ -19,8 +19,9 @@ than failing, so the manager and its other clusters keep running meanwhile.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 from ._backoff import DEFAULT_BACKOFF, Backoff
@@ -34,7 +35,8 @@ from ._provider import Aware
 
 log = logging.getLogger("mcruntime.follow")
 
-Desired = Callable[[], Mapping[str, ClusterConfig]]
+Desired = Callable[[], Mapping[str, ClusterConfig] | Awaitable[Mapping[str, ClusterConfig]]]
+"""Reads the stores and returns the clusters that should exist; may be async (to parse off the loop)."""
 
 KIND_WAIT_BACKOFF = Backoff(base=1.0, cap=30.0)
 """How often a missing kind is looked for again: soon after start, then every 15-30 s."""
@@ -70,9 +72,11 @@ async def follow_informers(
 
     ``desired()`` is called after every batch of events, once all informers
     have synced; it reads the informers' stores and returns the clusters that
-    should exist. ``applied()`` runs once the ClusterSet has acted on a pass:
-    the moment to publish statuses, so readers never see a status ahead of the
-    clusters it describes. A pass that raises is retried after ``backoff``
+    should exist. It may be a coroutine function, so that parsing what
+    changed can run in a thread instead of on the event loop. ``applied()``
+    runs once the ClusterSet has acted on a pass: the moment to publish
+    statuses, so readers never see a status ahead of the clusters it
+    describes. A pass that raises is retried after ``backoff``
     (consecutive failures wait longer, up to its cap), for as long as it takes.
     """
     changed = asyncio.Event()
@@ -116,7 +120,10 @@ async def _apply_changes(
         if not all(informer.has_synced for informer in informers):
             await asyncio.gather(*(informer.wait_for_sync() for informer in informers))
         try:
-            sync = asyncio.ensure_future(clusters.sync(desired()))
+            wanted = desired()
+            if inspect.isawaitable(wanted):
+                wanted = await wanted
+            sync = asyncio.ensure_future(clusters.sync(wanted))
             try:
                 await asyncio.shield(sync)
             except asyncio.CancelledError:
