@@ -11,8 +11,8 @@ swapped to an equal version) is read but not parsed again.
 
 A stamp only proves "unchanged" once it is old enough: file systems tick
 their timestamps coarsely (milliseconds), so two same-size writes within one
-tick share a stamp. Like git's racy-index rule, a reading whose stamps were
-taken less than :data:`RACY_SECONDS` after the file changed is not trusted,
+tick share a stamp. Like git's racy-index rule, a reading taken less than
+:data:`RACY_SECONDS` after the file's last write (its mtime) is not trusted,
 and the next pass reads the file again.
 """
 
@@ -57,8 +57,8 @@ class Stamp:
         return cls(result.st_dev, result.st_ino, result.st_size, result.st_mtime_ns, result.st_ctime_ns)
 
     def settled(self, now_ns: int) -> bool:
-        """Old enough that a later change would show in the stamp."""
-        return now_ns - max(self.mtime_ns, self.ctime_ns) >= RACY_SECONDS * 1e9
+        """Written long enough ago that a later write would show in the stamp (git's racy rule: mtime)."""
+        return now_ns - self.mtime_ns >= RACY_SECONDS * 1e9
 
 
 def _stamp(path: Path) -> Stamp | None:
