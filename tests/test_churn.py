@@ -159,6 +159,8 @@ async def test_a_thousand_clusters_come_and_go_and_nothing_stays_behind(fleet: F
 
         series, size, body = await scrape(session, url)
         maps = per_name_maps(manager, provider)
+        print(f"/metrics after warm-up: {base_series} series, {base_bytes} bytes; ", end="")
+        print(f"after {CLUSTERS} clusters came and went: {series} series, {size} bytes")
         assert f"churn-{run}-" not in body, "a departed cluster still has a series"
         assert series <= base_series, f"{series - base_series} more series after {CLUSTERS} clusters left"
         assert size <= base_bytes + SIZE_SLACK, f"/metrics grew from {base_bytes} to {size} bytes"
