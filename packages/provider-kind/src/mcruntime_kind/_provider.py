@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -109,8 +110,6 @@ class KindProvider:
         self._cli = KindCLI(self.settings.binary, self.settings.command_timeout)
         self._trust = trust or mcr.TrustPolicy.untrusted()
         self._max_backoff = max(max_backoff, self.settings.poll_interval)
-        # The one capped backoff of the project: poll_interval doubling up to max_backoff, 20% jitter.
-        self._retry = mcr.Backoff(base=self.settings.poll_interval, cap=self._max_backoff, jitter=0.2)
         self._owner = "kind clusters"
         self.clusters = mcr.ClusterSet(options=options, probe_interval=probe_interval, owner=self._owner)
         self._last_good: dict[str, mcr.ClusterConfig] = {}
@@ -254,7 +253,8 @@ class KindProvider:
         self._last_error = error
 
     def _backoff(self, failures: int) -> float:
-        return self._retry.delay(failures)
+        delay: float = min(self._max_backoff, self.settings.poll_interval * 2.0 ** min(failures, 20))
+        return delay * random.uniform(0.8, 1.0)  # noqa: S311 - jitter, not cryptography
 
     async def _poll(self) -> None:
         """List, fetch every listed kubeconfig that is due, and make the set match."""
