@@ -238,7 +238,7 @@ def test_a_document_cut_short_is_incomplete_not_a_removal(tmp_path: Path) -> Non
         reading = read_file(Found(path, explicit=True), context_filter("all"), untrusted)
         assert reading.contexts is None, cut
         assert reading.error == (
-            f"{path}: an incomplete kubeconfig ({why}); kept at its last good content meanwhile"
+            f"{path}: an incomplete kubeconfig ({why}); nothing is removed until it is whole"
         )
     (tmp_path / "values.yaml").write_text("replicas: 3\n")  # some other YAML in a searched directory
     other = read_file(Found(tmp_path / "values.yaml", explicit=False), context_filter("all"), untrusted)

@@ -267,7 +267,7 @@ def parse_file(
         return Reading(path, exists=True, digest=digest, contexts=(), ignored=True)  # some other YAML
     incomplete = _incomplete(data)
     if incomplete is not None:
-        return failed(f"an incomplete kubeconfig ({incomplete}); kept at its last good content meanwhile")
+        return failed(f"an incomplete kubeconfig ({incomplete}); nothing is removed until it is whole")
     current = data.get("current-context")
     current = current if isinstance(current, str) and current else None
     if select is current_context_only and current is None:
