@@ -248,11 +248,16 @@ async def test_metrics_count_reconciles_per_cluster_and_follow_the_fleet(fleet: 
 
         async def one_left() -> bool:
             _status, body = await _get(url)
-            return _sample(body, "mcruntime_engaged_clusters", state="ready") == 1
+            # Every series of a departed cluster is removed, not only its live gauges.
+            return (
+                _sample(body, "mcruntime_engaged_clusters", state="ready") == 1
+                and 'cluster="west"' not in body
+            )
 
         await wait_for(one_left)
         _status, text = await _get(url)
-        assert _sample(text, "mcruntime_cluster_disengagements_total", cluster="west") == 1
+        assert _sample(text, "mcruntime_cluster_disengagements_total") == 1
+        assert _sample(text, "controller_runtime_reconcile_total", cluster="east") == seen["east"]
 
 
 # --- events ----------------------------------------------------------------------------------

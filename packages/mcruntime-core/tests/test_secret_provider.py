@@ -271,6 +271,27 @@ async def test_a_broken_update_keeps_the_last_good_kubeconfig(hub: Hub, fleet: F
         assert engaged.transport.closed and len(engaged.tasks) == 0 and recorder.count("alpha") == 2
 
 
+async def test_an_oversized_kubeconfig_is_refused_unparsed_and_the_last_good_one_kept(
+    hub: Hub, fleet: Fleet
+) -> None:
+    plane = fleet["cluster-2"]
+    good = yaml.safe_dump(Target.of(plane).kubeconfig())
+    await hub.write("big", good)
+    provider = hub.provider(max_kubeconfig_bytes=len(good) + 100)
+    manager, recorder = manager_for(provider)
+    async with running(manager, recorder):
+        await wait_for(lambda: "big" in manager.clusters())
+        engaged = manager.clusters()["big"]
+        padded_rv = await hub.write("big", good + "# padding\n" * 200)  # the same kubeconfig, 2 KB larger
+        status = await processed(provider, hub.key("big"), padded_rv)
+        assert status.error == (
+            f"Secret {hub.key('big')}: data key 'kubeconfig' is larger than the limit of "
+            f"{len(good) + 100} bytes; not parsed"
+        )
+        assert status.stale and status.active
+        assert manager.clusters()["big"] is engaged and recorder.count("big") == 1
+
+
 async def test_deleting_deleting_and_unlabelled_secrets_disengage(hub: Hub, fleet: Fleet) -> None:
     plane = fleet["cluster-2"]
     for name in ("deleted", "finalized", "unlabelled", "kept"):

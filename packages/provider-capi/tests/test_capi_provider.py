@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -352,7 +353,56 @@ async def test_a_hub_serving_only_v1beta1_is_read_in_v1beta1(
             assert provider.api_version == "cluster.x-k8s.io/v1beta1"
 
 
-async def test_a_hub_without_cluster_api_is_a_clear_error(fresh_cluster: ControlPlane) -> None:
-    manager = mcr.Manager(ClusterAPIProvider(admin(fresh_cluster)), handle_signals=False)
+async def test_a_hub_without_cluster_api_is_waited_for_and_the_manager_keeps_running(
+    fresh_cluster: ControlPlane, fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Asked to fail fast, the provider still says clearly what is missing.
+    impatient = mcr.Manager(
+        ClusterAPIProvider(admin(fresh_cluster), wait_for_crd=False), handle_signals=False
+    )
     with pytest.raises(ClusterAPINotInstalled, match="Cluster API not installed"):
-        await manager.start()
+        await impatient.start()
+    # By default it waits, says so, and engages once Cluster API is installed.
+    provider = ClusterAPIProvider(
+        admin(fresh_cluster),
+        namespace="late",
+        options=CLUSTER_OPTIONS,
+        probe_interval=PROBE_INTERVAL,
+        crd_backoff=mcr.Backoff(base=0.1, cap=0.5),
+    )
+    caplog.set_level(logging.DEBUG, logger="mcruntime.follow")
+
+    def said(level: int) -> int:
+        return sum(
+            1 for r in caplog.records if r.levelno == level and "Cluster API not installed" in r.getMessage()
+        )
+
+    async with running(provider) as manager, mcr.Cluster("capi", admin(fresh_cluster)) as writer:
+        await wait_until(lambda: said(logging.DEBUG) >= 3, what="the provider looked again a few times")
+        assert "Cluster API not installed" in (provider.waiting or "")
+        assert "waiting" in (provider.waiting or "")
+        assert said(logging.WARNING) == 1  # one line for the whole wait, not one per look
+        assert manager.clusters() == {}
+        await install_crd(writer, ("v1beta2", "v1beta1"))
+        await writer.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "late"}})
+        late = Hub(fresh_cluster, writer, "late")
+        await late.write_secret("w", fleet["cluster-2"].kubeconfig(fleet["cluster-2"].token_user))
+        await late.create_cluster("w", ready=True)
+        cluster = await provider.clusters.wait_engaged(late.key("w"))
+        assert await manager.get_cluster(late.key("w")) is cluster
+        assert provider.waiting is None and provider.api_version == "cluster.x-k8s.io/v1beta2"
+
+
+async def test_an_oversized_kubeconfig_secret_is_refused_unparsed_and_named(hub: Hub, fleet: Fleet) -> None:
+    provider = hub.provider(max_kubeconfig_bytes=4096)
+    async with running(provider):
+        await hub.write_secret("good", fleet["cluster-2"].kubeconfig(fleet["cluster-2"].token_user))
+        await hub.create_cluster("good", ready=True)
+        await hub.write_secret("huge", "# padding\n" * 1000)  # 10 KB of YAML comments
+        await hub.create_cluster("huge", ready=True)
+        await hub.settled(provider)
+        error = provider.workload_statuses()[hub.key("huge")].error or ""
+        assert f"Secret {hub.key('huge')}-kubeconfig key 'value'" in error
+        assert "limit of 4096 bytes" in error
+        await provider.clusters.wait_engaged(hub.key("good"))
+        assert hub.key("huge") not in provider.clusters.names()

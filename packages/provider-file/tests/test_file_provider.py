@@ -16,6 +16,7 @@ import hmac
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -420,3 +421,118 @@ async def test_kubeconfig_with_two_paths_one_created_later(
         two.unlink()  # a deleted file disengages its clusters
         await gone(provider, f"{two}/west")
         assert provider.clusters.names() == [f"{one}/east"]
+
+
+# --- hostile and broken input ---------------------------------------------------------------
+
+
+def _age(*paths: Path) -> None:
+    """Date files back past the reader's racy window, as if written a while ago."""
+    old = time.time() - 60
+    for path in paths:
+        os.utime(path, (old, old))
+
+
+async def test_a_rewrite_in_two_steps_keeps_the_same_cluster(tmp_path: Path, fleet: Fleet) -> None:
+    """A writer that leaves a cut-short file for two seconds, well past removal_delay, costs nothing."""
+    path = tmp_path / "fleet.kubeconfig"
+    full = dump(kubeconfig(("alpha", fleet["cluster-1"], None), ("beta", fleet["cluster-2"], None)))
+    write_atomic(path, full)
+    provider = provider_for(tmp_path, removal_delay=0.5, rescan_interval=0.1)
+    alpha, beta = f"{path}/alpha", f"{path}/beta"
+    async with running(provider) as recorder:
+        before = {alpha: await engaged(provider, alpha), beta: await engaged(provider, beta)}
+        first_step = full[: full.index(b"contexts:")]  # valid YAML: clusters only, no contexts, no users
+        write_in_place(path, first_step)
+        status = await processed(provider, path, first_step)
+        assert (
+            status.error is not None and "an incomplete kubeconfig (no 'contexts', 'users')" in status.error
+        )
+        assert all(context.stale and context.active for context in status.contexts.values())
+        assert status.removing == ()
+        loop = asyncio.get_running_loop()
+        since, passes = loop.time(), provider.passes
+        await wait_until(
+            lambda: loop.time() - since >= 2.0 and provider.passes >= passes + 5,
+            what="two seconds of passes over the cut-short file",
+        )
+        assert set(provider.clusters.names()) == {alpha, beta}
+        write_in_place(path, full)  # the second step
+        status = await processed(provider, path, full)
+        assert status.errors() == [] and not any(context.stale for context in status.contexts.values())
+        for name, cluster in before.items():
+            assert await provider.get(name) is cluster and not cluster.stopped
+            assert recorder.count(name) == 1
+
+
+async def test_current_selection_losing_its_current_context_is_reported_and_kept(
+    tmp_path: Path, fleet: Fleet
+) -> None:
+    path = tmp_path / "config"
+    document = kubeconfig(("alpha", fleet["cluster-1"], None), current="alpha")
+    write_atomic(path, dump(document))
+    provider = provider_for(path, contexts="current", naming="context")
+    async with running(provider) as recorder:
+        cluster = await engaged(provider, "alpha")
+        del document["current-context"]
+        write_atomic(path, dump(document))
+        status = await processed(provider, path, dump(document))
+        assert status.error == f"{path}: sets no current-context, and only the current context is selected"
+        assert status.contexts["alpha"].stale and provider.errors() == [status.error]
+        assert await provider.get("alpha") is cluster and recorder.count("alpha") == 1
+
+
+async def test_a_huge_file_is_refused_by_its_size_and_never_slows_a_pass(
+    tmp_path: Path, fleet: Fleet
+) -> None:
+    """A 50 MB file sits in the watched directory: refused unread; new kubeconfigs engage as usual."""
+    huge = tmp_path / "dump.yaml"
+    with huge.open("wb") as handle:
+        handle.truncate(50 * 1024 * 1024)
+    first = tmp_path / "first.kubeconfig"
+    write_atomic(first, dump(kubeconfig(("first", fleet["cluster-1"], None))))
+    _age(huge, first)
+    provider = provider_for(tmp_path, rescan_interval=0.1)
+    async with running(provider):
+        await engaged(provider, f"{first}/first")
+        await wait_until(lambda: provider.passes >= 5, what="a few passes")
+        limit = provider.max_file_bytes
+        assert provider.file_statuses()[str(huge)].error == (
+            f"{huge}: the file is {50 * 1024 * 1024} bytes, more than the limit of {limit} bytes; not read"
+        )
+        assert provider.file_reads == 1  # the aged kubeconfig once; the huge file never
+        assert f"{huge}: the file is" in provider.errors()[0]
+        second = tmp_path / "second.kubeconfig"
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        write_atomic(second, dump(kubeconfig(("second", fleet["cluster-2"], None))))
+        await engaged(provider, f"{second}/second")
+        print(f"engaged beside a 50 MB file in {loop.time() - started:.3f}s")
+
+
+async def test_five_thousand_failed_passes_are_retried_and_the_loop_recovers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retry loop's backoff never overflows (the old formula died after ~1,024 failures)."""
+    from mcruntime_file import _provider
+    from mcruntime_file._scan import find_files
+
+    calls = 0
+
+    def failing(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls <= 5000:
+            raise OSError(f"injected failure {calls}")
+        return find_files(*args)
+
+    monkeypatch.setattr(_provider, "find_files", failing)
+    (tmp_path / "loop.kubeconfig").symlink_to(tmp_path / "loop.kubeconfig")
+    provider = provider_for(tmp_path, backoff=mcr.Backoff(base=0.0, cap=0.0))
+    async with running(provider):
+        await wait_until(lambda: provider.passes >= 1, timeout=60, what="a pass after 5,000 failures")
+        assert provider.failed_passes == 5000
+        loop = tmp_path / "loop.kubeconfig"  # and the symlink loop it then found is reported
+        assert provider.file_statuses()[str(loop)].error == (
+            f"{loop}: a symlink loop (too many levels of links); skipped"
+        )

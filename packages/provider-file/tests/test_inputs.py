@@ -7,6 +7,7 @@ what it finds is covered on real control planes in ``test_file_provider.py``.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import yaml
 import mcruntime as mcr
 from mcruntime_file import DEFAULT_INCLUDE, KubeconfigFileProvider, split_path_list
 from mcruntime_file._naming import context_filter, naming_function
+from mcruntime_file._reader import RACY_SECONDS, FileReader
 from mcruntime_file._scan import Found, find_files, read_file
 
 KUBECONFIG = {
@@ -49,12 +51,40 @@ def test_a_directory_is_searched_by_glob_and_dot_entries_are_skipped(tmp_path: P
     assert deep.watch_recursive == frozenset({tmp_path})
 
 
-def test_recursion_survives_a_symlink_loop(tmp_path: Path) -> None:
+def test_recursion_survives_a_symlink_loop_and_reports_it(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "loop").symlink_to(tmp_path)
     (tmp_path / "sub" / "c.kubeconfig").write_text("x")
     layout = find_files([tmp_path], ["*.kubeconfig"], recursive=True)
     assert [found.path for found in layout.files] == [tmp_path / "sub" / "c.kubeconfig"]
+    loop = tmp_path / "sub" / "loop"
+    assert layout.problems == (
+        (loop, f"{loop}: a symlink loop (leads back to {tmp_path}); not searched again"),
+    )
+
+
+def test_symlinks_that_loop_among_themselves_are_reported_not_skipped_silently(tmp_path: Path) -> None:
+    (tmp_path / "a.kubeconfig").symlink_to(tmp_path / "b.kubeconfig")
+    (tmp_path / "b.kubeconfig").symlink_to(tmp_path / "a.kubeconfig")
+    (tmp_path / "unrelated").symlink_to(tmp_path / "unrelated")  # matches no glob: not our business
+    layout = find_files([tmp_path], ["*.kubeconfig"], recursive=False)
+    assert layout.files == ()
+    assert [(path.name, message) for path, message in layout.problems] == [
+        (name, f"{tmp_path / name}: a symlink loop (too many levels of links); skipped")
+        for name in ("a.kubeconfig", "b.kubeconfig")
+    ]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root lists a directory whatever its permissions say")
+def test_an_unreadable_directory_is_reported(tmp_path: Path) -> None:
+    closed = tmp_path / "closed"
+    closed.mkdir()
+    closed.chmod(0)
+    try:
+        layout = find_files([closed], DEFAULT_INCLUDE, recursive=False)
+    finally:
+        closed.chmod(0o755)
+    assert layout.problems == ((closed, f"{closed}: cannot list the directory: Permission denied"),)
 
 
 def test_a_missing_path_is_a_file_watched_from_its_nearest_existing_directory(tmp_path: Path) -> None:
@@ -128,6 +158,91 @@ def test_reading_reports_without_quoting(tmp_path: Path) -> None:
     assert other.ignored and other.error is None  # a YAML that is not a kubeconfig, found in a directory
     gone = read_file(Found(tmp_path / "missing", explicit=True), context_filter("all"), untrusted)
     assert not gone.exists
+
+
+def _settle(path: Path) -> None:
+    """Age a file's mtime past the racy window, as if it was written a while ago."""
+    old = time.time() - 10 * RACY_SECONDS
+    os.utime(path, (old, old))
+
+
+def test_an_unchanged_file_is_not_read_again_and_a_changed_one_is(tmp_path: Path) -> None:
+    path = tmp_path / "a.kubeconfig"
+    path.write_text(yaml.safe_dump(KUBECONFIG))
+    _settle(path)
+    reader = FileReader(context_filter("all"), mcr.TrustPolicy.untrusted())
+    found = Found(path, explicit=True)
+    first = reader.read(found)
+    assert first.contexts is not None and reader.reads == 1 and reader.parses == 1
+    for _pass in range(3):
+        assert reader.read(found) is first
+    assert reader.reads == 1  # the stamp did not move: not even opened
+    changed = dict(KUBECONFIG, **{"current-context": "one"})
+    path.write_text(yaml.safe_dump(changed))  # same inode, new size and mtime
+    second = reader.read(found)
+    assert second is not first and second.digest != first.digest and reader.reads == 2
+
+
+def test_a_fresh_stamp_is_not_trusted_so_a_same_size_rewrite_within_one_tick_is_seen(tmp_path: Path) -> None:
+    path = tmp_path / "a.kubeconfig"
+    one = yaml.safe_dump(dict(KUBECONFIG, **{"current-context": "one"}))
+    two = yaml.safe_dump(dict(KUBECONFIG, **{"current-context": "two"}))
+    assert len(one) == len(two)
+    path.write_text(one)
+    reader = FileReader(context_filter("current"), mcr.TrustPolicy.untrusted())
+    found = Found(path, explicit=True)
+    first = reader.read(found)
+    stamp = os.stat(path)
+    path.write_text(two)
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))  # the worst case: the very same mtime
+    second = reader.read(found)  # the first stamp was too young to be trusted: read again
+    assert [item.context for item in first.contexts or ()] == ["one"]
+    assert [item.context for item in second.contexts or ()] == ["two"]
+
+
+def test_a_file_over_the_limit_is_refused_from_its_size_without_being_read(tmp_path: Path) -> None:
+    path = tmp_path / "huge.kubeconfig"
+    with path.open("wb") as handle:
+        handle.truncate(50 * 1024 * 1024)  # 50 MB (sparse: cheap to make, not to read)
+    reader = FileReader(context_filter("all"), mcr.TrustPolicy.untrusted(), max_bytes=1024 * 1024)
+    reading = reader.read(Found(path, explicit=False))
+    assert reading.error == (
+        f"{path}: the file is {50 * 1024 * 1024} bytes, more than the limit of {1024 * 1024} bytes; not read"
+    )
+    assert reading.contexts is None and reader.reads == 0
+    assert read_file(
+        Found(path, explicit=True), context_filter("all"), mcr.TrustPolicy.untrusted(), max_bytes=10
+    ).error
+
+
+def test_current_selection_without_current_context_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "a.kubeconfig"
+    path.write_text(
+        yaml.safe_dump({key: value for key, value in KUBECONFIG.items() if key != "current-context"})
+    )
+    reading = read_file(Found(path, explicit=True), context_filter("current"), mcr.TrustPolicy.untrusted())
+    assert reading.error == f"{path}: sets no current-context, and only the current context is selected"
+    assert reading.contexts is None  # a file-level problem: engaged contexts keep their last good config
+
+
+def test_a_document_cut_short_is_incomplete_not_a_removal(tmp_path: Path) -> None:
+    path = tmp_path / "a.kubeconfig"
+    text = yaml.safe_dump(KUBECONFIG)
+    untrusted = mcr.TrustPolicy.untrusted()
+    cuts = {
+        text[: text.index("contexts:")]: "no 'contexts', 'users'",
+        text[: text.index("  name: two")] + "users: []\n": "contexts[1] has no name or no context",
+    }
+    for cut, why in cuts.items():
+        path.write_text(cut)
+        reading = read_file(Found(path, explicit=True), context_filter("all"), untrusted)
+        assert reading.contexts is None, cut
+        assert reading.error == (
+            f"{path}: an incomplete kubeconfig ({why}); nothing is removed until it is whole"
+        )
+    (tmp_path / "values.yaml").write_text("replicas: 3\n")  # some other YAML in a searched directory
+    other = read_file(Found(tmp_path / "values.yaml", explicit=False), context_filter("all"), untrusted)
+    assert other.ignored and other.error is None
 
 
 def test_bad_timings_are_refused() -> None:

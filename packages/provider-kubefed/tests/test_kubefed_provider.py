@@ -25,6 +25,7 @@ from mcruntime.testing.conformance import (
 )
 from mcruntime_kubefed import (
     KUBEFED_CLUSTER,
+    MAX_TOKEN_BYTES,
     KubeFedNotInstalled,
     KubeFedProvider,
     MemberStatus,
@@ -353,8 +354,53 @@ async def test_wait_for_ready_holds_back_members_until_kubefed_says_ready(hub: H
         await provider.clusters.wait_engaged("later")
 
 
-async def test_a_hub_without_kubefed_is_a_clear_error(fresh_cluster: ControlPlane) -> None:
-    provider = KubeFedProvider(admin(fresh_cluster))
-    manager = _manager(provider)
+async def test_a_hub_without_kubefed_is_waited_for_and_the_manager_keeps_running(
+    fresh_cluster: ControlPlane, fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Asked to fail fast, the provider still says clearly what is missing.
     with pytest.raises(KubeFedNotInstalled, match="KubeFed not installed"):
-        await manager.start()
+        await _manager(KubeFedProvider(admin(fresh_cluster), wait_for_crd=False)).start()
+    # By default it waits, says so once, and engages a member once KubeFed is installed.
+    caplog.set_level(logging.DEBUG, logger="mcruntime.follow")
+
+    def said(level: int) -> int:
+        return sum(
+            1 for r in caplog.records if r.levelno == level and "KubeFed not installed" in r.getMessage()
+        )
+
+    provider = KubeFedProvider(
+        admin(fresh_cluster),
+        namespace="federation",
+        options=CLUSTER_OPTIONS,
+        probe_interval=PROBE_INTERVAL,
+        crd_backoff=mcr.Backoff(base=0.1, cap=0.5),
+    )
+    async with (
+        _running(_manager(provider)) as manager,
+        mcr.Cluster("kubefedctl", admin(fresh_cluster)) as writer,
+    ):
+        await wait_until(lambda: said(logging.DEBUG) >= 3, what="the provider looked again a few times")
+        assert "KubeFed not installed" in (provider.waiting or "")
+        assert said(logging.WARNING) == 1  # one line for the whole wait, not one per look
+        assert manager.clusters() == {}
+        await install_kubefed_crd(writer)
+        await writer.client.create(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "federation"}}
+        )
+        await Hub(fresh_cluster, writer, "federation").join("late", Target.of(fleet["cluster-2"]))
+        cluster = await provider.clusters.wait_engaged("late")
+        assert await manager.get_cluster("late") is cluster
+        assert provider.waiting is None
+
+
+async def test_an_oversized_token_is_refused_and_named(hub: Hub, fleet: Fleet) -> None:
+    provider = hub.provider()
+    async with _running(_manager(provider)):
+        await hub.join("good", Target.of(fleet["cluster-2"]))
+        await hub.join("huge", Target.of(fleet["cluster-3"]))
+        await hub.write_token("huge", "x" * (MAX_TOKEN_BYTES + 1))
+        await hub.settled(provider)
+        error = provider.member_statuses()["huge"].error or ""
+        assert f"Secret {hub.namespace}/huge-token key 'token'" in error
+        assert f"limit of {MAX_TOKEN_BYTES} bytes" in error
+        await provider.clusters.wait_engaged("good")

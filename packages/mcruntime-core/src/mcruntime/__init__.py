@@ -42,7 +42,7 @@ from ._errors import (
     Unreachable,
 )
 from ._events import EventRecorder
-from ._follow import follow_informers, hub_connection
+from ._follow import follow_informers, hub_connection, wait_for_kind
 from ._handler import EventHandler, enqueue_for_object, enqueue_for_owner, enqueue_mapped
 from ._health import ClusterHealth, HealthState
 from ._informer import (
@@ -237,6 +237,7 @@ __all__ = [
     "run_manager",
     "strip_managed_fields",
     "to_json_shape",
+    "wait_for_kind",
 ]
 
 if TYPE_CHECKING:

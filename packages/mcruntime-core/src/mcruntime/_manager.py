@@ -330,14 +330,13 @@ class Manager:
             return
         self._engaged[name] = cluster
         self._engage_started[name] = time.monotonic()
-        self.metrics.engagements.labels(name or "local").inc()
+        self.metrics.cluster_engaged(name)
 
         def forget() -> None:
             if self._engaged.get(name) is cluster:
                 del self._engaged[name]
                 self._engage_started.pop(name, None)
-                self.metrics.disengagements.labels(name or "local").inc()
-                self.metrics.forget_cluster(name)
+                self.metrics.cluster_disengaged(name)
                 for listener in self.disengage_listeners:
                     listener(name, cluster)
 

@@ -10,6 +10,14 @@ multicluster-runtime users asked for and had to build themselves.
 Counters and histograms are updated as things happen; everything that is a
 property of live objects (queue depths, informer counters, cluster states) is
 read at scrape time by a collector, so nothing goes stale when a cluster leaves.
+
+Churn must not grow the registry: a fleet sees thousands of cluster names come
+and go over months. So a series labelled with a cluster exists only while that
+cluster is engaged. Every such series is made through :meth:`ManagerMetrics.child`,
+which records it; :meth:`ManagerMetrics.cluster_disengaged` removes them all, and
+an observation that arrives after its cluster left (a reconcile that finished
+late) is dropped instead of bringing a series back that nobody would remove.
+Fleet-wide counts (engagements, disengagements) carry no cluster label.
 """
 
 from __future__ import annotations
@@ -33,6 +41,19 @@ _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 
 def _cluster_label(group: Hashable) -> str:
     return str(group) if group else "local"
+
+
+class _Discarded:
+    """Stands in for the series of a cluster that is not engaged: observations go nowhere."""
+
+    def inc(self, amount: float = 1.0) -> None:
+        del amount
+
+    def observe(self, amount: float) -> None:
+        del amount
+
+
+_DISCARDED = _Discarded()
 
 
 class _QueueMetrics:
@@ -72,6 +93,7 @@ class ManagerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+        self._live: set[str] = set()  # cluster labels engaged now: the only ones with series
         self.reconcile_total = Counter(
             "controller_runtime_reconcile_total",
             "Reconciles per controller, result and cluster.",
@@ -129,16 +151,15 @@ class ManagerMetrics:
             buckets=_BUCKETS,
             registry=registry,
         )
+        # Fleet-wide: a per-cluster count of departures could never be removed, so would grow with churn.
         self.engagements = Counter(
             "mcruntime_cluster_engagements_total",
-            "Clusters engaged, per cluster.",
-            ["cluster"],
+            "Clusters engaged (a replaced cluster counts again), fleet-wide.",
             registry=registry,
         )
         self.disengagements = Counter(
             "mcruntime_cluster_disengagements_total",
-            "Clusters disengaged, per cluster.",
-            ["cluster"],
+            "Clusters disengaged (removed, replaced or stopped), fleet-wide.",
             registry=registry,
         )
         self.loop_crashes = Counter(
@@ -152,18 +173,34 @@ class ManagerMetrics:
     def child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, cached; the last value must be the cluster's label.
 
-        prometheus_client's lookup costs about a microsecond per call, and a
-        reconcile makes several.
+        Every series with a cluster label is made here, so that
+        :meth:`forget_cluster` can find and remove it. A cluster that is not
+        engaged gets a stand-in that records nothing. The cache is also what
+        makes this cheap: prometheus_client's lookup costs about a
+        microsecond per call, and a reconcile makes several.
         """
         key = (metric, values)
         found = self._children.get(key)
         if found is None:
+            if values[-1] not in self._live:
+                return _DISCARDED
             found = self._children[key] = metric.labels(*values)
         return found
 
+    def cluster_engaged(self, cluster: str) -> None:
+        """Count an engagement; the cluster's series may exist from now on."""
+        self._live.add(_cluster_label(cluster))
+        self.engagements.inc()
+
+    def cluster_disengaged(self, cluster: str) -> None:
+        """Count a disengagement and remove every series of the cluster."""
+        self.disengagements.inc()
+        self.forget_cluster(cluster)
+
     def forget_cluster(self, cluster: str) -> None:
-        """Drop a cluster's reconcile and queue series, so churn does not grow the registry forever."""
+        """Remove every series labelled with ``cluster``; later observations for it are dropped."""
         label = _cluster_label(cluster)
+        self._live.discard(label)
         for key in [key for key in self._children if key[1][-1] == label]:
             metric, values = key
             del self._children[key]

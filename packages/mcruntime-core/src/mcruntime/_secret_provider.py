@@ -7,7 +7,9 @@ and keeps the engaged fleet equal to them: a new Secret engages a cluster, a
 changed kubeconfig re-engages it (a rotated token is swapped in place), a
 deleted, deleting or unlabelled Secret disengages it. A Secret that cannot be
 used is reported by its namespace/name and never takes a working cluster down:
-the last kubeconfig that worked stays in use.
+the last kubeconfig that worked stays in use. A Secret's content is input we do
+not control: each version is parsed once, in a worker thread, and a value
+above a size limit is refused without being decoded or parsed.
 
 This module is also the worked example of ``docs/writing-a-provider.md``,
 which quotes the regions between ``--8<--`` markers; a test keeps the guide
@@ -16,6 +18,7 @@ and this file identical. Everything it uses is public API of ``mcruntime``.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import logging
@@ -38,6 +41,7 @@ log = logging.getLogger("mcruntime.providers.secrets")
 
 SECRET = Kind("v1", "Secret")
 DEFAULT_LABEL_SELECTOR = "mcruntime.dev/kubeconfig=true"
+MAX_KUBECONFIG_BYTES = 1024 * 1024  # decoded; as much as a Secret can hold
 NameFrom = Callable[[Mapping[str, Any]], str | None]
 
 # Metadata the provider keeps of each Secret; everything else is dropped on arrival.
@@ -106,6 +110,8 @@ class KubeconfigSecretProvider:
             claiming one name are reported, and the first keeps it.
         options: Options of every engaged cluster (and of the hub connection).
         probe_interval: Seconds between health probes of each cluster.
+        max_kubeconfig_bytes: A kubeconfig larger than this (decoded) is
+            refused and reported, never parsed.
     """
 
     def __init__(
@@ -118,10 +124,14 @@ class KubeconfigSecretProvider:
         trust: TrustPolicy | None = None,
         name_from: NameFrom = secret_name,
         options: ClusterOptions | None = None,
-        probe_interval: float = 10.0,
+        probe_interval: float | None = None,
+        max_kubeconfig_bytes: int = MAX_KUBECONFIG_BYTES,
     ) -> None:
         if not namespace:
             raise ValueError("KubeconfigSecretProvider watches one namespace; name it")
+        if max_kubeconfig_bytes <= 0:
+            raise ValueError(f"max_kubeconfig_bytes must be positive, not {max_kubeconfig_bytes}")
+        self.max_kubeconfig_bytes = max_kubeconfig_bytes
         self.namespace = namespace
         self.label_selector = label_selector
         self.key = key
@@ -175,8 +185,9 @@ class KubeconfigSecretProvider:
             )
             pending: dict[str, SecretStatus] = {}
 
-            def desired() -> dict[str, ClusterConfig]:
-                configs, statuses = self._desired(informer.store.objects)
+            async def desired() -> dict[str, ClusterConfig]:
+                read = await self._read_changed(informer.store.objects)  # parsed in a thread
+                configs, statuses = self._desired(informer.store.objects, read)
                 pending.clear()
                 pending.update(statuses)
                 return configs
@@ -206,13 +217,25 @@ class KubeconfigSecretProvider:
         }
 
     # --8<-- [start:desired]
+    async def _read_changed(self, secrets: Mapping[str, Mapping[str, Any]]) -> dict[str, _Version]:
+        """Parse every Secret version not read yet, in a thread: YAML never runs on the event loop."""
+        changed = {
+            key: secret
+            for key, secret in secrets.items()
+            if key not in self._versions or self._versions[key].resource_version != _resource_version(secret)
+        }
+        if not changed:
+            return {}
+        return await asyncio.to_thread(lambda: {key: self._read(key, s) for key, s in changed.items()})
+
     def _desired(
-        self, secrets: Mapping[str, Mapping[str, Any]]
+        self, secrets: Mapping[str, Mapping[str, Any]], read: Mapping[str, _Version]
     ) -> tuple[dict[str, ClusterConfig], dict[str, SecretStatus]]:
         """The clusters the Secrets ask for, and what became of every Secret.
 
-        Only an absent or deleting Secret gives up its cluster; one that fails
-        to parse keeps serving its last good kubeconfig.
+        ``read`` holds the versions parsed ahead; a version that arrived since
+        is parsed here. Only an absent or deleting Secret gives up its
+        cluster; one that fails to parse keeps serving its last good kubeconfig.
         """
         live = {
             key: secret
@@ -226,7 +249,9 @@ class KubeconfigSecretProvider:
         for key, secret in sorted(live.items()):
             version = self._versions.get(key)
             if version is None or version.resource_version != _resource_version(secret):
-                version = self._read(key, secret)
+                version = read.get(key)
+                if version is None or version.resource_version != _resource_version(secret):
+                    version = self._read(key, secret)
                 self._versions[key] = version
                 if version.cluster is not None and version.config is not None:
                     self._last_good[key] = (version.cluster, version.config)
@@ -309,8 +334,15 @@ class KubeconfigSecretProvider:
         encoded = (secret.get("data") or {}).get(self.key)
         if not encoded:
             return failed(f"has no data key {self.key!r}", cluster)
+        limit = self.max_kubeconfig_bytes
+        too_big = f"data key {self.key!r} is larger than the limit of {limit} bytes; not parsed"
+        if len(encoded) // 4 * 3 > limit + 2:  # the decoded size, known without decoding
+            return failed(too_big, cluster)
         try:
-            text = base64.b64decode(encoded, validate=True).decode("utf-8")
+            raw = base64.b64decode(encoded, validate=True)
+            if len(raw) > limit:
+                return failed(too_big, cluster)
+            text = raw.decode("utf-8")
         except (binascii.Error, ValueError):
             return failed(f"data key {self.key!r} is not base64-encoded UTF-8 text", cluster)
         try:

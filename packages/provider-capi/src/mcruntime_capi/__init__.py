@@ -13,6 +13,7 @@ from importlib.metadata import version
 
 from ._provider import (
     CLUSTER_NAME_LABEL,
+    MAX_KUBECONFIG_BYTES,
     ClusterAPINotInstalled,
     ClusterAPIProvider,
     Readiness,
@@ -24,6 +25,7 @@ __version__ = version("mcruntime-provider-capi")
 
 __all__ = [
     "CLUSTER_NAME_LABEL",
+    "MAX_KUBECONFIG_BYTES",
     "ClusterAPINotInstalled",
     "ClusterAPIProvider",
     "Readiness",

@@ -7,10 +7,16 @@ Cluster API writes for them (``<cluster>-kubeconfig``, key ``value``, label
 equal to the ready ones. Only a deleted or deleting Cluster gives up its
 workload cluster: a missing or malformed Secret keeps the last good kubeconfig
 and is reported, and a rotated one is followed (a new token swapped in place).
+
+Cluster API is often installed after the controller that uses it, so a hub
+without the CRD is waited for (reported by :attr:`ClusterAPIProvider.waiting`)
+rather than ending the manager. Kubeconfig Secrets are input we do not
+control: each version is parsed once, in a thread, and refused above a size.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import logging
@@ -28,13 +34,19 @@ GROUP = "cluster.x-k8s.io"
 VERSIONS = ("v1beta2", "v1beta1")
 SECRET = mcr.Kind("v1", "Secret")
 CLUSTER_NAME_LABEL = "cluster.x-k8s.io/cluster-name"
+MAX_KUBECONFIG_BYTES = 1024 * 1024
+"""Default size limit of a kubeconfig Secret's ``value`` (decoded): what a Secret can hold at most."""
 
 Readiness = Callable[[Mapping[str, Any], str], bool]
 """``ready(cluster_object, api_version)``: may the workload cluster be engaged?"""
 
 
 class ClusterAPINotInstalled(mcr.MCRuntimeError):
-    """The hub serves no ``cluster.x-k8s.io`` Cluster in v1beta2 or v1beta1."""
+    """The hub serves no ``cluster.x-k8s.io`` Cluster in v1beta2 or v1beta1.
+
+    Raised by :meth:`ClusterAPIProvider.run` only with ``wait_for_crd=False``;
+    by default the provider waits for the CRD instead.
+    """
 
 
 def control_plane_initialized(obj: Mapping[str, Any], api_version: str) -> bool:
@@ -75,6 +87,14 @@ class ClusterAPIProvider:
         trust: What a kubeconfig Secret may ask for (untrusted by default).
         options: Options of every workload cluster (and of the hub connection).
         probe_interval: Seconds between health probes of each workload cluster.
+        wait_for_crd: On a hub without the Cluster CRD, wait for it (reported by
+            :attr:`waiting`, the manager keeps running) rather than raise
+            :class:`ClusterAPINotInstalled`.
+        max_kubeconfig_bytes: A kubeconfig Secret's ``value`` larger than this
+            (decoded) is refused and reported, never parsed.
+        crd_backoff: How often a missing CRD is looked for again (default: 1 s
+            doubling to 30 s).
+        retry_backoff: How long a failed discovery pass waits before the next.
     """
 
     def __init__(
@@ -86,9 +106,19 @@ class ClusterAPIProvider:
         ready: Readiness = control_plane_initialized,
         trust: mcr.TrustPolicy | None = None,
         options: mcr.ClusterOptions | None = None,
-        probe_interval: float = 10.0,
+        probe_interval: float | None = None,
+        wait_for_crd: bool = True,
+        max_kubeconfig_bytes: int = MAX_KUBECONFIG_BYTES,
+        crd_backoff: mcr.Backoff | None = None,
+        retry_backoff: mcr.Backoff | None = None,
     ) -> None:
+        if max_kubeconfig_bytes <= 0:
+            raise ValueError(f"max_kubeconfig_bytes must be positive, not {max_kubeconfig_bytes}")
         self.namespace = namespace
+        self.wait_for_crd = wait_for_crd
+        self.max_kubeconfig_bytes = max_kubeconfig_bytes
+        self._crd_backoff = crd_backoff
+        self._retry_backoff = retry_backoff
         self.label_selector = label_selector
         self._ready = ready
         self._trust = trust or mcr.TrustPolicy.untrusted()
@@ -99,6 +129,10 @@ class ClusterAPIProvider:
         self.api_version: str | None = None
         self._last_good: dict[str, mcr.ClusterConfig] = {}
         self._workloads: dict[str, WorkloadStatus] = {}
+        # Secret "namespace/name" -> (resourceVersion, config, error): each version is parsed once.
+        self._parsed: dict[str, tuple[str, mcr.ClusterConfig | None, str | None]] = {}
+        self.waiting: str | None = None
+        """Why discovery has not started (Cluster API not installed yet, the hub not answering), else None."""
 
     def __repr__(self) -> str:
         return f"<ClusterAPIProvider {self.api_version or GROUP} clusters={self.clusters.names()}>"
@@ -124,7 +158,9 @@ class ClusterAPIProvider:
     async def run(self, aware: mcr.Aware) -> None:
         """Watch Clusters and kubeconfig Secrets until cancelled.
 
-        Raises :class:`ClusterAPINotInstalled` at once when the hub serves no Cluster kind.
+        On a hub that serves no Cluster kind, waits for the CRD (see
+        :attr:`waiting`); with ``wait_for_crd=False``, raises
+        :class:`ClusterAPINotInstalled` at once instead.
         """
         async with mcr.hub_connection(self._hub, f"{self._owner} (hub)", self._options) as hub:
             kind = await self._served_kind(hub)
@@ -147,7 +183,8 @@ class ClusterAPIProvider:
             )
             pending: dict[str, WorkloadStatus] = {}
 
-            def desired() -> dict[str, mcr.ClusterConfig]:
+            async def desired() -> dict[str, mcr.ClusterConfig]:
+                await self._parse_changed(secrets.store.objects)
                 configs, statuses = self._desired(clusters.store.objects, secrets.store.objects)
                 pending.clear()
                 pending.update(statuses)
@@ -157,12 +194,27 @@ class ClusterAPIProvider:
                 self._workloads = dict(pending)
 
             await mcr.follow_informers(
-                self.clusters, aware, [clusters, secrets], desired, owner=self._owner, applied=applied
+                self.clusters,
+                aware,
+                [clusters, secrets],
+                desired,
+                owner=self._owner,
+                applied=applied,
+                backoff=self._retry_backoff,
             )
 
     async def _served_kind(self, hub: mcr.Cluster) -> mcr.Kind:
-        for version in VERSIONS:
-            kind = mcr.Kind(f"{GROUP}/{version}", "Cluster")
+        candidates = [mcr.Kind(f"{GROUP}/{version}", "Cluster") for version in VERSIONS]
+        if self.wait_for_crd:
+            return await mcr.wait_for_kind(
+                hub,
+                candidates,
+                owner=self._owner,
+                what="Cluster API",
+                report=self._report_waiting,
+                backoff=self._crd_backoff,
+            )
+        for kind in candidates:
             try:
                 await hub.client.resource(kind)
             except mcr.KindNotFound:
@@ -172,6 +224,26 @@ class ClusterAPIProvider:
             f"Cluster API not installed: the hub {hub.config.server} serves no Cluster in "
             f"{', '.join(f'{GROUP}/{v}' for v in VERSIONS)}"
         )
+
+    def _report_waiting(self, problem: str | None) -> None:
+        self.waiting = problem
+
+    async def _parse_changed(self, secrets: Mapping[str, Mapping[str, Any]]) -> None:
+        """Parse the Secret versions not seen yet, in a thread: the event loop never parses YAML."""
+        for key in [key for key in self._parsed if key not in secrets]:
+            del self._parsed[key]
+        fresh = {
+            key: secret
+            for key, secret in secrets.items()
+            if key not in self._parsed or self._parsed[key][0] != _resource_version(secret)
+        }
+        if not fresh:
+            return
+        parsed = await asyncio.to_thread(
+            lambda: {key: self._parse(key, secret) for key, secret in fresh.items()}
+        )
+        for key, (config, error) in parsed.items():
+            self._parsed[key] = (_resource_version(fresh[key]), config, error)
 
     def _desired(
         self, objects: Mapping[str, Mapping[str, Any]], secrets: Mapping[str, Mapping[str, Any]]
@@ -231,11 +303,31 @@ class ClusterAPIProvider:
         secret_key = f"{key}-kubeconfig"
         if secret is None:
             return None, f"Secret {secret_key} does not exist (yet)"
+        parsed = self._parsed.get(secret_key)
+        if parsed is None or parsed[0] != _resource_version(secret):
+            return self._parse(secret_key, secret)  # not parsed ahead (a direct call): parse now
+        return parsed[1], parsed[2]
+
+    def _parse(
+        self, secret_key: str, secret: Mapping[str, Any]
+    ) -> tuple[mcr.ClusterConfig | None, str | None]:
+        """One Secret version as a config, or why not; messages name the Secret and never quote it."""
         encoded = (secret.get("data") or {}).get("value")
         if not encoded:
             return None, f"Secret {secret_key} has no key 'value'"
+        limit = self.max_kubeconfig_bytes
+        if len(encoded) // 4 * 3 > limit + 2:  # decoded size, known before decoding anything
+            return None, (
+                f"Secret {secret_key} key 'value' is larger than the limit of {limit} bytes; not parsed"
+            )
         try:
-            document = yaml.safe_load(base64.b64decode(encoded, validate=True).decode("utf-8"))
+            raw = base64.b64decode(encoded, validate=True)
+            if len(raw) > limit:
+                return None, (
+                    f"Secret {secret_key} key 'value' is {len(raw)} bytes, more than the limit "
+                    f"of {limit}; not parsed"
+                )
+            document = yaml.safe_load(raw.decode("utf-8"))
         except (binascii.Error, ValueError):
             return None, f"Secret {secret_key} key 'value' is not base64-encoded UTF-8 text"
         except yaml.YAMLError:
@@ -244,6 +336,13 @@ class ClusterAPIProvider:
             return mcr.kubeconfig_from_dict(document, trust=self._trust, origin=f"Secret {secret_key}"), None
         except mcr.KubeconfigError as error:
             return None, str(error)
+        except Exception as error:  # a shape no check foresaw: name the type, quote nothing
+            kind = type(error).__name__
+            return None, f"Secret {secret_key} key 'value' is not a usable kubeconfig ({kind})"
+
+
+def _resource_version(secret: Mapping[str, Any]) -> str:
+    return str((secret.get("metadata") or {}).get("resourceVersion", ""))
 
 
 def _value_only(secret: dict[str, Any]) -> dict[str, Any]:

@@ -65,13 +65,22 @@ def naming_function(naming: Naming) -> NamingFunction:
     raise TypeError(f"naming must be a strategy name, a mapping or a function, not {type(naming).__name__}")
 
 
+def current_context_only(contexts: list[str], current: str | None) -> list[str]:
+    """The ``"current"`` selection: the file's ``current-context``, or nothing when it sets none.
+
+    A current-context naming no context is returned anyway, so that it is
+    reported as that context's error; a file setting none is reported by the reader.
+    """
+    del contexts
+    return [current] if current else []
+
+
 def context_filter(selection: ContextSelection) -> Callable[[list[str], str | None], list[str]]:
     """Turn a selection into ``(contexts in file order, current-context) -> chosen contexts``."""
     if selection == "all":
         return lambda contexts, _current: list(contexts)
     if selection == "current":
-        # A current-context naming no context is tried anyway, so it is reported as an error.
-        return lambda _contexts, current: [current] if current else []
+        return current_context_only
     if isinstance(selection, str):
         raise ValueError(
             f"unknown context selection {selection!r}; use 'all', 'current' or a collection of context names"

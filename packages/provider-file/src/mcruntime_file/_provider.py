@@ -11,8 +11,14 @@ What counts as "gone" is narrow on purpose: a file that no longer exists, or a
 context no longer listed in a file that parses, and only after that state has
 held for ``removal_delay`` seconds (a writer that truncates before it writes
 must not cost a cluster its caches). Everything else (unreadable, not YAML,
-empty, a broken entry, refused by the trust policy) keeps the last good config
-and is reported in :meth:`KubeconfigFileProvider.file_statuses`.
+empty, cut short, too large, a broken entry, refused by the trust policy)
+keeps the last good config and is reported in
+:meth:`KubeconfigFileProvider.file_statuses`, as is every path that could not
+be searched (an unreadable directory, a symlink loop).
+
+A pass reads only the files whose stamp moved (see ``_reader``) and never a
+file over ``max_file_bytes``, so a large or hostile file in a watched
+directory costs one ``stat`` per pass.
 """
 
 from __future__ import annotations
@@ -20,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +34,17 @@ from typing import Any
 import mcruntime as mcr
 
 from ._naming import ContextSelection, Naming, context_filter, naming_function
-from ._scan import DEFAULT_INCLUDE, Found, Layout, Reading, absolute, find_files, read_file, split_path_list
+from ._reader import FileReader
+from ._scan import (
+    DEFAULT_INCLUDE,
+    MAX_FILE_BYTES,
+    Found,
+    Layout,
+    Reading,
+    absolute,
+    find_files,
+    split_path_list,
+)
 from ._status import ContextStatus, FileStatus
 from ._watch import DirectoryWatcher
 
@@ -109,6 +124,10 @@ class KubeconfigFileProvider:
         removal_delay: Seconds a file must stay missing, or a context unlisted,
             before its cluster is disengaged.
         rescan_interval: Seconds between full rescans when nothing is reported.
+        max_file_bytes: A file larger than this is refused (reported with its
+            path and the limit) without being read.
+        backoff: How long discovery waits after a pass that failed (default:
+            0.2 s doubling to 30 s).
     """
 
     def __init__(
@@ -121,10 +140,12 @@ class KubeconfigFileProvider:
         naming: Naming = "file/context",
         trust: mcr.TrustPolicy | None = None,
         options: mcr.ClusterOptions | None = None,
-        probe_interval: float = 10.0,
+        probe_interval: float | None = None,
         debounce: float = 0.02,
         removal_delay: float = 0.5,
         rescan_interval: float = 30.0,
+        max_file_bytes: int = MAX_FILE_BYTES,
+        backoff: mcr.Backoff | None = None,
     ) -> None:
         if debounce < 0 or removal_delay < 0 or rescan_interval <= 0:
             raise ValueError("debounce and removal_delay must be >= 0 and rescan_interval > 0")
@@ -139,14 +160,18 @@ class KubeconfigFileProvider:
         self._select = context_filter(contexts)
         self._name = naming_function(naming)
         self._trust = trust or mcr.TrustPolicy.untrusted()
+        self._reader = FileReader(self._select, self._trust, max_file_bytes)
+        self._backoff = backoff or mcr.Backoff()
         self._owner = f"kubeconfig files {[str(path) for path in self.inputs]}"
         self.clusters = mcr.ClusterSet(options=options, probe_interval=probe_interval, owner=self._owner)
         self._files: dict[Path, _File] = {}
         self._holders: dict[str, tuple[Path, str]] = {}  # cluster name -> (file, context)
         self._statuses: dict[str, FileStatus] = {}
+        self._problems: dict[Path, str] = {}  # paths that could not be searched, from the last pass
         self._reported: dict[tuple[str, str], str] = {}  # (path, context or "") -> the problem logged
         self._changed = asyncio.Event()
         self.passes = 0
+        self.failed_passes = 0
 
     def __repr__(self) -> str:
         inputs = [str(path) for path in self.inputs]
@@ -176,6 +201,21 @@ class KubeconfigFileProvider:
         """Every current problem, per file and per context, in input order."""
         return [error for status in self._statuses.values() for error in status.errors()]
 
+    @property
+    def max_file_bytes(self) -> int:
+        """The size limit of a kubeconfig file, in bytes."""
+        return self._reader.max_bytes
+
+    @property
+    def file_reads(self) -> int:
+        """How many times a file's content was read (unchanged files are not read again)."""
+        return self._reader.reads
+
+    @property
+    def file_parses(self) -> int:
+        """How many times a file's content was parsed (equal content is not parsed again)."""
+        return self._reader.parses
+
     def rescan(self) -> None:
         """Ask for a pass now (for tools; events and the periodic rescan do it anyway)."""
         self._changed.set()
@@ -200,20 +240,31 @@ class KubeconfigFileProvider:
         """Level-triggered: after any event or deadline, make the ClusterSet match the files."""
         loop = asyncio.get_running_loop()
         failures = 0
+        logged: str | None = None
         self._changed.set()
         while True:
             wake = self.rescan_interval
             try:
                 due = await self._pass(watcher, loop.time())
-                failures = 0
+                failures, logged = 0, None
                 if due is not None:
                     wake = min(wake, max(0.0, due - loop.time()))
             except asyncio.CancelledError:
                 raise
-            except Exception:  # one bad pass never ends discovery: retry with backoff
+            except Exception as error:  # one bad pass never ends discovery: retry with backoff
+                wake = self._backoff.delay(failures)
                 failures += 1
-                wake = min(30.0, 0.2 * 2**failures) * random.uniform(0.5, 1.0)  # noqa: S311
-                log.exception("%s: a pass over the files failed; retrying in %.1fs", self._owner, wake)
+                self.failed_passes += 1
+                message = f"{type(error).__name__}: {error}"
+                log.log(  # each new failure with its traceback; the same one again at DEBUG only
+                    logging.ERROR if message != logged else logging.DEBUG,
+                    "%s: a pass over the files failed (%d in a row); retrying in %.1fs",
+                    self._owner,
+                    failures,
+                    wake,
+                    exc_info=True,
+                )
+                logged = message
             try:
                 async with asyncio.timeout(wake):
                     await self._changed.wait()
@@ -224,10 +275,11 @@ class KubeconfigFileProvider:
         """One full look at the inputs; returns when the next pending removal is due."""
         self._changed.clear()
         layout = await asyncio.to_thread(find_files, self.inputs, self.include, self.recursive)
-        readings = await asyncio.to_thread(self._read_all, layout)
+        readings = await asyncio.to_thread(self._reader.read_all, layout.files)
         referenced = frozenset().union(*(reading.watch for reading in readings)) if readings else frozenset()
         watcher.want(layout.watch | referenced, layout.watch_recursive)
         due = self._apply(layout, readings, now)
+        self._problems = dict(layout.problems)
         desired, holders = self._desired()
         sync = asyncio.ensure_future(self.clusters.sync(desired))
         try:
@@ -240,9 +292,6 @@ class KubeconfigFileProvider:
         self._statuses = self._report()  # published once acted on: what tests settle on
         self.passes += 1
         return due
-
-    def _read_all(self, layout: Layout) -> list[Reading]:
-        return [read_file(found, self._select, self._trust) for found in layout.files]
 
     def _apply(self, layout: Layout, readings: list[Reading], now: float) -> float | None:
         """Fold one pass's readings into what is known; returns the next removal deadline."""
@@ -365,6 +414,10 @@ class KubeconfigFileProvider:
                 contexts=contexts,
                 removing=tuple(state.contexts if missing else state.leaving),
             )
+        for path, problem in self._problems.items():  # what could not be searched: a status of its own
+            key = str(path)
+            self._log_once((key, ""), problem, seen)
+            statuses.setdefault(key, FileStatus(path=key, digest=None, error=problem))
         self._reported = {key: value for key, value in self._reported.items() if key in seen}
         return statuses
 

@@ -10,10 +10,15 @@ symlink on every update, so a resolved path would point into a directory the
 kubelet is about to delete. And content is *read through* the symlinks and
 compared by hash, because the visible entries of such a volume keep their
 own mtime and inode across updates.
+
+Everything found is input we do not control. A file is never read beyond
+``max_bytes``, and what cannot be searched (an unreadable directory, a
+symlink loop) is returned as a problem naming its path, never skipped quietly.
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import hashlib
 import os
@@ -25,6 +30,8 @@ from typing import Any
 import yaml
 
 import mcruntime as mcr
+
+from ._naming import current_context_only
 
 DEFAULT_INCLUDE: tuple[str, ...] = (
     "config",
@@ -43,6 +50,13 @@ _CLUSTER_FILE_FIELDS = ("certificate-authority",)
 _USER_FILE_FIELDS = ("client-certificate", "client-key", "tokenFile")
 
 ContextFilter = Callable[[list[str], str | None], list[str]]
+
+MAX_FILE_BYTES = 1024 * 1024
+"""Default size limit of a kubeconfig file: what a Kubernetes Secret (a mounted one, say) can hold."""
+
+# Top-level keys every complete kubeconfig has (kubectl writes them even when empty). A file that
+# parses but lacks one was most likely cut short by a writer still at work.
+_REQUIRED_KEYS = ("clusters", "contexts", "users")
 
 
 def absolute(path: str | os.PathLike[str]) -> Path:
@@ -72,6 +86,8 @@ class Layout:
     """Directories watched for their direct entries (parents of files, searched directories)."""
     watch_recursive: frozenset[Path]
     """Directories searched recursively, watched with everything below them."""
+    problems: tuple[tuple[Path, str], ...] = ()
+    """Paths that could not be searched or followed, each with a message naming it."""
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -88,45 +104,78 @@ def find_files(inputs: Sequence[Path], include: Sequence[str], recursive: bool) 
     An input that is a directory is searched (names matching ``include``;
     dot entries such as ``..data`` and ``..2024_01_01_...`` skipped); any other
     input is a file, watched for creation while it does not exist. Each file
-    appears once, at its first position.
+    appears once, at its first position. A directory that cannot be listed and
+    a symlink that loops are reported in ``problems``.
     """
     files: dict[Path, Found] = {}
     watch: set[Path] = set()
     watch_recursive: set[Path] = set()
+    problems: dict[Path, str] = {}
     for path in inputs:
         if path.is_dir():
             (watch_recursive if recursive else watch).add(path)
             watch.add(_nearest_existing(path.parent))  # notices the directory itself being replaced
-            for found in _search(path, include, recursive, {os.path.realpath(path)}):
+            search = _Search(include, recursive, problems)
+            for found in search.directory(path, (os.path.realpath(path),)):
                 files.setdefault(found, Found(found, explicit=False))
         else:
             watch.add(_nearest_existing(path.parent))
             files.setdefault(path, Found(path, explicit=True))
-    return Layout(tuple(files.values()), frozenset(watch), frozenset(watch_recursive - watch))
+    return Layout(
+        tuple(files.values()),
+        frozenset(watch),
+        frozenset(watch_recursive - watch),
+        tuple(problems.items()),
+    )
 
 
-def _search(directory: Path, include: Sequence[str], recursive: bool, visited: set[str]) -> list[Path]:
-    try:
-        with os.scandir(directory) as listing:
-            entries = sorted(listing, key=lambda entry: entry.name)
-    except OSError:
-        return []  # vanished or unreadable since it was listed: the next pass looks again
-    found: list[Path] = []
-    for entry in entries:
-        if entry.name.startswith("."):
-            continue
-        path = directory / entry.name
+@dataclass
+class _Search:
+    """One directory input's search: the globs, and where problems are recorded."""
+
+    include: Sequence[str]
+    recursive: bool
+    problems: dict[Path, str]
+    visited: set[str] = field(default_factory=set)
+
+    def directory(self, directory: Path, ancestors: tuple[str, ...]) -> list[Path]:
+        """The matching files of ``directory`` (and below, when recursive), in name order."""
         try:
-            if entry.is_dir():
-                real = os.path.realpath(path)
-                if recursive and real not in visited:  # symlink loops end here
-                    visited.add(real)
-                    found.extend(_search(path, include, recursive, visited))
-            elif entry.is_file() and any(fnmatch.fnmatchcase(entry.name, glob) for glob in include):
-                found.append(path)
-        except OSError:
-            continue
-    return found
+            with os.scandir(directory) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name)
+        except FileNotFoundError:
+            return []  # vanished since it was listed: the next pass looks again
+        except OSError as error:
+            self.problems[directory] = f"{directory}: cannot list the directory: {error.strerror}"
+            return []
+        found: list[Path] = []
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            path = directory / entry.name
+            wanted = any(fnmatch.fnmatchcase(entry.name, glob) for glob in self.include)
+            try:
+                if entry.is_dir():
+                    if self.recursive:
+                        found.extend(self._below(path, ancestors))
+                elif entry.is_file() and wanted:
+                    found.append(path)
+            except OSError as error:
+                if error.errno == errno.ELOOP and (wanted or self.recursive):
+                    self.problems[path] = f"{path}: a symlink loop (too many levels of links); skipped"
+                elif wanted:
+                    self.problems[path] = f"{path}: cannot look at the entry: {error.strerror}"
+        return found
+
+    def _below(self, path: Path, ancestors: tuple[str, ...]) -> list[Path]:
+        real = os.path.realpath(path)
+        if real in ancestors:
+            self.problems[path] = f"{path}: a symlink loop (leads back to {real}); not searched again"
+            return []
+        if real in self.visited:
+            return []  # reached twice by two routes: searched once
+        self.visited.add(real)
+        return self.directory(path, (*ancestors, real))
 
 
 @dataclass(frozen=True)
@@ -157,23 +206,51 @@ class Reading:
     watch: frozenset[Path] = field(default_factory=frozenset)
 
 
-def read_file(found: Found, select: ContextFilter, trust: mcr.TrustPolicy) -> Reading:
+def read_file(
+    found: Found, select: ContextFilter, trust: mcr.TrustPolicy, *, max_bytes: int = MAX_FILE_BYTES
+) -> Reading:
     """Read one kubeconfig file through its symlinks and build a config per selected context.
 
-    Relative file references resolve against the directory *as seen*, so they
-    follow a Secret volume's ``..data`` swap instead of pinning an old target.
-    Messages name the file and context and never quote the content.
+    A file larger than ``max_bytes`` is refused without being read (its size
+    is checked before, and the read stops one byte past the limit in case it
+    grew meanwhile). Relative file references resolve against the directory
+    *as seen*, so they follow a Secret volume's ``..data`` swap instead of
+    pinning an old target. Messages name the file and context and never
+    quote the content.
     """
     path = found.path
     try:
-        content = path.read_bytes()
+        with path.open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > max_bytes:
+                return too_large(path, size, max_bytes)
+            content = handle.read(max_bytes + 1)
     except FileNotFoundError:
         return Reading(path, exists=False)
     except IsADirectoryError:
         return Reading(path, exists=True, error=f"{path}: is a directory, not a kubeconfig file")
     except OSError as error:
         return Reading(path, exists=True, error=f"{path}: cannot read the file: {error.strerror}")
-    digest = hashlib.sha256(content).hexdigest()
+    if len(content) > max_bytes:
+        return too_large(path, len(content), max_bytes)
+    return parse_file(found, content, select, trust)
+
+
+def too_large(path: Path, size: int, limit: int) -> Reading:
+    """The reading of a file over the size limit: an error naming both, and nothing read."""
+    return Reading(
+        path,
+        exists=True,
+        error=f"{path}: the file is {size} bytes, more than the limit of {limit} bytes; not read",
+    )
+
+
+def parse_file(
+    found: Found, content: bytes, select: ContextFilter, trust: mcr.TrustPolicy, digest: str | None = None
+) -> Reading:
+    """What ``content`` (the bytes of ``found``) says: a config per selected context, or why not."""
+    path = found.path
+    digest = digest or content_digest(content)
 
     def failed(message: str) -> Reading:
         return Reading(path, exists=True, digest=digest, error=f"{path}: {message}")
@@ -186,12 +263,39 @@ def read_file(found: Found, select: ContextFilter, trust: mcr.TrustPolicy) -> Re
         if not found.explicit:
             return Reading(path, exists=True, digest=digest, contexts=(), ignored=True)
         return failed(f"not a kubeconfig (kind {kind!r})")
+    if kind is None and not found.explicit and not any(key in data for key in _REQUIRED_KEYS):
+        return Reading(path, exists=True, digest=digest, contexts=(), ignored=True)  # some other YAML
+    incomplete = _incomplete(data)
+    if incomplete is not None:
+        return failed(f"an incomplete kubeconfig ({incomplete}); nothing is removed until it is whole")
     current = data.get("current-context")
+    current = current if isinstance(current, str) and current else None
+    if select is current_context_only and current is None:
+        return failed("sets no current-context, and only the current context is selected")
     names = list(dict.fromkeys(mcr.list_contexts(data)))  # kubectl: the first entry of a name wins
-    chosen = list(dict.fromkeys(select(names, current if isinstance(current, str) else None)))
+    chosen = list(dict.fromkeys(select(names, current)))
     readings = tuple(_build(data, path, context, trust) for context in chosen)
     watch = frozenset(_referenced_directories(reading.config for reading in readings))
     return Reading(path, exists=True, digest=digest, contexts=readings, watch=watch)
+
+
+def _incomplete(data: dict[str, Any]) -> str | None:
+    """Why a parsed document looks cut short (a writer still at work), or None if it looks whole.
+
+    Only a whole file may say that a context is gone: a half-written one that
+    happens to be valid YAML must not disengage the contexts it does not reach.
+    """
+    missing = [key for key in _REQUIRED_KEYS if key not in data]
+    if missing:
+        return f"no {', '.join(repr(key) for key in missing)}"
+    contexts = data.get("contexts")
+    if contexts is not None and not isinstance(contexts, list):
+        return "'contexts' is not a list"
+    for index, item in enumerate(contexts or []):
+        named = isinstance(item, dict) and isinstance(item.get("name"), str)
+        if not named or not isinstance(item.get("context"), dict):
+            return f"contexts[{index}] has no name or no context"
+    return None
 
 
 def _parse(content: bytes) -> tuple[dict[str, Any], str | None]:
@@ -223,6 +327,26 @@ def _build(data: dict[str, Any], path: Path, context: str, trust: mcr.TrustPolic
             context, None, f"{path}, context {context!r}: not a usable kubeconfig ({type(error).__name__})"
         )
     return ContextReading(context, config, None)
+
+
+def content_digest(content: bytes) -> str:
+    """How file contents are compared (and shown in statuses): SHA-256, hex."""
+    return hashlib.sha256(content).hexdigest()
+
+
+def referenced_files(reading: Reading) -> set[Path]:
+    """The certificate, key and token files the reading's configs name (absolute)."""
+    files: set[Path] = set()
+    for item in reading.contexts or ():
+        if item.config is None:
+            continue
+        config = item.config
+        for entry, fields in ((config.cluster, _CLUSTER_FILE_FIELDS), (config.user, _USER_FILE_FIELDS)):
+            for name in fields:
+                value = entry.get(name)
+                if isinstance(value, str) and value:
+                    files.add(Path(value))
+    return files
 
 
 def _referenced_directories(configs: Iterable[mcr.ClusterConfig | None]) -> set[Path]:

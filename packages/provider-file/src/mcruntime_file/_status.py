@@ -33,6 +33,10 @@ class ContextStatus:
 class FileStatus:
     """One kubeconfig file, by its absolute path as the provider sees it.
 
+    A path that could not be searched (a directory that cannot be listed, a
+    symlink loop) has a status too: no digest, no contexts, and ``error``
+    saying what is wrong with it.
+
     ``digest`` is the SHA-256 of the content last read (``None`` while the file
     is missing); ``error`` is a file-level problem (unreadable, not YAML,
     empty), in which case every context keeps its last good config.

@@ -12,13 +12,21 @@ from __future__ import annotations
 from importlib.metadata import version
 
 from ._config import MemberConfigError, endpoint_url, member_config
-from ._provider import DEFAULT_NAMESPACE, KUBEFED_CLUSTER, KubeFedNotInstalled, KubeFedProvider, MemberStatus
+from ._provider import (
+    DEFAULT_NAMESPACE,
+    KUBEFED_CLUSTER,
+    MAX_TOKEN_BYTES,
+    KubeFedNotInstalled,
+    KubeFedProvider,
+    MemberStatus,
+)
 
 __version__ = version("mcruntime-provider-kubefed")
 
 __all__ = [
     "DEFAULT_NAMESPACE",
     "KUBEFED_CLUSTER",
+    "MAX_TOKEN_BYTES",
     "KubeFedNotInstalled",
     "KubeFedProvider",
     "MemberConfigError",

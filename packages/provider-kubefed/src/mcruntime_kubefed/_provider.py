@@ -6,6 +6,9 @@ object's deletion (or a deletionTimestamp) removes a member: a missing or
 unreadable Secret keeps the last good token, so ``kubefedctl unjoin``, which
 deletes the Secret first, still disengages the member when the object goes. A
 rotated token in the Secret is swapped in place without restarting caches.
+
+KubeFed may be installed after the controller: a hub without the CRD is waited
+for (reported by :attr:`KubeFedProvider.waiting`) instead of ending the manager.
 """
 
 from __future__ import annotations
@@ -24,10 +27,16 @@ log = logging.getLogger("mcruntime_kubefed")
 KUBEFED_CLUSTER = mcr.Kind("core.kubefed.io/v1beta1", "KubeFedCluster")
 SECRET = mcr.Kind("v1", "Secret")
 DEFAULT_NAMESPACE = "kube-federation-system"
+MAX_TOKEN_BYTES = 64 * 1024
+"""A token Secret's ``token`` above this (decoded) is refused: bearer tokens are a few KiB at most."""
 
 
 class KubeFedNotInstalled(mcr.MCRuntimeError):
-    """The hub serves no ``KubeFedCluster`` (``core.kubefed.io/v1beta1``): KubeFed is not installed."""
+    """The hub serves no ``KubeFedCluster`` (``core.kubefed.io/v1beta1``): KubeFed is not installed.
+
+    Raised by :meth:`KubeFedProvider.run` only with ``wait_for_crd=False``;
+    by default the provider waits for the CRD instead.
+    """
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,12 @@ class KubeFedProvider:
             endpoints), with a warning. Off by default.
         options: Options of every member (and of the hub connection).
         probe_interval: Seconds between health probes of each member.
+        wait_for_crd: On a hub without the KubeFedCluster CRD, wait for it
+            (reported by :attr:`waiting`; the manager keeps running) rather
+            than raise :class:`KubeFedNotInstalled`.
+        crd_backoff: How often a missing CRD is looked for again (default: 1 s
+            doubling to 30 s).
+        retry_backoff: How long a failed discovery pass waits before the next.
     """
 
     def __init__(
@@ -70,9 +85,15 @@ class KubeFedProvider:
         wait_for_ready: bool = False,
         allow_insecure: bool = False,
         options: mcr.ClusterOptions | None = None,
-        probe_interval: float = 10.0,
+        probe_interval: float | None = None,
+        wait_for_crd: bool = True,
+        crd_backoff: mcr.Backoff | None = None,
+        retry_backoff: mcr.Backoff | None = None,
     ) -> None:
         self.namespace = namespace
+        self.wait_for_crd = wait_for_crd
+        self._crd_backoff = crd_backoff
+        self._retry_backoff = retry_backoff
         self.wait_for_ready = wait_for_ready
         self.allow_insecure = allow_insecure
         self._hub = hub
@@ -81,6 +102,8 @@ class KubeFedProvider:
         self.clusters = mcr.ClusterSet(options=options, probe_interval=probe_interval, owner=self._owner)
         self._last_good: dict[str, mcr.ClusterConfig] = {}
         self._members: dict[str, MemberStatus] = {}
+        self.waiting: str | None = None
+        """Why discovery has not started (KubeFed not installed yet, the hub not answering), else None."""
 
     def __repr__(self) -> str:
         return f"<KubeFedProvider namespace={self.namespace!r} clusters={self.clusters.names()}>"
@@ -106,16 +129,27 @@ class KubeFedProvider:
     async def run(self, aware: mcr.Aware) -> None:
         """Watch KubeFedClusters and Secrets and keep the members engaged until cancelled.
 
-        Raises :class:`KubeFedNotInstalled` at once when the hub has no KubeFed CRD.
+        On a hub without the KubeFed CRD, waits for it (see :attr:`waiting`);
+        with ``wait_for_crd=False``, raises :class:`KubeFedNotInstalled` at once.
         """
         async with mcr.hub_connection(self._hub, f"{self._owner} (hub)", self._options) as hub:
-            try:
-                await hub.client.resource(KUBEFED_CLUSTER)
-            except mcr.KindNotFound:
-                raise KubeFedNotInstalled(
-                    f"KubeFed not installed: the hub {hub.config.server} serves no KubeFedCluster "
-                    f"({KUBEFED_CLUSTER.api_version})"
-                ) from None
+            if self.wait_for_crd:
+                await mcr.wait_for_kind(
+                    hub,
+                    [KUBEFED_CLUSTER],
+                    owner=self._owner,
+                    what="KubeFed",
+                    report=self._report_waiting,
+                    backoff=self._crd_backoff,
+                )
+            else:
+                try:
+                    await hub.client.resource(KUBEFED_CLUSTER)
+                except mcr.KindNotFound:
+                    raise KubeFedNotInstalled(
+                        f"KubeFed not installed: the hub {hub.config.server} serves no KubeFedCluster "
+                        f"({KUBEFED_CLUSTER.api_version})"
+                    ) from None
             read_timeout = hub.options.watch_read_timeout
             members = mcr.Informer(
                 hub.client, KUBEFED_CLUSTER, namespace=self.namespace, read_timeout=read_timeout
@@ -135,8 +169,17 @@ class KubeFedProvider:
                 self._members = dict(pending)
 
             await mcr.follow_informers(
-                self.clusters, aware, [members, secrets], desired, owner=self._owner, applied=applied
+                self.clusters,
+                aware,
+                [members, secrets],
+                desired,
+                owner=self._owner,
+                applied=applied,
+                backoff=self._retry_backoff,
             )
+
+    def _report_waiting(self, problem: str | None) -> None:
+        self.waiting = problem
 
     def _desired(
         self, objects: Mapping[str, Mapping[str, Any]], secrets: Mapping[str, Mapping[str, Any]]
@@ -187,7 +230,14 @@ class KubeFedProvider:
         secret_name = (spec.get("secretRef") or {}).get("name")
         if not secret_name:
             return None, "spec.secretRef.name is empty"
-        token = token_of(secrets.get(f"{self.namespace}/{secret_name}"))
+        secret = secrets.get(f"{self.namespace}/{secret_name}")
+        encoded = str(((secret or {}).get("data") or {}).get("token") or "")
+        if len(encoded) // 4 * 3 > MAX_TOKEN_BYTES:
+            return None, (
+                f"Secret {self.namespace}/{secret_name} key 'token' is larger than the limit of "
+                f"{MAX_TOKEN_BYTES} bytes; not used"
+            )
+        token = token_of(secret)
         if token is None:
             return None, f"Secret {self.namespace}/{secret_name} is missing or has no 'token'"
         try:
