@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,7 @@ OWNER_LABEL = "dev.mcruntime.testbed.owner"
 IMAGE_REPOSITORY = "mcruntime-testbed"
 IN_IMAGE = Path("/testbed")
 _PASSED_ENV = ("GOMAXPROCS", "GOGC", "GOMEMLIMIT")
+_backends: weakref.WeakSet[ContainerBackend] = weakref.WeakSet()
 
 
 def process_identity(pid: int) -> str | None:
@@ -98,9 +100,29 @@ def _docker() -> RawDockerClient:
     return client
 
 
-def remove_containers(client: RawDockerClient, *, session: str | None = None, stale: bool = False) -> int:
-    """Remove the session's testbed containers, or (``stale``) those whose owner is gone."""
-    removed = 0
+def _available_binaries() -> list[Path]:
+    """Every testbed binary already found on this machine (none is built here)."""
+    from ._assets import find_assets, find_workload_assets
+
+    found: list[Path] = []
+    assets = find_assets()
+    if assets is not None:
+        found += [assets.kube_apiserver.resolve(), assets.etcd.resolve()]
+    workloads = find_workload_assets()
+    if workloads is not None:
+        found += [
+            workloads.kube_controller_manager.resolve(),
+            workloads.kube_scheduler.resolve(),
+            workloads.kwok.resolve(),
+        ]
+    return found
+
+
+def remove_containers(
+    client: RawDockerClient, *, session: str | None = None, stale: bool = False
+) -> list[str]:
+    """Remove a session's testbed containers, or (``stale``) those whose owner is gone; returns names."""
+    removed: list[str] = []
     for container in client.containers.list(all=True, filters={"label": LABEL}):
         labels = container.labels or {}
         ours = session is not None and labels.get(LABEL) == session
@@ -108,8 +130,18 @@ def remove_containers(client: RawDockerClient, *, session: str | None = None, st
         if ours or orphaned:
             with contextlib.suppress(Exception):  # already gone, or removal in progress
                 container.remove(force=True)
-                removed += 1
+                removed.append(str(container.name))
     return removed
+
+
+def sweep_session_leftovers() -> list[str]:
+    """Remove what any backend of this process left behind; returns the names (empty when all was stopped)."""
+    found: list[str] = []
+    for backend in list(_backends):
+        found += backend.removed_at_close
+        backend.removed_at_close = []
+        found += remove_containers(backend.client, session=backend.session)
+    return found
 
 
 class ContainerProcess:
@@ -170,15 +202,15 @@ class ContainerProcess:
         from testcontainers.core.container import DockerContainer
 
         image, command = self._backend.image_for(self.argv)
-        container = DockerContainer(image).with_command(command).with_tmpfs_mount("/tmp")
+        container = DockerContainer(image).with_command(command).with_tmpfs_mount("/tmp")  # noqa: S108 -- the container's own tmpfs
         for mount in self._mounts:
             container.with_volume_mapping(str(mount), str(mount), "rw")
         for key, value in self._env.items():
             container.with_env(key, value)
+        container.with_name(f"mcruntime-{self._backend.session}-{uuid.uuid4().hex[:6]}")
         container.with_kwargs(
             network="host",  # no bridge exists; ports are the host's loopback ports
             labels={LABEL: self._backend.session, OWNER_LABEL: self._backend.owner},
-            name=f"mcruntime-{self._backend.session}-{uuid.uuid4().hex[:6]}",
         )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._backend.ensure_reaper()
@@ -199,7 +231,7 @@ class ContainerProcess:
             container.remove(force=True)
 
     def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout``; keeps the output in ``log_path`` and removes the container."""
+        """SIGTERM, then SIGKILL after ``timeout``; keeps the output in ``log_path``; removes it."""
         if self._container is None:
             return
         with contextlib.suppress(Exception):
@@ -244,6 +276,9 @@ class ContainerBackend:
         self._image: str | None = None
         self._reaper: subprocess.Popen[bytes] | None = None
         self.stale_removed = remove_containers(self.client, stale=True)
+        self.removed_at_close: list[str] = []
+        """Containers still there when the backend closed: a component nobody stopped."""
+        _backends.add(self)
         atexit.register(self.close)
 
     def __repr__(self) -> str:
@@ -263,6 +298,8 @@ class ContainerBackend:
                 )
             if known is None or self._image is None:
                 self._binaries[name] = binary
+                for other in _available_binaries():  # one image for all, not one per new binary
+                    self._binaries.setdefault(other.name, other)
                 self._image = self._build_image()
             return self._image, [str(IN_IMAGE / name), *argv[1:]]
 
@@ -332,12 +369,12 @@ class ContainerBackend:
     def leftovers(self) -> list[str]:
         """Names of this session's containers that still exist."""
         found = self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.session}"})
-        return [container.name for container in found]
+        return [str(container.name) for container in found]
 
     def close(self) -> None:
         """Remove every container of this session (idempotent; also runs at exit)."""
         with contextlib.suppress(Exception):
-            remove_containers(self.client, session=self.session)
+            self.removed_at_close += remove_containers(self.client, session=self.session)
         reaper, self._reaper = self._reaper, None
         if reaper is not None and reaper.poll() is None:
             reaper.terminate()

@@ -53,7 +53,9 @@ class Fleet:
         self.workloads = workloads
         self.nodes = nodes
         self._own_backend = backend is None or isinstance(backend, str)
-        self.backend: Backend = backend_named(backend) if backend is None or isinstance(backend, str) else backend
+        self.backend: Backend = (
+            backend_named(backend) if backend is None or isinstance(backend, str) else backend
+        )
         self._progress = progress
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="mcruntime-testbed-"))

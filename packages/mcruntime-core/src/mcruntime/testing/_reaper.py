@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
     client = from_env()
     # Containers may still be starting when the owner dies: sweep until none is left.
     for _attempt in range(10):
-        if remove_containers(client, session=session) == 0:
+        if not remove_containers(client, session=session):
             break
         time.sleep(POLL_SECONDS)
     return 0

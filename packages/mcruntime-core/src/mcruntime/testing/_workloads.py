@@ -193,7 +193,12 @@ class Workloads:
             )
             process.start()
             try:
-                self._await(f"{component} to serve /healthz", lambda: self._healthy(port, https), deadline, process)
+                self._await(
+                    f"{component} to serve /healthz",
+                    lambda port=port: self._healthy(port, https),  # type: ignore[misc]
+                    deadline,
+                    process,
+                )
             except TestbedError as error:
                 process.stop()
                 if "address already in use" in str(error):
@@ -246,7 +251,11 @@ class Workloads:
     def _create_nodes(self) -> None:
         for name in self.node_names():
             self._plane._admin_call(
-                self._plane.apiserver.port, "POST", "/api/v1/nodes", self._node_manifest(name), allow_conflict=True
+                self._plane.apiserver.port,
+                "POST",
+                "/api/v1/nodes",
+                self._node_manifest(name),
+                allow_conflict=True,
             )
 
     def _untaint(self, name: str) -> None:
@@ -258,8 +267,9 @@ class Workloads:
         port = self._plane.apiserver.port
         for _attempt in range(5):
             node = self._plane._admin_call(port, "GET", f"/api/v1/nodes/{name}", None)
-            taints = [t for t in node["spec"].get("taints") or [] if t.get("key") != "node.kubernetes.io/not-ready"]
-            if taints == (node["spec"].get("taints") or []):
+            current = node["spec"].get("taints") or []
+            taints = [t for t in current if t.get("key") != "node.kubernetes.io/not-ready"]
+            if taints == current:
                 return
             node["spec"]["taints"] = taints
             try:
