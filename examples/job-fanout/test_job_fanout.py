@@ -124,7 +124,9 @@ async def test_one_failed_job_makes_the_test_error(workload_fleet: Fleet, tmp_pa
             assert pod["spec"]["containers"][0]["command"] == list(FAILING_COMMAND)
             assert pod["status"]["phase"] == "Failed"
             assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 1
-        (main_pod,) = (await main.client.list(POD, namespace=namespace, label_selector="job-name=flaky")).items
+        (main_pod,) = (
+            await main.client.list(POD, namespace=namespace, label_selector="job-name=flaky")
+        ).items
         assert main_pod["status"]["phase"] == "Succeeded"
 
 
@@ -145,7 +147,9 @@ async def test_clusters_joining_get_jobs_and_clusters_leaving_drop_out(
             lambda: clusters_are({"main", "cluster-2"}, "finished"), "finished on main and cluster-2"
         )
 
-        fleet_dir.add(workload_fleet["cluster-3"])  # a cluster joins: it gets the Test's Job, which runs again
+        fleet_dir.add(
+            workload_fleet["cluster-3"]
+        )  # a cluster joins: it gets the Test's Job, which runs again
         await eventually(
             lambda: clusters_are({"main", "cluster-2", "cluster-3"}, "finished"), "finished on cluster-3 too"
         )
@@ -183,7 +187,9 @@ async def test_deleting_a_test_deletes_its_jobs_and_their_pods_in_every_cluster(
                 return False
             except mcr.NotFound:
                 pass
-            found = [await c.client.list(kind, namespace=namespace) for c in (main, sub) for kind in (JOB, POD)]
+            found = [
+                await c.client.list(kind, namespace=namespace) for c in (main, sub) for kind in (JOB, POD)
+            ]
             return all(not listed.items for listed in found)
 
         # Background propagation: the garbage collector deletes the Pods after their Jobs.

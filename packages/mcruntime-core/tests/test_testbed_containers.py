@@ -29,7 +29,6 @@ from mcruntime.testing._containers import (
     wait_for_removal,
 )
 
-
 NAMESPACE = mcr.Kind("v1", "Namespace")
 
 

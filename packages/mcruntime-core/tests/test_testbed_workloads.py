@@ -137,13 +137,18 @@ async def test_plain_clusters_stay_plain(testbed: Fleet) -> None:
 @pytest.mark.testbed_workloads
 async def test_stop_and_start_take_the_workloads_along(fresh_cluster: ControlPlane) -> None:
     workloads = fresh_cluster.workloads
-    assert workloads is not None and workloads.running
+    assert workloads is not None
+
+    def states() -> list[bool]:
+        return [process.running for process in workloads.processes()]
+
+    assert states() == [True, True, True]
     assert workloads.rss_bytes() > 0
     fresh_cluster.stop()
-    assert not workloads.running
+    assert states() == [False, False, False]
     assert workloads.rss_bytes() == 0
     fresh_cluster.start()
-    assert workloads.running
+    assert states() == [True, True, True]
     async with running_cluster(fresh_cluster) as cluster:
         namespace = await new_namespace(cluster)
         await cluster.client.create(job("again", namespace))
@@ -161,13 +166,17 @@ def test_workloads_cannot_be_added_twice(fresh_cluster: ControlPlane, testbed: F
 
 
 def test_a_cluster_needs_at_least_one_node(testbed: Fleet, tmp_path: Any) -> None:
-    plane = ControlPlane("nodeless", etcd=testbed.etcd, binary=testbed.assets.kube_apiserver, directory=tmp_path)
-    with pytest.raises(TestbedError, match="nodeless: .* at least one node, not 0"):
+    plane = ControlPlane(
+        "nodeless", etcd=testbed.etcd, binary=testbed.assets.kube_apiserver, directory=tmp_path
+    )
+    with pytest.raises(TestbedError, match=r"nodeless: .* at least one node, not 0"):
         Workloads(plane, testbed.workload_assets, plane.backend, nodes=0)
 
 
 def test_workloads_need_a_running_cluster(testbed: Fleet, tmp_path: Any) -> None:
-    plane = ControlPlane("stopped", etcd=testbed.etcd, binary=testbed.assets.kube_apiserver, directory=tmp_path)
+    plane = ControlPlane(
+        "stopped", etcd=testbed.etcd, binary=testbed.assets.kube_apiserver, directory=tmp_path
+    )
     with pytest.raises(TestbedError, match="stopped: start the cluster before adding workloads"):
         plane.run_workloads(testbed.workload_assets)
 

@@ -327,7 +327,7 @@ class ContainerBackend:
                 except OSError:  # another filesystem
                     shutil.copy2(path, target)
                 lines.append(f"COPY {name} {IN_IMAGE / name}")
-            lines.append('ENTRYPOINT []')
+            lines.append("ENTRYPOINT []")
             (Path(context) / "Dockerfile").write_text("\n".join(lines) + "\n")
             try:
                 DockerImage(path=context, tag=tag, clean_up=False, pull=False).build()
