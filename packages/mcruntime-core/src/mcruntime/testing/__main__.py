@@ -23,8 +23,8 @@ from ._fleet import Fleet
 
 def _install(arguments: argparse.Namespace) -> int:
     assets = ensure_assets()
-    print(f"kube-apiserver: {assets.kube_apiserver}  ({assets.kube_apiserver_source})")
-    print(f"etcd:           {assets.etcd}  ({assets.etcd_source})")
+    print(f"{'kube-apiserver:':<25}{assets.kube_apiserver}  ({assets.kube_apiserver_source})")
+    print(f"{'etcd:':<25}{assets.etcd}  ({assets.etcd_source})")
     if arguments.workloads:
         workloads = ensure_workload_assets()
         paths = {
@@ -33,7 +33,7 @@ def _install(arguments: argparse.Namespace) -> int:
             "kwok": workloads.kwok,
         }
         for name, path in paths.items():
-            print(f"{name + ':':<24}{path}  ({workloads.sources[name]})")
+            print(f"{name + ':':<25}{path}  ({workloads.sources[name]})")
     if assets.kube_apiserver.parent == assets.etcd.parent:
         print(f"export KUBEBUILDER_ASSETS={assets.kube_apiserver.parent}")
     return 0
