@@ -202,3 +202,29 @@ def test_an_unknown_backend_is_named_in_the_error(monkeypatch: pytest.MonkeyPatc
         backend_named()
     with pytest.raises(TestbedError, match="backend='podman' is not a testbed backend"):
         backend_named("podman")
+
+
+def test_the_command_line_starts_clusters_with_workloads_and_reports_their_memory(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    installed = subprocess.run(
+        [sys.executable, "-m", "mcruntime.testing", "install", "--workloads"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert installed.returncode == 0, installed.stderr
+    for name in ("kube-controller-manager:", "kube-scheduler:", "kwok:", "export KUBEBUILDER_ASSETS="):
+        assert name in installed.stdout
+    started = subprocess.run(
+        [sys.executable, "-m", "mcruntime.testing", "fleet", "--clusters", "1", "--workloads", "--exit"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert started.returncode == 0, started.stderr
+    assert "workloads: " in started.stdout
+    assert "controllers + scheduler + kwok RSS" in started.stdout

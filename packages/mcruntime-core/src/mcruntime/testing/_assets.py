@@ -249,27 +249,27 @@ def _run_go(
     go = _go_binary()
     started = time.monotonic()
     report(f"{step} ...")
-    process = subprocess.Popen(
+    tail: list[str] = []
+    compiled = 0
+    last_report = started
+    with subprocess.Popen(
         [*_niceness_prefix(), go, *args],
         cwd=workdir,
         env={**_go_environment(), **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-    )
-    assert process.stdout is not None
-    tail: list[str] = []
-    compiled = 0
-    last_report = started
-    for line in process.stdout:
-        tail = [*tail[-40:], line.rstrip()]
-        if count_packages and not line.startswith(("go: ", "#")):
-            compiled += 1
-        now = time.monotonic()
-        if now - last_report >= 15:
-            detail = f"{compiled} packages compiled, " if count_packages else ""
-            report(f"{step}: {detail}{now - started:.0f}s so far")
-            last_report = now
+    ) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            tail = [*tail[-40:], line.rstrip()]
+            if count_packages and not line.startswith(("go: ", "#")):
+                compiled += 1
+            now = time.monotonic()
+            if now - last_report >= 15:
+                detail = f"{compiled} packages compiled, " if count_packages else ""
+                report(f"{step}: {detail}{now - started:.0f}s so far")
+                last_report = now
     if process.wait() != 0:
         raise AssetsError(f"{step} failed (go {' '.join(args)}):\n" + "\n".join(tail))
     report(f"{step}: done in {time.monotonic() - started:.0f}s")

@@ -65,7 +65,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Declare the ``testbed_workloads`` marker."""
+    """Declare the ``testbed_workloads`` marker; make ``--testbed-backend`` every fleet's default.
+
+    The option is written to ``MCRUNTIME_TESTBED_BACKEND`` so that fleets a test
+    builds itself (``Fleet()``) run on the same backend as the fixtures' fleets.
+    """
+    chosen = config.getoption("--testbed-backend", default=None)
+    if chosen:
+        os.environ[_BACKEND_VARIABLE] = str(chosen)
     config.addinivalue_line(
         "markers",
         "testbed_workloads: the test's `fresh_cluster` runs controllers, a scheduler and kwok nodes",
