@@ -19,7 +19,7 @@ import pytest
 from kube_helpers import new_namespace, running_cluster
 
 import mcruntime as mcr
-from mcruntime.testing import Fleet, find_assets
+from mcruntime.testing import Fleet, TestbedError, find_assets
 from mcruntime.testing._containers import (
     LABEL,
     OWNER_LABEL,
@@ -142,3 +142,22 @@ def test_process_identity_tells_a_live_owner_from_a_gone_one() -> None:
     assert me is not None and owner_alive(me)
     assert not owner_alive("not-a-pid")
     assert process_identity(2**22 + 1) is None
+
+
+def test_a_container_that_cannot_start_is_removed_and_named(
+    backend: ContainerBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assets = find_assets()
+    assert assets is not None
+    image, _ = backend.image_for([str(assets.etcd)])
+    monkeypatch.setattr(backend, "image_for", lambda _argv: (image, ["/testbed/no-such-binary"]))
+    process = backend.process("broken", [str(assets.etcd)], tmp_path / "broken.log", mounts=(tmp_path,))
+    with pytest.raises(TestbedError, match="broken: the container did not start"):
+        process.start()
+    assert _session_containers(backend) == []
+    assert not process.running
+
+
+def test_a_container_needs_its_directory_mounted(backend: ContainerBackend, tmp_path: Path) -> None:
+    with pytest.raises(TestbedError, match="lonely: a container needs the directory of its files mounted"):
+        backend.process("lonely", ["/bin/true"], tmp_path / "lonely.log")

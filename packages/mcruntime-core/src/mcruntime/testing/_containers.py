@@ -214,7 +214,14 @@ class ContainerProcess:
         )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._backend.ensure_reaper()
-        container.start()
+        try:
+            container.start()
+        except Exception as error:
+            created = container._container  # created but not started: never leave it behind
+            if created is not None:
+                with contextlib.suppress(Exception):
+                    created.remove(force=True)
+            raise TestbedError(f"{self.name}: the container did not start: {error}") from error
         self._container = container.get_wrapped_container()
         self._exit_code = None
 
