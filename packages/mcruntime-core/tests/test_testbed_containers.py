@@ -161,3 +161,39 @@ def test_a_container_that_cannot_start_is_removed_and_named(
 def test_a_container_needs_its_directory_mounted(backend: ContainerBackend, tmp_path: Path) -> None:
     with pytest.raises(TestbedError, match="lonely: a container needs the directory of its files mounted"):
         backend.process("lonely", ["/bin/true"], tmp_path / "lonely.log")
+
+
+def test_a_session_that_leaks_containers_fails_and_removes_them(tmp_path: Path) -> None:
+    leaky = tmp_path / "test_leaky.py"
+    leaky.write_text(
+        textwrap.dedent(
+            """
+            from mcruntime.testing import Fleet
+
+            def test_starts_a_cluster_and_never_stops_it(tmp_path):
+                Fleet(workdir=tmp_path, backend="container").add("leaky")
+            """
+        )
+    )
+    import docker
+
+    client = docker.from_env()
+    with subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(leaky)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as inner:
+        output, _ = inner.communicate(timeout=120)
+        owner_prefix = f"{inner.pid}:"
+    assert inner.returncode == 1, output
+    assert "1 passed" in output
+    assert "left running and killed: container mcruntime-" in output
+    left = [
+        c.name
+        for c in client.containers.list(all=True, filters={"label": LABEL})
+        if (c.labels or {}).get(OWNER_LABEL, "").startswith(owner_prefix)
+    ]
+    client.close()
+    assert left == []
