@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from mcruntime.testing import (
     TestbedError,
     Workloads,
     backend_named,
+    live_processes,
 )
 from mcruntime.testing._stages import stages
 
@@ -163,6 +166,20 @@ async def test_stop_and_start_take_the_workloads_along(fresh_cluster: ControlPla
 def test_workloads_cannot_be_added_twice(fresh_cluster: ControlPlane, testbed: Fleet) -> None:
     with pytest.raises(TestbedError, match="already runs workloads"):
         fresh_cluster.run_workloads(testbed.workload_assets)
+
+
+def test_a_component_that_cannot_start_is_named_and_the_others_are_stopped(testbed: Fleet) -> None:
+    plane = testbed.add()
+    try:
+        broken = dataclasses.replace(testbed.workload_assets, kwok=Path("/bin/false"))
+        with pytest.raises(TestbedError, match=rf"{plane.name}\b.*kwok|kwok\[{plane.name}\]"):
+            plane.run_workloads(broken, timeout=20)
+        assert plane.workloads is None
+        assert [p.name for p in plane.processes()] == [f"kube-apiserver[{plane.name}/primary]"]
+        leftovers = [p.name for p in live_processes() if f"[{plane.name}" in p.name]
+        assert all(name.startswith("kube-apiserver") for name in leftovers)
+    finally:
+        testbed.remove(plane.name)
 
 
 def test_a_cluster_needs_at_least_one_node(testbed: Fleet, tmp_path: Any) -> None:

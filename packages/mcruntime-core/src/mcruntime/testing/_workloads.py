@@ -19,6 +19,7 @@ Nothing runs a container: the cost is three processes, not a container runtime.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ssl
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from ._errors import TestbedError
-from ._net import LOOPBACK, free_port, https_request
+from ._net import LOOPBACK, free_port, http_get, https_request
 from ._process import wait_until
 from ._stages import NODE_ANNOTATION, stages
 
@@ -193,12 +194,8 @@ class Workloads:
             )
             process.start()
             try:
-                self._await(
-                    f"{component} to serve /healthz",
-                    lambda port=port: self._healthy(port, https),  # type: ignore[misc]
-                    deadline,
-                    process,
-                )
+                healthy = functools.partial(self._healthy, port, https)
+                self._await(f"{component} to serve /healthz", healthy, deadline, process)
             except TestbedError as error:
                 process.stop()
                 if "address already in use" in str(error):
@@ -211,10 +208,8 @@ class Workloads:
     @staticmethod
     def _healthy(port: int, https: bool) -> bool:
         if not https:
-            from ._net import http_get
-
-            answer_plain = http_get(port, "/healthz", timeout=1.0)
-            return answer_plain is not None and answer_plain[0] == 200
+            plain = http_get(port, "/healthz", timeout=1.0)
+            return plain is not None and plain[0] == 200
         answer = https_request(port, "GET", "/healthz", _insecure_loopback_context(), timeout=1.0)
         return answer is not None and answer[0] == 200
 
