@@ -2,14 +2,14 @@
 
 What it does, in order, saying so as it goes:
 
-1. finds kube-apiserver and etcd (or builds them from Go modules, the first
-   time only, with progress);
-2. starts three local control planes: ``main`` (the hub, where Tests live) and
+1. finds kube-apiserver, etcd, kube-controller-manager, kube-scheduler and kwok
+   (or builds them from Go modules, the first time only, with progress);
+2. starts three local clusters: ``main`` (the hub, where Tests live) and
    ``east`` and ``west``, whose kubeconfigs it writes into a directory that
-   provider-file watches;
-3. runs job-fanout (examples/job-fanout) with its metrics endpoint and the
-   simulated kubelet (the testbed has no nodes, so Jobs are finished by writing
-   their status), and creates two Tests, one whose Job fails in ``east``;
+   provider-file watches; each runs the real Job, garbage-collection and
+   namespace controllers, a scheduler and a kwok node;
+3. runs job-fanout (examples/job-fanout) with its metrics endpoint and creates
+   two Tests, one whose Job's Pod fails in ``east``;
 4. starts a fourth control plane, ``north``, and writes its kubeconfig: it joins
    and gets the Tests' Jobs; then deletes ``west``'s kubeconfig: it leaves;
 5. creates a third Test on the changed fleet and deletes the first one (its
@@ -50,7 +50,7 @@ from rich.text import Text
 
 import mcruntime as mcr
 from job_fanout import JOB, MAIN, TEST, build, install_crd, make_test
-from mcruntime.testing import ControlPlane, Fleet, TestbedError, find_assets
+from mcruntime.testing import ControlPlane, Fleet, TestbedError, find_assets, find_workload_assets
 from mcruntime_file import KubeconfigFileProvider
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ class Output:
 
 
 class NarratingHandler(logging.Handler):
-    """Turns the controllers' own log lines (job_fanout, simulated_kubelet) into narration."""
+    """Turns the controller's own log lines (job_fanout) into narration."""
 
     def __init__(self, output: Output) -> None:
         super().__init__(logging.INFO)
@@ -205,7 +205,11 @@ def start_plane(fleet: Fleet, name: str, say: Callable[[str], None]) -> ControlP
     """Start one control plane (blocking: call it in a thread once the event loop runs)."""
     started = time.monotonic()
     plane = fleet.add(name)
-    say(f"control plane {name!r} serving at {plane.server} ({time.monotonic() - started:.1f}s)")
+    nodes = ", ".join(plane.workloads.node_names()) if plane.workloads is not None else "no nodes"
+    say(
+        f"cluster {name!r} serving at {plane.server} with controllers, scheduler and {nodes} "
+        f"({time.monotonic() - started:.1f}s)"
+    )
     return plane
 
 
@@ -293,7 +297,6 @@ class Demo:
         manager, _fanout = build(
             main_config,
             self.provider,
-            simulate_kubelet=True,
             metrics_address="127.0.0.1:0",
             handle_signals=False,
         )
@@ -311,7 +314,8 @@ class Demo:
             self.metrics_url = manager.endpoints.url("/metrics")
             self.say(f"job-fanout running; metrics at {self.metrics_url}")
             self.say(
-                "simulated kubelet on: the testbed has no nodes, so Jobs are finished by writing their status"
+                "Jobs run for real: kube-controller-manager's Job controller makes their Pods, "
+                "kube-scheduler binds them to kwok nodes, kwok runs them; deletion is garbage-collected"
             )
             self.output.start_live()
             watcher = asyncio.create_task(self.watch(), name="view")
@@ -474,6 +478,11 @@ def find_binaries(say: Callable[[str], None]) -> None:
             "kube-apiserver and etcd not found: building them with Go from the module proxy "
             "(about four minutes on two cores, once; cached in ~/.local/share/kubebuilder-envtest)"
         )
+    if find_workload_assets() is None:
+        say(
+            "kube-controller-manager, kube-scheduler and kwok not found: building them with Go from "
+            "the module proxy (about eight more minutes on two cores, once; cached in the same place)"
+        )
 
 
 async def run_demo(
@@ -545,7 +554,7 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> int
     seen = Seen()
     output = Output(seen, out, live=out.isatty() and not arguments.plain)
     handler = NarratingHandler(output)
-    for name in ("job_fanout", "simulated_kubelet"):
+    for name in ("job_fanout",):
         logger = logging.getLogger(name)
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
@@ -556,14 +565,19 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> int
         else Path(tempfile.mkdtemp(prefix="mcruntime-demo-"))
     )
     workdir.mkdir(parents=True, exist_ok=True)
-    output.step("starting a local fleet (real kube-apiserver and etcd processes, no Docker)")
+    output.step(
+        "starting a local fleet (real kube-apiserver, etcd, kube-controller-manager, kube-scheduler "
+        "and kwok processes; no Docker)"
+    )
     output.say(f"working directory: {workdir}")
     try:
         find_binaries(output.say)
         progress = lambda message: output.say(f"build: {message}")  # noqa: E731 -- the testbed's build steps
-        with Fleet(workdir=workdir / "clusters", progress=progress) as fleet:
+        with Fleet(workdir=workdir / "clusters", progress=progress, workloads=True) as fleet:
             assets = fleet.assets
             output.say(f"binaries: {assets.kube_apiserver} ({assets.kube_apiserver_source})")
+            extra = fleet.workload_assets
+            output.say(f"workload binaries: kube-controller-manager {extra.kube_controller_manager}")
             for name in (MAIN, "east", "west"):
                 start_plane(fleet, name, output.say)
             return asyncio.run(run_demo(fleet, workdir, arguments, output, seen))
@@ -576,7 +590,7 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> int
         print(f"demo: the testbed could not start: {error}", file=sys.stderr)
         return 1
     finally:
-        for name in ("job_fanout", "simulated_kubelet"):
+        for name in ("job_fanout",):
             logging.getLogger(name).removeHandler(handler)
         if not arguments.workdir:
             shutil.rmtree(workdir, ignore_errors=True)

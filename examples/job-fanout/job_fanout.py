@@ -17,8 +17,10 @@ Run it against a main cluster and a directory of sub-cluster kubeconfigs::
 
     python examples/job-fanout/job_fanout.py --main main.kubeconfig --clusters ./fleet/
 
-Clusters without nodes (the testbed's, for one) never run a Job; pass
-``--simulate-kubelet`` to have :mod:`simulated_kubelet` finish them.
+The clusters need what runs a Job: the job controller, a scheduler and nodes.
+The testbed's clusters have them when started with workloads
+(``Fleet(workloads=True)``): real kube-controller-manager and kube-scheduler,
+and kwok nodes that "run" each Pod for a moment and let it exit.
 """
 
 from __future__ import annotations
@@ -42,8 +44,11 @@ NAMESPACE = mcr.Kind("v1", "Namespace")
 CRD = mcr.Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 TEST_LABEL = f"{GROUP}/test"
 """Label on every child Job: the name of its Test (same namespace, main cluster)."""
-OUTCOME_ANNOTATION = f"{GROUP}/simulated-outcome"
-"""Set to ``fail`` on the Jobs of clusters listed in ``spec.failIn``; only the simulated kubelet reads it."""
+EXIT_CODE_ANNOTATION = "testbed.mcruntime.dev/exit-code"
+"""On the Pods of clusters listed in ``spec.failIn``: the exit code a kwok node of the testbed ends
+them with (``mcruntime.testing.EXIT_CODE_ANNOTATION``). A real node ignores it and runs the failing
+command instead, so the Job fails either way."""
+FAILING_COMMAND = ("sh", "-c", "echo 'failing on purpose (spec.failIn)'; exit 1")
 FINALIZER = f"{GROUP}/jobs"
 MAIN = "main"
 """How the main (local) cluster, whose mcruntime name is ``""``, appears in a Test's status."""
@@ -91,7 +96,7 @@ def crd_manifest() -> JSON:
                                         "command": string_list,
                                         "failIn": {
                                             **string_list,
-                                            "description": "clusters whose Job the simulated kubelet fails",
+                                            "description": "clusters whose Job fails on purpose",
                                         },
                                     },
                                 },
@@ -146,7 +151,7 @@ def make_test(
     command: Sequence[str] = ("sh", "-c", "echo testing && sleep 2"),
     fail_in: Iterable[str] = (),
 ) -> JSON:
-    """A Test object; ``fail_in`` names clusters (``main`` included) whose Job the simulated kubelet fails."""
+    """A Test object; ``fail_in`` names clusters (``main`` included) whose Job fails on purpose."""
     return {
         "apiVersion": TEST.api_version,
         "kind": "Test",
@@ -156,12 +161,19 @@ def make_test(
 
 
 def job_for(test: JSON, cluster: str) -> JSON:
-    """The child Job of ``test`` in ``cluster``: same name and namespace, labelled with its Test."""
+    """The child Job of ``test`` in ``cluster``: same name and namespace, labelled with its Test.
+
+    In the clusters of ``spec.failIn`` the Pod fails on purpose: its command
+    exits 1 on a real node, and its annotation makes a kwok node end it with 1.
+    """
     metadata = test["metadata"]
     spec = test.get("spec") or {}
-    annotations = {OUTCOME_ANNOTATION: "fail"} if display_name(cluster) in (spec.get("failIn") or []) else {}
+    failing = display_name(cluster) in (spec.get("failIn") or [])
+    annotations = {EXIT_CODE_ANNOTATION: "1"} if failing else {}
     container: JSON = {"name": "test", "image": spec.get("image") or "busybox:1.36"}
-    if spec.get("command"):
+    if failing:
+        container["command"] = list(FAILING_COMMAND)
+    elif spec.get("command"):
         container["command"] = list(spec["command"])
     return {
         "apiVersion": "batch/v1",
@@ -170,12 +182,11 @@ def job_for(test: JSON, cluster: str) -> JSON:
             "name": metadata["name"],
             "namespace": metadata["namespace"],
             "labels": {TEST_LABEL: metadata["name"]},
-            "annotations": annotations,
         },
         "spec": {
             "backoffLimit": 0,
             "template": {
-                "metadata": {"labels": {TEST_LABEL: metadata["name"]}},
+                "metadata": {"labels": {TEST_LABEL: metadata["name"]}, "annotations": annotations},
                 "spec": {"restartPolicy": "Never", "containers": [container]},
             },
         },
@@ -363,11 +374,10 @@ def build(
     provider: mcr.Provider | None,
     *,
     namespace: str | None = None,
-    simulate_kubelet: bool = False,
     metrics_address: str | None = None,
     handle_signals: bool = True,
 ) -> tuple[mcr.Manager, JobFanout]:
-    """The manager with the job-fanout controller (and the simulated kubelet, if asked for)."""
+    """The manager with the job-fanout controller."""
     manager = mcr.Manager(
         provider,
         local=main,
@@ -377,16 +387,11 @@ def build(
     )
     fanout = JobFanout(manager, namespace=namespace)
     fanout.setup()
-    if simulate_kubelet:
-        # Imported here: it builds on this module's names, and real clusters never need it.
-        from simulated_kubelet import SimulatedKubelet
-
-        SimulatedKubelet(manager, namespace=namespace).setup()
     return manager, fanout
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The command line: main cluster, sub clusters, namespace, simulated kubelet, metrics."""
+    """The command line: main cluster, sub clusters, namespace, metrics."""
     parser = argparse.ArgumentParser(
         prog="job_fanout.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -408,11 +413,6 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="sub clusters are named by their context (default) or by file path and context",
     )
     parser.add_argument("--namespace", help="only the Tests of this namespace (default: every namespace)")
-    parser.add_argument(
-        "--simulate-kubelet",
-        action="store_true",
-        help="finish Jobs by writing their status, for clusters without nodes (such as the testbed's)",
-    )
     parser.add_argument(
         "--metrics-address", default="127.0.0.1:8080", help="host:port of /metrics ('' disables)"
     )
@@ -442,7 +442,6 @@ async def run(arguments: argparse.Namespace) -> None:
         config,
         provider,
         namespace=arguments.namespace,
-        simulate_kubelet=arguments.simulate_kubelet,
         metrics_address=arguments.metrics_address or None,
     )
     await manager.start()

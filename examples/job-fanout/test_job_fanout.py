@@ -1,10 +1,11 @@
 """job-fanout, run from its command line against testbed control planes.
 
 cluster-1 is the main cluster; sub clusters are kubeconfig files in a directory
-the program watches, added and deleted while it runs. The simulated kubelet
-finishes the Jobs (the testbed has no nodes). Each test works in a namespace of
-its own, and the program watches only that one, so tests never see each other's
-Tests.
+the program watches, added and deleted while it runs. The clusters run
+workloads (``workload_fleet``): the real Job controller runs the Jobs on kwok
+nodes, and the real garbage collector deletes their Pods. Each test works in a
+namespace of its own, and the program watches only that one, so tests never
+see each other's Tests.
 """
 
 from __future__ import annotations
@@ -24,8 +25,25 @@ from example_testing import (
     running,
     write_kubeconfig,
 )
-from job_fanout import JOB, TEST, TEST_LABEL, install_crd, make_test, parse_arguments, run
+from job_fanout import (
+    EXIT_CODE_ANNOTATION,
+    FAILING_COMMAND,
+    JOB,
+    TEST,
+    TEST_LABEL,
+    install_crd,
+    make_test,
+    parse_arguments,
+    run,
+)
+from mcruntime.testing import EXIT_CODE_ANNOTATION as TESTBED_EXIT_CODE_ANNOTATION
 from mcruntime.testing import Fleet
+
+POD = mcr.Kind("v1", "Pod")
+
+
+def test_the_failure_annotation_is_the_one_the_testbed_reads() -> None:
+    assert EXIT_CODE_ANNOTATION == TESTBED_EXIT_CODE_ANNOTATION
 
 
 @asynccontextmanager
@@ -47,7 +65,6 @@ async def fanout(fleet: Fleet, tmp_path: Path, subs: list[str]) -> AsyncIterator
             str(fleet_dir.path),
             "--namespace",
             namespace,
-            "--simulate-kubelet",
             "--metrics-address",
             "127.0.0.1:0",
         ]
@@ -62,10 +79,10 @@ async def phase_of(main: mcr.Cluster, namespace: str, name: str) -> dict[str, An
     return status
 
 
-async def test_a_test_runs_a_job_in_every_cluster_and_finishes(fleet: Fleet, tmp_path: Path) -> None:
+async def test_a_test_runs_a_job_in_every_cluster_and_finishes(workload_fleet: Fleet, tmp_path: Path) -> None:
     async with (
-        fanout(fleet, tmp_path, ["cluster-2", "cluster-3"]) as (namespace, _),
-        admin_cluster(fleet["cluster-1"]) as main,
+        fanout(workload_fleet, tmp_path, ["cluster-2", "cluster-3"]) as (namespace, _),
+        admin_cluster(workload_fleet["cluster-1"]) as main,
     ):
         await main.client.create(make_test("smoke", namespace))
 
@@ -78,7 +95,7 @@ async def test_a_test_runs_a_job_in_every_cluster_and_finishes(fleet: Fleet, tmp
         await eventually(
             finished, "Test smoke finished with a succeeded Job in main, cluster-2 and cluster-3"
         )
-        for plane in (fleet["cluster-1"], fleet["cluster-2"], fleet["cluster-3"]):
+        for plane in (workload_fleet[name] for name in ("cluster-1", "cluster-2", "cluster-3")):
             async with admin_cluster(plane) as cluster:
                 job = await cluster.client.get(JOB, "smoke", namespace=namespace)
                 assert job["metadata"]["labels"][TEST_LABEL] == "smoke"
@@ -86,10 +103,10 @@ async def test_a_test_runs_a_job_in_every_cluster_and_finishes(fleet: Fleet, tmp
                 assert job["status"]["succeeded"] == 1
 
 
-async def test_one_failed_job_makes_the_test_error(fleet: Fleet, tmp_path: Path) -> None:
+async def test_one_failed_job_makes_the_test_error(workload_fleet: Fleet, tmp_path: Path) -> None:
     async with (
-        fanout(fleet, tmp_path, ["cluster-2"]) as (namespace, _),
-        admin_cluster(fleet["cluster-1"]) as main,
+        fanout(workload_fleet, tmp_path, ["cluster-2"]) as (namespace, _),
+        admin_cluster(workload_fleet["cluster-1"]) as main,
     ):
         await main.client.create(make_test("flaky", namespace, fail_in=["cluster-2"]))
 
@@ -100,12 +117,25 @@ async def test_one_failed_job_makes_the_test_error(fleet: Fleet, tmp_path: Path)
             }
 
         await eventually(errored, "Test flaky in error: its Job failed in cluster-2, succeeded in main")
+        # The real Job controller saw a real Pod fail: kwok ended it with the annotated exit code.
+        async with admin_cluster(workload_fleet["cluster-2"]) as sub:
+            (pod,) = (await sub.client.list(POD, namespace=namespace, label_selector="job-name=flaky")).items
+            assert pod["metadata"]["annotations"][EXIT_CODE_ANNOTATION] == "1"
+            assert pod["spec"]["containers"][0]["command"] == list(FAILING_COMMAND)
+            assert pod["status"]["phase"] == "Failed"
+            assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 1
+        (main_pod,) = (
+            await main.client.list(POD, namespace=namespace, label_selector="job-name=flaky")
+        ).items
+        assert main_pod["status"]["phase"] == "Succeeded"
 
 
-async def test_clusters_joining_get_jobs_and_clusters_leaving_drop_out(fleet: Fleet, tmp_path: Path) -> None:
+async def test_clusters_joining_get_jobs_and_clusters_leaving_drop_out(
+    workload_fleet: Fleet, tmp_path: Path
+) -> None:
     async with (
-        fanout(fleet, tmp_path, ["cluster-2"]) as (namespace, fleet_dir),
-        admin_cluster(fleet["cluster-1"]) as main,
+        fanout(workload_fleet, tmp_path, ["cluster-2"]) as (namespace, fleet_dir),
+        admin_cluster(workload_fleet["cluster-1"]) as main,
     ):
         await main.client.create(make_test("roaming", namespace))
 
@@ -117,30 +147,35 @@ async def test_clusters_joining_get_jobs_and_clusters_leaving_drop_out(fleet: Fl
             lambda: clusters_are({"main", "cluster-2"}, "finished"), "finished on main and cluster-2"
         )
 
-        fleet_dir.add(fleet["cluster-3"])  # a cluster joins: it gets the Test's Job, which runs again
+        fleet_dir.add(
+            workload_fleet["cluster-3"]
+        )  # a cluster joins: it gets the Test's Job, which runs again
         await eventually(
             lambda: clusters_are({"main", "cluster-2", "cluster-3"}, "finished"), "finished on cluster-3 too"
         )
-        async with admin_cluster(fleet["cluster-3"]) as joined:
+        async with admin_cluster(workload_fleet["cluster-3"]) as joined:
             assert (await joined.client.get(JOB, "roaming", namespace=namespace))["status"]["succeeded"] == 1
 
         fleet_dir.remove("cluster-2")  # a cluster leaves: it drops out of the status
         await eventually(lambda: clusters_are({"main", "cluster-3"}, "finished"), "cluster-2 dropped out")
 
 
-async def test_deleting_a_test_deletes_its_jobs_in_every_cluster(fleet: Fleet, tmp_path: Path) -> None:
+async def test_deleting_a_test_deletes_its_jobs_and_their_pods_in_every_cluster(
+    workload_fleet: Fleet, tmp_path: Path
+) -> None:
     async with (
-        fanout(fleet, tmp_path, ["cluster-2"]) as (namespace, _),
-        admin_cluster(fleet["cluster-1"]) as main,
-        admin_cluster(fleet["cluster-2"]) as sub,
+        fanout(workload_fleet, tmp_path, ["cluster-2"]) as (namespace, _),
+        admin_cluster(workload_fleet["cluster-1"]) as main,
+        admin_cluster(workload_fleet["cluster-2"]) as sub,
     ):
         await main.client.create(make_test("doomed", namespace))
 
-        async def jobs_exist() -> bool:
-            found = [await c.client.list(JOB, namespace=namespace) for c in (main, sub)]
-            return all(len(listed.items) == 1 for listed in found)
+        async def jobs_and_pods_exist() -> bool:
+            jobs = [await c.client.list(JOB, namespace=namespace) for c in (main, sub)]
+            pods = [await c.client.list(POD, namespace=namespace) for c in (main, sub)]
+            return all(len(listed.items) == 1 for listed in jobs + pods)
 
-        await eventually(jobs_exist, "the Test's Jobs exist in main and cluster-2")
+        await eventually(jobs_and_pods_exist, "the Test's Jobs and their Pods exist in main and cluster-2")
         test = await main.client.get(TEST, "doomed", namespace=namespace)
         assert "demo.mcruntime.dev/jobs" in test["metadata"]["finalizers"]
 
@@ -152,7 +187,10 @@ async def test_deleting_a_test_deletes_its_jobs_in_every_cluster(fleet: Fleet, t
                 return False
             except mcr.NotFound:
                 pass
-            found = [await c.client.list(JOB, namespace=namespace) for c in (main, sub)]
+            found = [
+                await c.client.list(kind, namespace=namespace) for c in (main, sub) for kind in (JOB, POD)
+            ]
             return all(not listed.items for listed in found)
 
-        await eventually(all_gone, "the Test and its Jobs in main and cluster-2 deleted")
+        # Background propagation: the garbage collector deletes the Pods after their Jobs.
+        await eventually(all_gone, "the Test, its Jobs and their Pods in main and cluster-2 deleted")

@@ -4,9 +4,13 @@
 controller-runtime's envtest does, builds both from Go modules when no binaries
 are around, and ships a pytest plugin (fixtures ``fleet``, ``fresh_cluster``,
 ``testbed``) so users test their controllers and providers exactly as mcruntime
-tests itself. The provider conformance suite (:mod:`mcruntime.testing.conformance`)
-is re-exported here too, imported on first use, so the testbed and its command
-line never import pytest.
+tests itself. On request a cluster also runs kube-controller-manager,
+kube-scheduler and kwok's simulated nodes (``Fleet(workloads=True)``), so Jobs
+run and garbage is collected; and the components can run as containers
+(``Fleet(backend="container")``) instead of child processes. The provider
+conformance suite (:mod:`mcruntime.testing.conformance`) is re-exported here
+too, imported on first use, so the testbed and its command line never import
+pytest.
 """
 
 from __future__ import annotations
@@ -14,14 +18,25 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._assets import Assets, cache_dir, ensure_assets, find_assets
+from ._assets import (
+    Assets,
+    WorkloadAssets,
+    cache_dir,
+    ensure_assets,
+    ensure_workload_assets,
+    find_assets,
+    find_workload_assets,
+)
+from ._backend import BACKEND_VARIABLE, Backend, Process, ProcessBackend, backend_named
 from ._controlplane import APIServer, ControlPlane, User
 from ._errors import AssetsError, TestbedError
 from ._etcd import Etcd
 from ._fleet import Fleet
 from ._harness import EngagementRecorder
 from ._process import ManagedProcess, live_processes
-from ._versions import ETCD_VERSION, KUBERNETES_VERSION
+from ._stages import EXIT_CODE_ANNOTATION
+from ._versions import ETCD_VERSION, KUBERNETES_VERSION, KWOK_VERSION
+from ._workloads import CONTROLLERS, Workloads
 
 if TYPE_CHECKING:
     from .conformance import Breakage, Capability, ProviderConformance, ProviderDriver, Target, wait_until
@@ -39,11 +54,16 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "BACKEND_VARIABLE",
+    "CONTROLLERS",
     "ETCD_VERSION",
+    "EXIT_CODE_ANNOTATION",
     "KUBERNETES_VERSION",
+    "KWOK_VERSION",
     "APIServer",
     "Assets",
     "AssetsError",
+    "Backend",
     "Breakage",
     "Capability",
     "ControlPlane",
@@ -51,14 +71,21 @@ __all__ = [
     "Etcd",
     "Fleet",
     "ManagedProcess",
+    "Process",
+    "ProcessBackend",
     "ProviderConformance",
     "ProviderDriver",
     "Target",
     "TestbedError",
     "User",
+    "WorkloadAssets",
+    "Workloads",
+    "backend_named",
     "cache_dir",
     "ensure_assets",
+    "ensure_workload_assets",
     "find_assets",
+    "find_workload_assets",
     "live_processes",
     "wait_until",
 ]

@@ -1,4 +1,8 @@
-"""Finding, or building, the kube-apiserver and etcd binaries the testbed runs.
+"""Finding, or building, the binaries the testbed runs.
+
+kube-apiserver and etcd are always needed. kube-controller-manager,
+kube-scheduler and kwok are needed only by clusters that run workloads
+(``Fleet(workloads=True)``), so they are found or built separately and only then.
 
 Resolution follows controller-runtime's envtest so that anyone who already has
 envtest assets reuses them: a per-binary variable, then ``KUBEBUILDER_ASSETS``,
@@ -25,14 +29,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._errors import AssetsError
-from ._versions import ETCD_VERSION, GO_LANGUAGE, KUBERNETES_VERSION, staging_version
+from ._versions import ETCD_VERSION, GO_LANGUAGE, KUBERNETES_VERSION, KWOK_VERSION, staging_version
 
 Progress = Callable[[str], None]
 
 APISERVER = "kube-apiserver"
 ETCD = "etcd"
+CONTROLLER_MANAGER = "kube-controller-manager"
+SCHEDULER = "kube-scheduler"
+KWOK = "kwok"
 ETCD_PACKAGE = "go.etcd.io/etcd/server/v3"
-_ENV_BY_BINARY = {APISERVER: "TEST_ASSET_KUBE_APISERVER", ETCD: "TEST_ASSET_ETCD"}
+KWOK_PACKAGE = "sigs.k8s.io/kwok/cmd/kwok"
+_ENV_BY_BINARY = {
+    APISERVER: "TEST_ASSET_KUBE_APISERVER",
+    ETCD: "TEST_ASSET_ETCD",
+    CONTROLLER_MANAGER: "TEST_ASSET_KUBE_CONTROLLER_MANAGER",
+    SCHEDULER: "TEST_ASSET_KUBE_SCHEDULER",
+    KWOK: "TEST_ASSET_KWOK",
+}
+WORKLOAD_BINARIES = (CONTROLLER_MANAGER, SCHEDULER, KWOK)
 
 
 @dataclass(frozen=True)
@@ -43,6 +58,16 @@ class Assets:
     etcd: Path
     kube_apiserver_source: str
     etcd_source: str
+
+
+@dataclass(frozen=True)
+class WorkloadAssets:
+    """The binaries that make a control plane run Pods: controllers, scheduler, simulated nodes."""
+
+    kube_controller_manager: Path
+    kube_scheduler: Path
+    kwok: Path
+    sources: dict[str, str]
 
 
 def _stderr_progress(message: str) -> None:
@@ -118,6 +143,49 @@ def ensure_assets(progress: Progress | None = None) -> Assets:
     return Assets(apiserver[0], etcd[0], apiserver[1], etcd[1])
 
 
+def find_workload_assets() -> WorkloadAssets | None:
+    """Return the three workload binaries if all exist already; never builds anything."""
+    found = {binary: _find_one(binary) for binary in WORKLOAD_BINARIES}
+    if any(hit is None for hit in found.values()):
+        return None
+    return _workload_assets(found)
+
+
+def _workload_assets(found: dict[str, tuple[Path, str] | None]) -> WorkloadAssets:
+    paths = {binary: hit for binary, hit in found.items() if hit is not None}
+    return WorkloadAssets(
+        kube_controller_manager=paths[CONTROLLER_MANAGER][0],
+        kube_scheduler=paths[SCHEDULER][0],
+        kwok=paths[KWOK][0],
+        sources={binary: hit[1] for binary, hit in paths.items()},
+    )
+
+
+def ensure_workload_assets(progress: Progress | None = None) -> WorkloadAssets:
+    """Return kube-controller-manager, kube-scheduler and kwok, building whichever is missing.
+
+    The two Kubernetes components are built from the same ``k8s.io/kubernetes``
+    release as kube-apiserver (so their API knowledge matches), kwok from its
+    own module; all land in the same cache directory.
+    """
+    report = progress or _stderr_progress
+    found = {binary: _find_one(binary) for binary in WORKLOAD_BINARIES}
+    if any(hit is None for hit in found.values()):
+        target = cache_dir()
+        target.mkdir(parents=True, exist_ok=True)
+        with _build_lock(target):
+            found = {binary: _find_one(binary) for binary in WORKLOAD_BINARIES}
+            kubernetes = [b for b in (CONTROLLER_MANAGER, SCHEDULER) if found[b] is None]
+            if kubernetes:
+                _build_kubernetes({binary: target / binary for binary in kubernetes}, report)
+            if found[KWOK] is None:
+                _build_kwok(target / KWOK, report)
+            for binary, hit in found.items():
+                if hit is None:
+                    found[binary] = (target / binary, f"built into {target}")
+    return _workload_assets(found)
+
+
 @contextmanager
 def _build_lock(directory: Path) -> Iterator[None]:
     with open(directory / ".build.lock", "w") as handle:
@@ -159,31 +227,49 @@ def _go_environment() -> dict[str, str]:
     return env
 
 
-def _run_go(args: list[str], workdir: Path, report: Progress, step: str, count_packages: bool = False) -> str:
+def _niceness_prefix() -> list[str]:
+    """``nice -n N`` when ``MCRUNTIME_BUILD_NICENESS`` asks for it (a shared machine)."""
+    niceness = os.environ.get("MCRUNTIME_BUILD_NICENESS", "").strip()
+    if not niceness:
+        return []
+    if not niceness.isdigit() or int(niceness) > 19:
+        raise AssetsError(f"MCRUNTIME_BUILD_NICENESS={niceness!r} is not a niceness from 0 to 19")
+    nice = shutil.which("nice")
+    return [nice, "-n", niceness] if nice else []
+
+
+def _run_go(
+    args: list[str],
+    workdir: Path,
+    report: Progress,
+    step: str,
+    count_packages: bool = False,
+    env: dict[str, str] | None = None,
+) -> str:
     go = _go_binary()
     started = time.monotonic()
     report(f"{step} ...")
-    process = subprocess.Popen(
-        [go, *args],
-        cwd=workdir,
-        env=_go_environment(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert process.stdout is not None
     tail: list[str] = []
     compiled = 0
     last_report = started
-    for line in process.stdout:
-        tail = [*tail[-40:], line.rstrip()]
-        if count_packages and not line.startswith(("go: ", "#")):
-            compiled += 1
-        now = time.monotonic()
-        if now - last_report >= 15:
-            detail = f"{compiled} packages compiled, " if count_packages else ""
-            report(f"{step}: {detail}{now - started:.0f}s so far")
-            last_report = now
+    with subprocess.Popen(
+        [*_niceness_prefix(), go, *args],
+        cwd=workdir,
+        env={**_go_environment(), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            tail = [*tail[-40:], line.rstrip()]
+            if count_packages and not line.startswith(("go: ", "#")):
+                compiled += 1
+            now = time.monotonic()
+            if now - last_report >= 15:
+                detail = f"{compiled} packages compiled, " if count_packages else ""
+                report(f"{step}: {detail}{now - started:.0f}s so far")
+                last_report = now
     if process.wait() != 0:
         raise AssetsError(f"{step} failed (go {' '.join(args)}):\n" + "\n".join(tail))
     report(f"{step}: done in {time.monotonic() - started:.0f}s")
@@ -214,9 +300,21 @@ def _staging_modules(go_mod_text: str) -> list[str]:
 
 
 def _build_apiserver(output: Path, report: Progress) -> None:
+    _build_kubernetes({APISERVER: output}, report)
+
+
+def _build_kubernetes(outputs: dict[str, Path], report: Progress) -> None:
+    """Build commands of ``k8s.io/kubernetes`` (``cmd/<name>``) in one throwaway module.
+
+    The staging modules are replaced by their published versions, as upstream's
+    own go.mod does with local directories; the commands share the module graph
+    and the build cache, so a second command costs only its own packages.
+    """
     version = KUBERNETES_VERSION
+    names = " and ".join(outputs)
+    directory = next(iter(outputs.values())).parent
     report(
-        f"building kube-apiserver v{version} from the Go module proxy into {output.parent} "
+        f"building {names} v{version} from the Go module proxy into {directory} "
         "(several minutes the first time; later runs reuse it)"
     )
     with tempfile.TemporaryDirectory(prefix="mcruntime-kube-build-") as scratch:
@@ -251,28 +349,54 @@ def _build_apiserver(output: Path, report: Progress) -> None:
         replaces = [f"-replace={module}={module}@{staged}" for module in modules]
         _run_go(["mod", "edit", *replaces], workdir, report, f"replace {len(modules)} staging modules")
         _run_go(
-            ["get", f"k8s.io/kubernetes/cmd/kube-apiserver@v{version}"],
+            ["get", *(f"k8s.io/kubernetes/cmd/{name}@v{version}" for name in outputs)],
             workdir,
             report,
-            "download kube-apiserver's modules",
+            f"download {names}'s modules",
         )
-        partial = output.with_name(output.name + ".partial")
+        for name, output in outputs.items():
+            partial = output.with_name(output.name + ".partial")
+            _run_go(
+                [
+                    "build",
+                    "-v",
+                    "-trimpath",
+                    "-ldflags",
+                    _version_ldflags(version),
+                    "-o",
+                    str(partial),
+                    f"k8s.io/kubernetes/cmd/{name}",
+                ],
+                workdir,
+                report,
+                f"compile {name}",
+                count_packages=True,
+            )
+            partial.replace(output)
+
+
+def _build_kwok(output: Path, report: Progress) -> None:
+    """``go install`` kwok by module name: its go.mod has no replaces, so no build module is needed."""
+    report(f"building kwok v{KWOK_VERSION} from the Go module proxy into {output.parent}")
+    with tempfile.TemporaryDirectory(prefix="mcruntime-kwok-build-") as scratch:
+        workdir = Path(scratch)
         _run_go(
             [
-                "build",
+                "install",
                 "-v",
                 "-trimpath",
                 "-ldflags",
-                _version_ldflags(version),
-                "-o",
-                str(partial),
-                "k8s.io/kubernetes/cmd/kube-apiserver",
+                "-s -w",
+                f"{KWOK_PACKAGE}@v{KWOK_VERSION}",
             ],
             workdir,
             report,
-            "compile kube-apiserver",
+            "compile kwok",
             count_packages=True,
+            env={"GOBIN": str(workdir / "bin"), "GOFLAGS": ""},
         )
+        partial = output.with_name(output.name + ".partial")
+        shutil.copy2(workdir / "bin" / KWOK, partial)
         partial.replace(output)
 
 

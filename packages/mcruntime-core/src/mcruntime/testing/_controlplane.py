@@ -18,15 +18,20 @@ import ssl
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from ._backend import Backend, Process, ProcessBackend
 from ._errors import TestbedError
 from ._etcd import Etcd
 from ._net import LOOPBACK, free_port, https_request
 from ._pki import CertificateAuthority, KeyPair, signing_key_pair
-from ._process import ManagedProcess, wait_until
+from ._process import wait_until
+from ._workloads import Workloads
+
+if TYPE_CHECKING:
+    from ._assets import WorkloadAssets
 
 START_TIMEOUT = float(os.environ.get("MCRUNTIME_TESTBED_START_TIMEOUT", "60"))
 ADMIN_GROUP = "system:masters"
@@ -73,7 +78,7 @@ class APIServer:
         self._plane = plane
         self.role = role
         self.port = port
-        self.process: ManagedProcess | None = None
+        self.process: Process | None = None
 
     @property
     def url(self) -> str:
@@ -110,14 +115,15 @@ class APIServer:
             *plane.extra_args,
         ]
 
-    def _spawn(self) -> ManagedProcess:
+    def _spawn(self) -> Process:
         if self.running:
             raise TestbedError(f"{self._plane.name}: {self.role} apiserver is already running")
-        self.process = ManagedProcess(
+        self.process = self._plane.backend.process(
             f"kube-apiserver[{self._plane.name}/{self.role}]",
             self._argv(),
             self._plane.directory / "logs" / f"kube-apiserver-{self.role}.log",
-            env={**os.environ, "GOMAXPROCS": os.environ.get("GOMAXPROCS", "2")},
+            mounts=(self._plane.directory,),
+            env={"GOMAXPROCS": os.environ.get("GOMAXPROCS", "2")},
         )
         self.process.start()
         return self.process
@@ -130,7 +136,7 @@ class APIServer:
         answer = https_request(self.port, "GET", "/api/v1/namespaces/default", context, timeout=2.0)
         return answer is not None and answer[0] == 200
 
-    def _await_ready(self, process: ManagedProcess, timeout: float) -> None:
+    def _await_ready(self, process: Process, timeout: float) -> None:
         wait_until(lambda: not process.running or self._ready(), timeout, interval=0.1)
         if process.running and self._ready():
             return
@@ -189,9 +195,12 @@ class ControlPlane:
         binary: Path,
         directory: Path,
         extra_args: tuple[str, ...] = (),
+        backend: Backend | None = None,
     ) -> None:
         """``extra_args`` go to every kube-apiserver of this cluster (``--watch-cache=false``, say)."""
         self.name = name
+        self.backend: Backend = backend or ProcessBackend()
+        self.workloads: Workloads | None = None
         self.extra_args = extra_args
         self.etcd = etcd
         self.binary = binary
@@ -245,7 +254,12 @@ class ControlPlane:
         return self.apiserver.running
 
     def start(self, timeout: float = START_TIMEOUT) -> None:
-        """Start the primary apiserver (again, keeping its port and data)."""
+        """Start the primary apiserver (again, keeping its port and data), then its workloads, if any."""
+        self._start_apiserver(timeout)
+        if self.workloads is not None and not self.workloads.running:
+            self.workloads.start(timeout)
+
+    def _start_apiserver(self, timeout: float) -> None:
         if self.apiserver.port:
             self.apiserver.start(timeout)
             return
@@ -261,13 +275,37 @@ class ControlPlane:
         raise TestbedError(f"{self.name}: could not bind a loopback port after 3 attempts")
 
     async def start_async(self, timeout: float = START_TIMEOUT) -> None:
-        if not self.apiserver.port:
+        if not self.apiserver.port or self.workloads is not None:
             await asyncio.to_thread(self.start, timeout)
         else:
             await self.apiserver.start_async(timeout)
 
+    def run_workloads(
+        self,
+        assets: WorkloadAssets,
+        *,
+        nodes: int = 1,
+        pod_run_seconds: float = 1.0,
+        timeout: float = START_TIMEOUT,
+    ) -> Workloads:
+        """Add kube-controller-manager, kube-scheduler and kwok nodes to this running cluster.
+
+        From then on the cluster runs Jobs and Pods, collects garbage and
+        finishes namespace deletion; ``stop``/``start`` stop and start them too.
+        """
+        if self.workloads is not None:
+            raise TestbedError(f"{self.name}: already runs workloads")
+        if not self.running:
+            raise TestbedError(f"{self.name}: start the cluster before adding workloads")
+        workloads = Workloads(self, assets, self.backend, nodes=nodes, pod_run_seconds=pod_run_seconds)
+        workloads.start(timeout)
+        self.workloads = workloads
+        return workloads
+
     def stop(self) -> None:
-        """Stop every apiserver of this cluster gracefully; the data stays in etcd."""
+        """Stop every process of this cluster gracefully; the data stays in etcd."""
+        if self.workloads is not None:
+            self.workloads.stop()
         for secondary in self._secondaries:
             secondary.stop()
         self._secondaries.clear()
@@ -402,16 +440,19 @@ class ControlPlane:
         path = self.directory / f"{safe}.kubeconfig"
         return _write_private(path, yaml.safe_dump(self.kubeconfig(who), sort_keys=False))
 
-    def processes(self) -> list[ManagedProcess]:
+    def processes(self) -> list[Process]:
         servers = [self.apiserver, *self._secondaries]
-        return [server.process for server in servers if server.process is not None]
+        found = [server.process for server in servers if server.process is not None]
+        if self.workloads is not None:
+            found += self.workloads.processes()
+        return found
 
     def rss_bytes(self) -> int:
         """Resident memory of the primary apiserver (0 when stopped)."""
         return _rss(self.apiserver.process)
 
 
-def _rss(process: ManagedProcess | None) -> int:
+def _rss(process: Process | None) -> int:
     if process is None or process.pid is None or not process.running:
         return 0
     try:

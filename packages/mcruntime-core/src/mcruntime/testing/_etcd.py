@@ -9,26 +9,28 @@ import json
 import shutil
 from pathlib import Path
 
+from ._backend import Backend, Process, ProcessBackend
 from ._errors import TestbedError
 from ._net import LOOPBACK, free_port, http_get
-from ._process import ManagedProcess, wait_until
+from ._process import wait_until
 
 
 class Etcd:
     """An etcd member on loopback with fsync disabled (data lives for one session)."""
 
-    def __init__(self, binary: Path, workdir: Path) -> None:
+    def __init__(self, binary: Path, workdir: Path, backend: Backend | None = None) -> None:
         self._binary = binary
         self._workdir = workdir
+        self._backend = backend or ProcessBackend()
         self.client_port = 0
-        self._process: ManagedProcess | None = None
+        self._process: Process | None = None
 
     @property
     def url(self) -> str:
         return f"http://{LOOPBACK}:{self.client_port}"
 
     @property
-    def process(self) -> ManagedProcess | None:
+    def process(self) -> Process | None:
         return self._process
 
     def _healthy(self) -> bool:
@@ -40,7 +42,7 @@ class Etcd:
         except ValueError:
             return False
 
-    def _await_health(self, process: ManagedProcess, timeout: float) -> bool:
+    def _await_health(self, process: Process, timeout: float) -> bool:
         wait_until(lambda: self._healthy() or not process.running, timeout)
         return self._healthy()
 
@@ -51,7 +53,7 @@ class Etcd:
         for _attempt in range(3):
             self.client_port, peer_port = free_port(), free_port()
             peer = f"http://{LOOPBACK}:{peer_port}"
-            self._process = ManagedProcess(
+            self._process = self._backend.process(
                 "etcd",
                 [
                     str(self._binary),
@@ -65,6 +67,7 @@ class Etcd:
                     "--log-level=warn",
                 ],
                 self._workdir / "logs" / "etcd.log",
+                mounts=(self._workdir,),
             )
             process = self._process
             process.start()

@@ -2,7 +2,8 @@
 
 Starting a cluster costs one kube-apiserver process (a few seconds); clusters
 are started one after another because startup is CPU-bound and our machines have
-two cores.
+two cores. A cluster that runs workloads adds kube-controller-manager,
+kube-scheduler and kwok (see ``_workloads``).
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 
-from ._assets import Assets, Progress, ensure_assets
+from ._assets import Assets, Progress, WorkloadAssets, ensure_assets, ensure_workload_assets
+from ._backend import Backend, Process, backend_named
 from ._controlplane import START_TIMEOUT, ControlPlane
 from ._errors import TestbedError
 from ._etcd import Etcd
-from ._process import ManagedProcess
 
 
 class Fleet:
@@ -27,6 +28,12 @@ class Fleet:
     >>> with Fleet() as fleet:                         # doctest: +SKIP
     ...     fleet.start(["east", "west"])
     ...     fleet["east"].kubeconfig_path()
+
+    ``workloads=True`` gives every cluster real controllers, a scheduler and
+    ``nodes`` kwok nodes, so Jobs run and garbage is collected; ``add`` can
+    override it per cluster. ``backend`` runs the components as processes
+    (``"process"``, the default) or containers (``"container"``); unset, the
+    ``MCRUNTIME_TESTBED_BACKEND`` environment variable decides.
     """
 
     def __init__(
@@ -36,9 +43,19 @@ class Fleet:
         workdir: Path | None = None,
         progress: Progress | None = None,
         etcd: Etcd | None = None,
+        workloads: bool = False,
+        nodes: int = 1,
+        backend: Backend | str | None = None,
     ) -> None:
-        """``etcd`` shares another fleet's etcd (this fleet then never stops it)."""
+        """``etcd`` shares another fleet's etcd (this fleet then never stops it), ``backend`` too."""
         self._assets = assets
+        self._workload_assets: WorkloadAssets | None = None
+        self.workloads = workloads
+        self.nodes = nodes
+        self._own_backend = backend is None or isinstance(backend, str)
+        self.backend: Backend = (
+            backend_named(backend) if backend is None or isinstance(backend, str) else backend
+        )
         self._progress = progress
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="mcruntime-testbed-"))
@@ -66,10 +83,17 @@ class Fleet:
         return self._assets
 
     @property
+    def workload_assets(self) -> WorkloadAssets:
+        """kube-controller-manager, kube-scheduler and kwok, built on first use."""
+        if self._workload_assets is None:
+            self._workload_assets = ensure_workload_assets(self._progress)
+        return self._workload_assets
+
+    @property
     def etcd(self) -> Etcd:
         """The shared etcd, started on first use."""
         if self._etcd is None:
-            etcd = Etcd(self.assets.etcd, self.workdir)
+            etcd = Etcd(self.assets.etcd, self.workdir, self.backend)
             started = time.monotonic()
             etcd.start()
             self.start_seconds["etcd"] = time.monotonic() - started
@@ -91,26 +115,42 @@ class Fleet:
                 return candidate
 
     def add(
-        self, name: str | None = None, timeout: float = START_TIMEOUT, extra_args: tuple[str, ...] = ()
+        self,
+        name: str | None = None,
+        timeout: float = START_TIMEOUT,
+        extra_args: tuple[str, ...] = (),
+        *,
+        workloads: bool | None = None,
     ) -> ControlPlane:
         """Start one more cluster and wait until it serves requests.
 
         ``extra_args`` are passed to its kube-apiserver, e.g. ``("--watch-cache=false",)``
         so that watches read etcd directly and :meth:`compact` makes old
-        resourceVersions expire (410 Gone) on demand.
+        resourceVersions expire (410 Gone) on demand. ``workloads`` overrides
+        the fleet's choice for this cluster; with workloads, the cluster is
+        returned once its nodes are Ready.
         """
         name = name or self.new_name()
         if name in self._clusters:
             raise TestbedError(f"the fleet already has a cluster named {name!r}")
+        run_workloads = self.workloads if workloads is None else workloads
+        workload_assets = self.workload_assets if run_workloads else None
         plane = ControlPlane(
             name,
             etcd=self.etcd,
             binary=self.assets.kube_apiserver,
             directory=self.workdir / name,
             extra_args=extra_args,
+            backend=self.backend,
         )
         started = time.monotonic()
         plane.start(timeout)
+        if workload_assets is not None:
+            try:
+                plane.run_workloads(workload_assets, nodes=self.nodes, timeout=timeout)
+            except BaseException:
+                plane.remove()
+                raise
         self.start_seconds[name] = time.monotonic() - started
         self._clusters[name] = plane
         return plane
@@ -143,7 +183,7 @@ class Fleet:
     def names(self) -> list[str]:
         return list(self._clusters)
 
-    def processes(self) -> list[ManagedProcess]:
+    def processes(self) -> list[Process]:
         """Every process this fleet started that it still tracks."""
         found = [p for plane in self._clusters.values() for p in plane.processes()]
         if self._own_etcd and self._etcd is not None and self._etcd.process is not None:
@@ -158,5 +198,7 @@ class Fleet:
         if self._own_etcd and self._etcd is not None:
             self._etcd.stop()
             self._etcd = None
+        if self._own_backend:
+            self.backend.close()
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)

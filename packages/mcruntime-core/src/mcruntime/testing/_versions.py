@@ -13,6 +13,9 @@ KUBERNETES_VERSION = "1.36.4"
 ETCD_VERSION = "3.6.16"
 """etcd release built from ``go.etcd.io/etcd/server/v3`` (3.6.x pairs with 1.36)."""
 
+KWOK_VERSION = "0.8.0"
+"""kwok release built from ``sigs.k8s.io/kwok`` (0.8 is built against Kubernetes 1.36 libraries)."""
+
 GO_LANGUAGE = "1.26.0"
 """The ``go`` line of Kubernetes 1.36's go.mod; the build module copies it so the
 binary gets upstream's GODEBUG defaults rather than those of the local toolchain."""

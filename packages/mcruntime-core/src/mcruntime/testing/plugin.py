@@ -11,13 +11,24 @@ Fixtures:
     starts on first use. Call ``testbed.add()`` for clusters a test may break.
 ``fleet`` (session)
     A fleet of ``--testbed-clusters`` clusters (3 by default), shared by every
-    test: tests use their own namespaces, never shared mutable state.
+    test: tests use their own namespaces, never shared mutable state. With
+    ``--testbed-workloads`` its clusters run workloads too.
+``workload_fleet`` (session)
+    Like ``fleet``, but its clusters always run kube-controller-manager,
+    kube-scheduler and a kwok node: Jobs run, garbage is collected. Started
+    only when a test asks for it, so other sessions keep plain, fast clusters.
 ``fresh_cluster`` (function)
-    A new cluster for one destructive test, removed afterwards.
+    A new cluster for one destructive test, removed afterwards; it runs
+    workloads when the test is marked ``@pytest.mark.testbed_workloads``.
+
+Options: ``--testbed-backend process|container`` (default: the
+``MCRUNTIME_TESTBED_BACKEND`` environment variable, else ``process``) runs every
+component as a child process or as a container.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -27,9 +38,11 @@ import pytest
 if TYPE_CHECKING:
     from mcruntime.testing import ControlPlane, Fleet
 
+_BACKEND_VARIABLE = "MCRUNTIME_TESTBED_BACKEND"
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """Register ``--testbed-clusters``."""
+    """Register ``--testbed-clusters``, ``--testbed-workloads`` and ``--testbed-backend``."""
     group = parser.getgroup("mcruntime", "mcruntime testbed")
     group.addoption(
         "--testbed-clusters",
@@ -37,27 +50,65 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=3,
         help="how many clusters the session-scoped `fleet` fixture starts (default 3)",
     )
+    group.addoption(
+        "--testbed-workloads",
+        action="store_true",
+        default=False,
+        help="the shared `fleet` runs kube-controller-manager, kube-scheduler and kwok nodes too",
+    )
+    group.addoption(
+        "--testbed-backend",
+        choices=("process", "container"),
+        default=None,
+        help=f"run the testbed's components as processes or containers (default: ${_BACKEND_VARIABLE})",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Declare the ``testbed_workloads`` marker; make ``--testbed-backend`` every fleet's default.
+
+    The option is written to ``MCRUNTIME_TESTBED_BACKEND`` so that fleets a test
+    builds itself (``Fleet()``) run on the same backend as the fixtures' fleets.
+    """
+    chosen = config.getoption("--testbed-backend", default=None)
+    if chosen:
+        os.environ[_BACKEND_VARIABLE] = str(chosen)
+    config.addinivalue_line(
+        "markers",
+        "testbed_workloads: the test's `fresh_cluster` runs controllers, a scheduler and kwok nodes",
+    )
+
+
+def _backend_name(config: pytest.Config) -> str:
+    chosen = config.getoption("--testbed-backend")
+    return str(chosen or os.environ.get(_BACKEND_VARIABLE) or "process")
 
 
 @pytest.fixture(scope="session")
-def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def testbed(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Fleet]:
     """The session's etcd and a place to start clusters with ``testbed.add()``."""
     from mcruntime.testing import Fleet
 
-    fleet = Fleet(workdir=tmp_path_factory.mktemp("testbed"))
+    fleet = Fleet(workdir=tmp_path_factory.mktemp("testbed"), backend=_backend_name(request.config))
     try:
         yield fleet
     finally:
         fleet.stop()
 
 
-@pytest.fixture(scope="session")
-def fleet(testbed: Fleet, request: pytest.FixtureRequest) -> Iterator[Fleet]:
-    """Clusters shared by the whole session; tests isolate themselves by namespace."""
+def _shared_fleet(
+    testbed: Fleet, request: pytest.FixtureRequest, name: str, workloads: bool
+) -> Iterator[Fleet]:
     from mcruntime.testing import Fleet
 
     count = int(request.config.getoption("--testbed-clusters"))
-    shared = Fleet(assets=testbed.assets, workdir=testbed.workdir / "fleet", etcd=testbed.etcd)
+    shared = Fleet(
+        assets=testbed.assets,
+        workdir=testbed.workdir / name,
+        etcd=testbed.etcd,
+        workloads=workloads,
+        backend=testbed.backend,
+    )
     try:
         shared.start(count)
         yield shared
@@ -65,10 +116,23 @@ def fleet(testbed: Fleet, request: pytest.FixtureRequest) -> Iterator[Fleet]:
         shared.stop()
 
 
+@pytest.fixture(scope="session")
+def fleet(testbed: Fleet, request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    """Clusters shared by the whole session; tests isolate themselves by namespace."""
+    yield from _shared_fleet(testbed, request, "fleet", bool(request.config.getoption("--testbed-workloads")))
+
+
+@pytest.fixture(scope="session")
+def workload_fleet(testbed: Fleet, request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    """Shared clusters that run Pods: real Job, garbage-collection and namespace controllers, kwok nodes."""
+    yield from _shared_fleet(testbed, request, "workload-fleet", True)
+
+
 @pytest.fixture
-def fresh_cluster(testbed: Fleet) -> Iterator[ControlPlane]:
+def fresh_cluster(testbed: Fleet, request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     """A cluster of one test's own, for stopping, breaking and restarting."""
-    plane = testbed.add()
+    workloads = request.node.get_closest_marker("testbed_workloads") is not None
+    plane = testbed.add(workloads=workloads or None)
     try:
         yield plane
     finally:
@@ -77,17 +141,21 @@ def fresh_cluster(testbed: Fleet) -> Iterator[ControlPlane]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the run if any testbed process outlived its fixtures, then kill it."""
+    """Fail the run if any testbed process or container outlived its fixtures, then remove it."""
     process_module = sys.modules.get("mcruntime.testing._process")
     if process_module is None:  # the testbed was never used
         return
-    leftovers = process_module.live_processes()
+    leftovers = [f"{process.name} (pid {process.pid})" for process in process_module.live_processes()]
+    for process in process_module.live_processes():
+        process.kill()
+    containers_module = sys.modules.get("mcruntime.testing._containers")
+    if containers_module is not None:
+        leftovers += [f"container {name}" for name in containers_module.sweep_session_leftovers()]
     if not leftovers:
         return
-    names = ", ".join(f"{process.name} (pid {process.pid})" for process in leftovers)
-    for process in leftovers:
-        process.kill()
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_line(f"mcruntime testbed: processes left running and killed: {names}", red=True)
+        reporter.write_line(
+            f"mcruntime testbed: processes left running and killed: {', '.join(leftovers)}", red=True
+        )
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
