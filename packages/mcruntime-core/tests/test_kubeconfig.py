@@ -810,7 +810,11 @@ def test_repr_and_str_of_a_cluster_config_hold_no_secret() -> None:
 
 @pytest.mark.parametrize(
     "server",
-    [f"https://admin:{PASSWORD}@prod.example:6443", f"https://{PASSWORD}@prod.example", f"http://a:{PASSWORD}@h"],
+    [
+        f"https://admin:{PASSWORD}@prod.example:6443",
+        f"https://{PASSWORD}@prod.example",
+        f"http://a:{PASSWORD}@h",
+    ],
 )
 def test_a_server_url_with_userinfo_is_refused_without_echoing_it(server: str) -> None:
     data = kubeconfig({"server": server}, {"token": TOKEN})

@@ -139,7 +139,9 @@ class ClusterConfig:
         # Read referenced certificate files now, in the loader's thread, so that
         # fingerprint() never touches the disk (ClusterSet.set calls it on the loop).
         object.__setattr__(self, "_endpoint_digest", _digest(self.cluster, ("certificate-authority",)))
-        object.__setattr__(self, "_credential_digest", _digest(self.user, ("client-certificate", "client-key")))
+        object.__setattr__(
+            self, "_credential_digest", _digest(self.user, ("client-certificate", "client-key"))
+        )
 
     def __repr__(self) -> str:
         context = f" context={self.context!r}" if self.context else ""
@@ -231,6 +233,8 @@ class _BoundedComposer(yaml.composer.Composer):
 
     _depth = 0
     _nodes = 0
+    check_event: Any
+    peek_event: Any
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
@@ -251,13 +255,15 @@ class _BoundedComposer(yaml.composer.Composer):
             self._depth -= 1
 
 
-if yaml.__with_libyaml__:
+_CParser: Any = getattr(yaml.cyaml, "CParser", None)
 
-    class _Loader(_BoundedComposer, yaml.cyaml.CParser, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):  # type: ignore[misc]
+if _CParser is not None:
+
+    class _Loader(_BoundedComposer, _CParser, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):  # type: ignore[misc]
         """libyaml's scanner and parser, our composer, PyYAML's safe constructor."""
 
         def __init__(self, stream: str | bytes) -> None:
-            yaml.cyaml.CParser.__init__(self, stream)
+            _CParser.__init__(self, stream)
             _BoundedComposer.__init__(self)
             yaml.constructor.SafeConstructor.__init__(self)
             yaml.resolver.Resolver.__init__(self)
@@ -345,7 +351,9 @@ def _check_bounded(data: Any, origin: str, max_bytes: int) -> None:
         value, depth = stack.pop()
         budget -= 1
         if budget < 0:
-            raise KubeconfigError(f"more than {MAX_NODES} values (shared sub-structures count each time)", origin=origin)
+            raise KubeconfigError(
+                f"more than {MAX_NODES} values (shared sub-structures count each time)", origin=origin
+            )
         if depth > MAX_DEPTH:
             raise KubeconfigError(f"nested deeper than {MAX_DEPTH} levels", origin=origin)
         if isinstance(value, Mapping):
@@ -416,7 +424,9 @@ def _resolve_path(value: Any, base_dir: Path | None, field_name: str, origin: st
     try:
         path = Path(value).expanduser()
     except (RuntimeError, ValueError):  # "~nobody/..." for a user that does not exist
-        raise KubeconfigError(f"{field_name}: cannot expand {value!r}", origin=origin, context=context) from None
+        raise KubeconfigError(
+            f"{field_name}: cannot expand {value!r}", origin=origin, context=context
+        ) from None
     if not path.is_absolute():
         if base_dir is None:
             raise KubeconfigError(
@@ -449,7 +459,14 @@ _CLUSTER_BOOLS = ("insecure-skip-tls-verify", "disable-compression")
 _USER_STRINGS = ("token", "tokenFile", "username", "password", "client-certificate-data", "client-key-data")
 
 
-def _check_types(entry: Mapping[str, Any], strings: Iterable[str], bools: Iterable[str], what: str, origin: str, context: str) -> None:
+def _check_types(
+    entry: Mapping[str, Any],
+    strings: Iterable[str],
+    bools: Iterable[str],
+    what: str,
+    origin: str,
+    context: str,
+) -> None:
     for key in strings:
         if key in entry and entry[key] is not None and not isinstance(entry[key], str):
             raise KubeconfigError(f"{what}: {key} must be a string", origin=origin, context=context)
@@ -461,7 +478,9 @@ def _check_types(entry: Mapping[str, Any], strings: Iterable[str], bools: Iterab
 def _check_exec(spec: Mapping[str, Any], what: str, origin: str, context: str) -> None:
     """The fields our exec runner reads, with the types it expects."""
     if not isinstance(spec.get("command"), str) or not spec["command"]:
-        raise KubeconfigError(f"{what}: exec.command must be a non-empty string", origin=origin, context=context)
+        raise KubeconfigError(
+            f"{what}: exec.command must be a non-empty string", origin=origin, context=context
+        )
     if not isinstance(spec.get("apiVersion"), str):
         raise KubeconfigError(f"{what}: exec.apiVersion must be a string", origin=origin, context=context)
     args = spec.get("args")
@@ -471,7 +490,9 @@ def _check_exec(spec: Mapping[str, Any], what: str, origin: str, context: str) -
     if env is not None and not (
         isinstance(env, list)
         and all(
-            isinstance(item, dict) and isinstance(item.get("name"), str) and isinstance(item.get("value"), str)
+            isinstance(item, dict)
+            and isinstance(item.get("name"), str)
+            and isinstance(item.get("value"), str)
             for item in env
         )
     ):
@@ -480,7 +501,11 @@ def _check_exec(spec: Mapping[str, Any], what: str, origin: str, context: str) -
         )
     mode = spec.get("interactiveMode")
     if mode is not None and mode not in ("Never", "IfAvailable", "Always"):
-        raise KubeconfigError(f"{what}: exec.interactiveMode is not Never, IfAvailable or Always", origin=origin, context=context)
+        raise KubeconfigError(
+            f"{what}: exec.interactiveMode is not Never, IfAvailable or Always",
+            origin=origin,
+            context=context,
+        )
     if mode == "Always":
         raise KubeconfigError(
             f"{what}: exec.interactiveMode Always needs a terminal, which a controller never has",
@@ -660,7 +685,9 @@ def kubeconfig_from_yaml(
     off the event loop (``asyncio.to_thread``).
     """
     data = parse_kubeconfig(text, origin=origin, max_bytes=max_bytes)
-    return kubeconfig_from_dict(data, context, base_dir=base_dir, trust=trust, origin=origin, max_bytes=max_bytes)
+    return kubeconfig_from_dict(
+        data, context, base_dir=base_dir, trust=trust, origin=origin, max_bytes=max_bytes
+    )
 
 
 def kubeconfig_from_dict(
