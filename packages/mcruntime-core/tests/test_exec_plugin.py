@@ -168,16 +168,14 @@ async def test_stopping_the_cluster_kills_a_slow_plugin_and_its_children(
     assert len(runs(tmp_path)) == 1  # three waiting requests, one run
 
 
-async def run_plugin(directory: Path, *, timeout: float = 10, max_output: int = 4096, **files: str) -> Any:
+async def run_plugin(directory: Path, timeout: float = 10, max_output: int = 4096, **files: str) -> Any:
     script = write_plugin(directory, "made-up-secret-token-77e1", **files)
     plugin = ExecPlugin(
         {"apiVersion": API, "command": str(script)},
         cluster="c1",
         server="https://h",
-        **{
-            "timeout": timeout,
-            "max_output": max_output,
-        },
+        timeout=timeout,
+        max_output=max_output,
     )
     return await plugin.run()
 
@@ -204,13 +202,13 @@ async def test_a_failing_plugin_gets_an_error_naming_cluster_and_plugin_without_
     tmp_path: Path, files: dict[str, str], message: str
 ) -> None:
     with pytest.raises(ExecPluginError) as caught:
-        await run_plugin(tmp_path, timeout=0.5 if "sleep" in files else 10, **files)
+        await run_plugin(tmp_path, 0.5 if "sleep" in files else 10, 4096, **files)
 
     assert message in str(caught.value)
     assert "c1" in str(caught.value) and "plugin.py" in str(caught.value)
     assert "made-up-secret-token-77e1" not in str(caught.value)
-    for pid in runs(tmp_path):
-        await wait_until(lambda pid=pid: not alive(pid), timeout=5, what="the plugin ended")
+    started = runs(tmp_path)
+    await wait_until(lambda: not any(alive(pid) for pid in started), timeout=5, what="the plugin ended")
 
 
 async def test_a_missing_plugin_program_is_reported_with_its_install_hint(tmp_path: Path) -> None:
