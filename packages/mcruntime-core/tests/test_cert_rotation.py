@@ -25,7 +25,10 @@ async def whoami(cluster: mcr.Cluster) -> str:
     """The user name the API server authenticated the next request as."""
     body = json.dumps({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}).encode()
     status, _, payload = await cluster.transport.request(
-        "POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", body=body, content_type="application/json"
+        "POST",
+        "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        body=body,
+        content_type="application/json",
     )
     assert status == 201, payload
     name: str = json.loads(payload)["status"]["userInfo"]["username"]
@@ -36,7 +39,9 @@ def config_for(plane: Any, user: User) -> mcr.ClusterConfig:
     return mcr.kubeconfig_from_dict(plane.kubeconfig(user), origin=f"{plane.name} as {user.name}")
 
 
-async def test_a_rotated_client_certificate_reaches_new_requests_without_rebuilding_caches(fleet: Fleet) -> None:
+async def test_a_rotated_client_certificate_reaches_new_requests_without_rebuilding_caches(
+    fleet: Fleet,
+) -> None:
     plane = fleet["cluster-3"]
     first = plane.add_cert_user(unique("cert-first"), groups=("system:masters",))
     second = plane.add_cert_user(unique("cert-second"), groups=("system:masters",))
@@ -76,7 +81,7 @@ async def test_typed_clients_read_inline_keys_from_memory_only_files(fleet: Flee
     user = plane.add_cert_user(unique("cert-typed"), groups=("system:masters",))
     async with mcr.Cluster("typed", config_for(plane, user)) as cluster:
         configuration = await cluster.kubernetes_configuration()
-        paths = [configuration.cert_file, configuration.key_file, configuration.ssl_ca_cert]
+        paths = [str(configuration.cert_file), str(configuration.key_file), str(configuration.ssl_ca_cert)]
         assert all(path.startswith("/proc/self/fd/") for path in paths)
         assert all(os.readlink(path).startswith("/memfd:mcruntime-") for path in paths)
         async with k8s.ApiClient(configuration) as api:

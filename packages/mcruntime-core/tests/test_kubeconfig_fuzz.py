@@ -172,7 +172,9 @@ def test_the_alias_bomb_that_took_15_seconds_is_refused_from_a_file(tmp_path: Pa
     path.write_text(alias_bomb(9, 9))  # ~1.4 KB, 387 million leaves once expanded
     assert path.stat().st_size < 2000
 
-    with pytest.raises(KubeconfigError, match=r"bomb\.yaml: not valid YAML at line 2: YAML aliases") as caught:
+    with pytest.raises(
+        KubeconfigError, match=r"bomb\.yaml: not valid YAML at line 2: YAML aliases"
+    ) as caught:
         load_kubeconfig(path)
     assert caught.value.origin == str(path)
     bounded(lambda: load_kubeconfig(path))
