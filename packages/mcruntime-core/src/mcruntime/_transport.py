@@ -484,7 +484,7 @@ def _describe_connection_error(error: BaseException) -> str:
     if isinstance(error, aiohttp.ClientConnectorError):
         return f"cannot connect: {_os_reason(error.os_error)}"
     if isinstance(error, ssl.SSLError):
-        return f"TLS error: {_word(error.reason) or type(error).__name__}"
+        return f"TLS error: {_word(getattr(error, 'reason', None)) or type(error).__name__}"
     if isinstance(error, aiohttp.ClientResponseError):
         return f"{type(error).__name__}: HTTP {error.status}"
     if isinstance(error, OSError):
