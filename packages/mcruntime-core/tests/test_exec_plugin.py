@@ -221,3 +221,23 @@ async def test_a_missing_plugin_program_is_reported_with_its_install_hint(tmp_pa
     with pytest.raises(ExecPluginError, match=r"not found or not executable .install made-up-helper."):
         await plugin.run()
     assert plugin.runs == 0
+
+
+async def test_shutting_the_manager_down_kills_a_slow_plugin(fleet: Fleet, tmp_path: Path) -> None:
+    script = write_plugin(tmp_path, "made-up-never-used", sleep="120", child="yes")
+    provider = mcr.StaticProvider({"slow": exec_kubeconfig(fleet["cluster-3"], script)})
+    manager = mcr.Manager(provider, handle_signals=False, graceful_shutdown_timeout=5)
+    mcr.controller_managed_by(manager).named("exec-shutdown").for_(NAMESPACE).complete(_nothing)
+    task = asyncio.create_task(manager.start())
+    await wait_until(lambda: (tmp_path / "child-pid").exists(), timeout=30, what="the plugin started a child")
+    plugin_pid, child_pid = runs(tmp_path)[0], int((tmp_path / "child-pid").read_text())
+
+    manager.stop()  # what the SIGTERM handler does
+    await task
+
+    await wait_until(lambda: not alive(plugin_pid) and not alive(child_pid), timeout=10, what="plugin killed")
+    assert len(runs(tmp_path)) == 1
+
+
+async def _nothing(_request: mcr.Request) -> None:
+    return None
