@@ -194,3 +194,20 @@ def test_connection_errors_are_described_without_urls_or_headers() -> None:
         assert URL_PASSWORD not in description
         assert "example.invalid" not in description
         assert description
+
+
+def test_reprs_redact_userinfo_even_in_a_config_built_by_hand() -> None:
+    # The loaders refuse such a URL; a ClusterConfig constructed directly still must not show it.
+    config = mcr.ClusterConfig(
+        origin="by hand",
+        context=None,
+        cluster_name="c",
+        user_name=None,
+        cluster={"server": f"https://admin:{URL_PASSWORD}@example.invalid:6443"},
+        user={},
+    )
+    cluster = mcr.Cluster("by-hand", config)
+
+    for text in (repr(config), repr(cluster), repr(cluster.transport)):
+        assert URL_PASSWORD not in text
+        assert "example.invalid:6443" in text

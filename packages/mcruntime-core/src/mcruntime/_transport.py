@@ -125,6 +125,7 @@ class Transport:
         # running on the old identity until they reconnect; closed with the transport.
         self._retired: list[aiohttp.ClientSession] = []
         self._credentials: _Credentials | None = None
+        self._closing: set[asyncio.Task[None]] = set()
         self._files: dict[str, str] = {}
         self._open_lock = asyncio.Lock()
         self._closed = False
@@ -188,6 +189,8 @@ class Transport:
         credentials = self._credentials
         if credentials is not None:
             await credentials.close()
+        for closing in list(self._closing):
+            await closing
         session, self._session = self._session, None
         retired, self._retired = self._retired, []
         for old in [*retired, session]:
@@ -318,8 +321,13 @@ class Transport:
                 await self._swap_context(user)
 
         self._credentials = self._new_credentials(config, prepare)
-        if old is not None:
-            asyncio.get_running_loop().create_task(old.close())
+        if old is not None and old.plugin is not None:
+            # Kill the old user's plugin run, if any; held here until done so it is not collected.
+            closing = asyncio.get_running_loop().create_task(
+                old.close(), name=f"credentials-close:{self.cluster}"
+            )
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
 
     async def authorization(self) -> str | None:
         """The current Authorization header value (for interop; never log it)."""
