@@ -119,7 +119,7 @@ class ClusterConfig:
     Build one with :func:`load_kubeconfig`, :func:`kubeconfig_from_dict`,
     :func:`load_kubeconfig_env` or :func:`in_cluster_config`. File references are
     absolute by now; ``*-data`` fields are still inline (the transport writes
-    them to private files for the lifetime of one connection).
+    them to in-memory files for the lifetime of one connection).
 
     Two configs are equal only if they are the same object: compare
     :meth:`fingerprint` to ask whether they describe the same connection.
