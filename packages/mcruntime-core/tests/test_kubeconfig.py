@@ -17,9 +17,11 @@ from mcruntime._kubeconfig import (
     TrustPolicy,
     in_cluster_config,
     kubeconfig_from_dict,
+    kubeconfig_from_yaml,
     kubeconfig_paths_from_env,
     list_contexts,
     load_kubeconfig,
+    load_kubeconfig_async,
     load_kubeconfig_env,
 )
 
@@ -1010,3 +1012,65 @@ def test_a_cluster_config_is_immutable() -> None:
     with pytest.raises(AttributeError):
         config.origin = "elsewhere"  # type: ignore[misc]
     assert config.origin == "<kubeconfig dict>"
+
+
+# --- wrong types, bounded cost, loop safety ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cluster", "user", "message"),
+    [
+        ({"server": 6443}, None, "cluster 'dev' has no server"),
+        ({"server": "https://dev.example", "certificate-authority-data": 12}, None, "must be a string"),
+        ({"server": "https://dev.example", "insecure-skip-tls-verify": "yes"}, None, "must be true or false"),
+        ({"server": "https://dev.example"}, {"token": ["a", "b"]}, "user 'dev': token must be a string"),
+        ({"server": "https://dev.example"}, {"password": 1234}, "user 'dev': password must be a string"),
+        ({"server": "https://dev.example"}, {"exec": dict(EXEC, args="token")}, "exec.args must be a list"),
+        ({"server": "https://dev.example"}, {"exec": dict(EXEC, command=None)}, "exec.command must be"),
+        ({"server": "https://dev.example"}, {"exec": dict(EXEC, env=[{"name": 1}])}, "exec.env must be"),
+        (
+            {"server": "https://dev.example"},
+            {"exec": dict(EXEC, interactiveMode="Always")},
+            "needs a terminal",
+        ),
+        ({"server": "https://dev.example:port"}, None, "server must be an http\\(s\\) URL"),
+    ],
+)
+def test_wrong_types_are_kubeconfig_errors_naming_the_field(
+    cluster: dict[str, Any], user: dict[str, Any] | None, message: str
+) -> None:
+    with pytest.raises(KubeconfigError, match=message) as caught:
+        kubeconfig_from_dict(kubeconfig(cluster, user), trust=TrustPolicy.own())
+    assert caught.value.context == "dev"
+
+
+def test_the_fingerprint_never_reads_files_after_load(tmp_path: Path) -> None:
+    ca = write_file(tmp_path / "ca.crt", "made-up ca\n")
+    config = load_kubeconfig(
+        write_yaml(
+            tmp_path / "config",
+            kubeconfig({"server": "https://dev.example", "certificate-authority": "ca.crt"}),
+        )
+    )
+    fingerprint = config.fingerprint()
+
+    ca.unlink()  # were the file read on each call, the fingerprint would change now
+
+    assert config.fingerprint() == fingerprint
+
+
+async def test_loading_off_the_event_loop_gives_the_same_config(tmp_path: Path) -> None:
+    path = write_yaml(tmp_path / "config", kubeconfig({"server": "https://dev.example"}, {"token": TOKEN}))
+
+    config = await load_kubeconfig_async(path)
+
+    assert config.fingerprint() == load_kubeconfig(path).fingerprint()
+    assert config.origin == str(path)
+
+
+def test_anchors_without_aliases_are_accepted() -> None:
+    text = yaml.safe_dump(kubeconfig({"server": "https://dev.example"})).replace(
+        "clusters:", "clusters: &all", 1
+    )
+
+    assert kubeconfig_from_yaml(text).server == "https://dev.example"
