@@ -117,8 +117,9 @@ class _Credentials:
         if self._token_file is not None:
             return await self._read_token_file()
         if self._plugin is not None:
-            if self._credential is None or self._expiring():
-                await self._refreshed()
+            running = self._refresh is not None and not self._refresh.done()
+            if running or self._credential is None or self._expiring():
+                await self._refreshed()  # a run under way (after a 401, say) brings the fresher one
             return self._header
         if self._loader is not None and self._header is None:
             self._header = await self._run_auth_provider()
