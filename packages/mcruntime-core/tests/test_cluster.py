@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
 
 import pytest
 from kube_helpers import CONFIGMAP, NAMESPACE, configmap, install_widget_crd, new_namespace, running_cluster
@@ -42,15 +41,17 @@ async def test_stop_leaves_no_task_no_socket_and_no_private_file(fleet: Fleet) -
     assert len(cluster.cache.informers()) == 4
     assert len(asyncio.all_tasks()) > len(tasks_before)
     assert len(_sockets()) > len(sockets_before)
-    private = Path(cluster.transport._workdir or "")
-    assert private.is_dir()
+    material = cluster.transport._material
+    assert material is not None
+    private = {fd: os.fstat(fd).st_ino for fd in material._fds}  # the in-memory CA, certificate, key
+    assert private
 
     await cluster.stop()
     await asyncio.sleep(0)  # let closed transports drop their sockets
 
     assert asyncio.all_tasks() == tasks_before
     assert _sockets() <= sockets_before
-    assert not private.exists()
+    assert not any(_open(fd, inode) for fd, inode in private.items())
 
 
 async def test_the_cluster_reports_health_and_serves_typed_clients(fleet: Fleet) -> None:
@@ -95,6 +96,14 @@ async def test_clusters_share_discovery_and_keep_one_connection_for_their_watch(
         assert _connections(one) <= 2 and _connections(two) <= 2
 
 
+def _open(fd: int, inode: int) -> bool:
+    """Whether ``fd`` still refers to the same in-memory file (the number may be reused)."""
+    try:
+        return os.fstat(fd).st_ino == inode
+    except OSError:
+        return False
+
+
 def _connections(cluster: mcr.Cluster) -> int:
     session = cluster.transport._session  # what the pool holds is what stays resident
     assert session is not None
@@ -108,7 +117,9 @@ async def test_a_stop_cancelled_halfway_still_closes_everything(fleet: Fleet) ->
     cluster = mcr.Cluster("interrupted", mcr.kubeconfig_from_dict(fleet["cluster-1"].kubeconfig()))
     await cluster.start()
     await cluster.reader.list(CONFIGMAP)
-    private = Path(cluster.transport._workdir or "")
+    material = cluster.transport._material
+    assert material is not None
+    private = {fd: os.fstat(fd).st_ino for fd in material._fds}
     released = asyncio.Event()
 
     async def slow_goodbye() -> None:
@@ -123,6 +134,6 @@ async def test_a_stop_cancelled_halfway_still_closes_everything(fleet: Fleet) ->
     released.set()
     await cluster.stop()  # a later caller waits for the same teardown to finish
     assert cluster.transport._session is None
-    assert not private.exists()
+    assert not any(_open(fd, inode) for fd, inode in private.items())
     await asyncio.sleep(0)
     assert asyncio.all_tasks() == tasks_before

@@ -17,9 +17,11 @@ from mcruntime._kubeconfig import (
     TrustPolicy,
     in_cluster_config,
     kubeconfig_from_dict,
+    kubeconfig_from_yaml,
     kubeconfig_paths_from_env,
     list_contexts,
     load_kubeconfig,
+    load_kubeconfig_async,
     load_kubeconfig_env,
 )
 
@@ -580,7 +582,7 @@ def test_a_dict_loads_with_the_untrusted_policy_by_default() -> None:
 def test_an_empty_file_is_an_error_naming_the_file(tmp_path: Path) -> None:
     path = write_file(tmp_path / "config", "")
 
-    with pytest.raises(KubeconfigError, match="the file is empty") as caught:
+    with pytest.raises(KubeconfigError, match="the document is empty") as caught:
         load_kubeconfig(path)
 
     assert caught.value.origin == str(path)
@@ -808,13 +810,22 @@ def test_repr_and_str_of_a_cluster_config_hold_no_secret() -> None:
         assert "'prod'" in text
 
 
-def test_repr_of_a_cluster_config_hides_a_password_in_the_server_url() -> None:
-    data = kubeconfig({"server": f"https://admin:{PASSWORD}@prod.example:6443"})
+@pytest.mark.parametrize(
+    "server",
+    [
+        f"https://admin:{PASSWORD}@prod.example:6443",
+        f"https://{PASSWORD}@prod.example",
+        f"http://a:{PASSWORD}@h",
+    ],
+)
+def test_a_server_url_with_userinfo_is_refused_without_echoing_it(server: str) -> None:
+    data = kubeconfig({"server": server}, {"token": TOKEN})
 
-    config = kubeconfig_from_dict(data)
+    with pytest.raises(KubeconfigError, match="user name or password, which is refused") as caught:
+        kubeconfig_from_dict(data, trust=TrustPolicy.own())
 
-    assert PASSWORD not in repr(config)
-    assert "prod.example:6443" in repr(config)
+    assert PASSWORD not in str(caught.value)
+    assert PASSWORD not in repr(caught.value)
 
 
 def _unknown_context(data: dict[str, Any]) -> None:
@@ -964,7 +975,9 @@ def test_rewriting_a_referenced_ca_file_in_place_changes_the_fingerprint(tmp_pat
 
     assert after.cluster == before.cluster  # the same path...
     assert after.fingerprint() != fingerprint  # ...with new content
-    assert before.fingerprint() == after.fingerprint()  # hashed when asked, so the old config sees it too
+    # Hashed at load (fingerprint() runs on the event loop and must not read files):
+    # the old config keeps describing what it was loaded from.
+    assert before.fingerprint() == fingerprint
 
 
 def test_rewriting_a_referenced_client_key_in_place_changes_the_credential_fingerprint(
@@ -999,3 +1012,65 @@ def test_a_cluster_config_is_immutable() -> None:
     with pytest.raises(AttributeError):
         config.origin = "elsewhere"  # type: ignore[misc]
     assert config.origin == "<kubeconfig dict>"
+
+
+# --- wrong types, bounded cost, loop safety ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cluster", "user", "message"),
+    [
+        ({"server": 6443}, None, "cluster 'dev' has no server"),
+        ({"server": "https://dev.example", "certificate-authority-data": 12}, None, "must be a string"),
+        ({"server": "https://dev.example", "insecure-skip-tls-verify": "yes"}, None, "must be true or false"),
+        ({"server": "https://dev.example"}, {"token": ["a", "b"]}, "user 'dev': token must be a string"),
+        ({"server": "https://dev.example"}, {"password": 1234}, "user 'dev': password must be a string"),
+        ({"server": "https://dev.example"}, {"exec": dict(EXEC, args="token")}, "exec.args must be a list"),
+        ({"server": "https://dev.example"}, {"exec": dict(EXEC, command=None)}, "exec.command must be"),
+        ({"server": "https://dev.example"}, {"exec": dict(EXEC, env=[{"name": 1}])}, "exec.env must be"),
+        (
+            {"server": "https://dev.example"},
+            {"exec": dict(EXEC, interactiveMode="Always")},
+            "needs a terminal",
+        ),
+        ({"server": "https://dev.example:port"}, None, "server must be an http\\(s\\) URL"),
+    ],
+)
+def test_wrong_types_are_kubeconfig_errors_naming_the_field(
+    cluster: dict[str, Any], user: dict[str, Any] | None, message: str
+) -> None:
+    with pytest.raises(KubeconfigError, match=message) as caught:
+        kubeconfig_from_dict(kubeconfig(cluster, user), trust=TrustPolicy.own())
+    assert caught.value.context == "dev"
+
+
+def test_the_fingerprint_never_reads_files_after_load(tmp_path: Path) -> None:
+    ca = write_file(tmp_path / "ca.crt", "made-up ca\n")
+    config = load_kubeconfig(
+        write_yaml(
+            tmp_path / "config",
+            kubeconfig({"server": "https://dev.example", "certificate-authority": "ca.crt"}),
+        )
+    )
+    fingerprint = config.fingerprint()
+
+    ca.unlink()  # were the file read on each call, the fingerprint would change now
+
+    assert config.fingerprint() == fingerprint
+
+
+async def test_loading_off_the_event_loop_gives_the_same_config(tmp_path: Path) -> None:
+    path = write_yaml(tmp_path / "config", kubeconfig({"server": "https://dev.example"}, {"token": TOKEN}))
+
+    config = await load_kubeconfig_async(path)
+
+    assert config.fingerprint() == load_kubeconfig(path).fingerprint()
+    assert config.origin == str(path)
+
+
+def test_anchors_without_aliases_are_accepted() -> None:
+    text = yaml.safe_dump(kubeconfig({"server": "https://dev.example"})).replace(
+        "clusters:", "clusters: &all", 1
+    )
+
+    assert kubeconfig_from_yaml(text).server == "https://dev.example"

@@ -213,9 +213,7 @@ async def test_an_unusable_secret_is_reported_by_name_and_quotes_nothing(
         broken = await processed(provider, hub.key("broken"), broken_rv)
         missing = await processed(provider, hub.key("no-key"), no_key_rv)
         assert not broken.active and broken.cluster == "broken"
-        assert (
-            broken.error == f"Secret {hub.key('broken')}: data key 'kubeconfig' is not valid YAML at line 3"
-        )
+        assert broken.error == f"Secret {hub.key('broken')} key 'kubeconfig': not valid YAML at line 3"
         assert missing.error == f"Secret {hub.key('no-key')}: has no data key 'kubeconfig'"
         assert set(provider.clusters.names()) == {"good"}  # nothing to keep: never engaged
         for name in ("broken", "no-key"):

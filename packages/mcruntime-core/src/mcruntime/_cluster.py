@@ -23,7 +23,7 @@ from ._client import Client
 from ._discovery import Discovery
 from ._health import ClusterHealth
 from ._informer import Transform, strip_managed_fields
-from ._kubeconfig import ClusterConfig
+from ._kubeconfig import ClusterConfig, _redacted
 from ._tasks import TaskSet
 from ._transport import RetryPolicy, Transport
 
@@ -105,7 +105,7 @@ class Cluster:
 
     def __repr__(self) -> str:
         state = "stopped" if self._stopped else "started" if self.started_at else "new"
-        return f"<Cluster {self.name!r} {self.config.server} {state}>"
+        return f"<Cluster {self.name!r} {_redacted(self.config.server)} {state}>"
 
     @property
     def reader(self) -> Cache:
@@ -193,13 +193,17 @@ class Cluster:
     def replace_credentials(self, config: ClusterConfig) -> bool:
         """Swap in a rotated credential without restarting caches, when possible.
 
-        Possible when only the user's token (or token file) changed: the next
-        request carries the new one. Returns ``False`` when the endpoint, the
-        trust or a client certificate changed, which needs a new cluster.
+        Possible whenever only the user changed: a token, token file, exec
+        plugin or client certificate and key (Cluster API rotates those). The
+        next request carries the new token; new connections present the new
+        certificate. Returns ``False`` when the endpoint or trust changed, or
+        for legacy auth-providers, which need a new cluster.
         """
         if config.endpoint_fingerprint() != self.config.endpoint_fingerprint():
             return False
-        if config.auth_kind != "token" or self.config.auth_kind != "token":
+        if config.trust != self.config.trust:
+            return False
+        if "auth-provider" in (config.auth_kind, self.config.auth_kind):
             return False
         self.transport.replace_credentials(config)
         self.config = config

@@ -8,10 +8,21 @@ provider brings, unless opted in); relative file references resolve against the
 kubeconfig's own directory, never the process's working directory; every error
 names the file, the context and the field; and nothing secret reaches a
 ``repr``, a log or an error message.
+
+The cost of a kubeconfig is bounded before anything else looks at it: at most
+``max_bytes`` (1 MiB by default) per file, Secret value or in-memory document,
+at most ``MAX_DEPTH`` levels of nesting, and no YAML aliases at all (an alias
+is how a 1.4 KB "billion laughs" document expands to gigabytes; kubectl never
+writes one). Everything a fingerprint needs, referenced certificate files
+included, is read once when the config is built: loaders do their I/O in the
+caller's thread (providers call them off the event loop, see
+:func:`load_kubeconfig_async`), and :meth:`ClusterConfig.fingerprint` is then
+pure computation, safe on the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -37,6 +48,20 @@ _USER_FILES = {"client-certificate": "client-certificate-data", "client-key": "c
 
 # The userinfo of a URL (``https://user:password@host``), which may hold a credential.
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)?[^/?#]*@")
+
+DEFAULT_MAX_BYTES = 1024 * 1024
+"""The default size limit of one kubeconfig (file, Secret value or in-memory document)."""
+
+MAX_DEPTH = 32
+"""Nesting limit of a kubeconfig document; real ones nest about six levels deep."""
+
+MAX_NODES = 100_000
+"""Values (scalars, lists, mappings) one kubeconfig may hold; a thousand contexts take ~20,000.
+
+Parsing costs about 20 µs per value, so this bounds one parse to a few seconds
+of CPU (off the event loop). An in-memory document may share sub-objects (what
+YAML aliases produce), so its check counts every visit and stops here rather
+than following an exponential structure."""
 
 
 def _redacted(url: str) -> str:
@@ -94,7 +119,7 @@ class ClusterConfig:
     Build one with :func:`load_kubeconfig`, :func:`kubeconfig_from_dict`,
     :func:`load_kubeconfig_env` or :func:`in_cluster_config`. File references are
     absolute by now; ``*-data`` fields are still inline (the transport writes
-    them to private files for the lifetime of one connection).
+    them to in-memory files for the lifetime of one connection).
 
     Two configs are equal only if they are the same object: compare
     :meth:`fingerprint` to ask whether they describe the same connection.
@@ -107,6 +132,16 @@ class ClusterConfig:
     cluster: Mapping[str, Any] = field(compare=False)
     user: Mapping[str, Any] = field(compare=False)
     trust: TrustPolicy = field(default_factory=TrustPolicy, compare=False)
+    _endpoint_digest: str = field(init=False, compare=False)
+    _credential_digest: str = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Read referenced certificate files now, in the loader's thread, so that
+        # fingerprint() never touches the disk (ClusterSet.set calls it on the loop).
+        object.__setattr__(self, "_endpoint_digest", _digest(self.cluster, ("certificate-authority",)))
+        object.__setattr__(
+            self, "_credential_digest", _digest(self.user, ("client-certificate", "client-key"))
+        )
 
     def __repr__(self) -> str:
         context = f" context={self.context!r}" if self.context else ""
@@ -141,18 +176,20 @@ class ClusterConfig:
 
     def endpoint_fingerprint(self) -> str:
         """Hash of everything that decides where we connect and whom we trust."""
-        return _digest(self.cluster, ("certificate-authority",))
+        return self._endpoint_digest
 
     def credential_fingerprint(self) -> str:
         """Hash of the identity alone, so a rotated token can be told apart from a move."""
-        return _digest(self.user, ("client-certificate", "client-key"))
+        return self._credential_digest
 
     def fingerprint(self) -> str:
         """Hash of the whole connection config; equal hashes mean nothing to re-engage.
 
-        Referenced certificate files are hashed by content, so rewriting a CA
-        file in place counts as a change; a ``tokenFile`` counts by path only,
-        because the transport re-reads it (that is how mounted tokens rotate).
+        Referenced certificate files are hashed by content as they were when
+        the config was built (never here: this runs on the event loop), so a
+        CA file rewritten in place counts as a change once the provider loads
+        the kubeconfig again; a ``tokenFile`` counts by path only, because the
+        transport re-reads it (that is how mounted tokens rotate).
         """
         return hashlib.sha256(
             f"{self.endpoint_fingerprint()}:{self.credential_fingerprint()}".encode()
@@ -178,28 +215,167 @@ def _digest(entry: Mapping[str, Any], content_fields: Iterable[str]) -> str:
 # --- parsing ---------------------------------------------------------------------
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+class _Refused(yaml.YAMLError):
+    """A YAML alias, or too deep or too many nodes, met while composing."""
+
+    def __init__(self, message: str, mark: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.problem_mark = mark
+
+
+class _BoundedComposer(yaml.composer.Composer):
+    """PyYAML's composer without aliases and with a nesting limit.
+
+    Listed before libyaml's parser in the loader's bases, so the (cheap,
+    linear) composition is ours while scanning and parsing stay in C.
+    """
+
+    _depth = 0
+    _nodes = 0
+    check_event: Any
+    peek_event: Any
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _Refused(
+                "YAML aliases are not allowed in a kubeconfig (they can expand without bound)",
+                event.start_mark,
+            )
+        self._depth += 1
+        self._nodes += 1
+        try:
+            if self._nodes > MAX_NODES:
+                raise _Refused(f"more than {MAX_NODES} values", self.peek_event().start_mark)
+            if self._depth > MAX_DEPTH:
+                raise _Refused(f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+_CParser: Any = getattr(yaml.cyaml, "CParser", None)
+
+if _CParser is not None:
+
+    class _Loader(_BoundedComposer, _CParser, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):  # type: ignore[misc]
+        """libyaml's scanner and parser, our composer, PyYAML's safe constructor."""
+
+        def __init__(self, stream: str | bytes) -> None:
+            _CParser.__init__(self, stream)
+            _BoundedComposer.__init__(self)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+
+else:  # pragma: no cover - PyYAML built without libyaml
+
+    class _Loader(  # type: ignore[no-redef]
+        yaml.reader.Reader,
+        yaml.scanner.Scanner,
+        yaml.parser.Parser,
+        _BoundedComposer,
+        yaml.constructor.SafeConstructor,
+        yaml.resolver.Resolver,
+    ):
+        def __init__(self, stream: str | bytes) -> None:
+            yaml.reader.Reader.__init__(self, stream)
+            yaml.scanner.Scanner.__init__(self)
+            yaml.parser.Parser.__init__(self)
+            _BoundedComposer.__init__(self)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+
+
+def parse_kubeconfig(
+    text: str | bytes, *, origin: str = "<kubeconfig>", max_bytes: int = DEFAULT_MAX_BYTES
+) -> dict[str, Any]:
+    """Parse kubeconfig YAML (a file's or a Secret value's text) with bounded cost.
+
+    Refuses documents over ``max_bytes``, YAML aliases and nesting deeper than
+    :data:`MAX_DEPTH`, each with a :class:`KubeconfigError` naming ``origin``;
+    anything that is not a mapping at the top is refused too. Use it instead
+    of ``yaml.safe_load`` for any kubeconfig that came from elsewhere.
+    """
+    size = len(text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text)
+    if size > max_bytes:
+        raise KubeconfigError(f"larger than the limit of {max_bytes} bytes ({size} bytes)", origin=origin)
+    loader = _Loader(text)
     try:
-        text = path.read_text()
-    except OSError as error:
-        raise KubeconfigError(f"cannot read the file: {error.strerror}", origin=str(path)) from None
-    try:
-        data = yaml.safe_load(text)
+        data = loader.get_single_data()
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise KubeconfigError(f"not valid YAML{where}", origin=str(path)) from None
+        detail = f": {error.message}" if isinstance(error, _Refused) else ""
+        raise KubeconfigError(f"not valid YAML{where}{detail}", origin=origin) from None
+    except (ValueError, TypeError, RecursionError, UnicodeError, OverflowError) as error:
+        # A scalar PyYAML cannot construct: an integer beyond Python's digit limit,
+        # an impossible timestamp, an unhashable key.
+        raise KubeconfigError(f"not valid YAML: {type(error).__name__}", origin=origin) from None
+    finally:
+        loader.dispose()
     if data is None:
-        raise KubeconfigError("the file is empty", origin=str(path))
+        raise KubeconfigError("the document is empty", origin=origin)
     if not isinstance(data, dict):
-        raise KubeconfigError("not a kubeconfig: the top level is not a mapping", origin=str(path))
+        raise KubeconfigError("not a kubeconfig: the top level is not a mapping", origin=origin)
     return data
+
+
+def _read_bounded(path: Path, max_bytes: int) -> bytes:
+    """At most ``max_bytes`` of a file, or an error: never read a huge file whole."""
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError as error:
+        raise KubeconfigError(f"cannot read the file: {error.strerror}", origin=str(path)) from None
+    if len(data) > max_bytes:
+        raise KubeconfigError(f"larger than the limit of {max_bytes} bytes", origin=str(path))
+    return data
+
+
+def _read_yaml(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]:
+    return parse_kubeconfig(_read_bounded(path, max_bytes), origin=str(path), max_bytes=max_bytes)
+
+
+def _check_bounded(data: Any, origin: str, max_bytes: int) -> None:
+    """Refuse an in-memory document too deep, too large or too shared to handle cheaply.
+
+    Counts every visit (a sub-object shared n times counts n times) and every
+    scalar's length, iteratively, so a hostile structure costs at most
+    ``MAX_NODES`` steps however it was built.
+    """
+    budget = MAX_NODES
+    size = 0
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        budget -= 1
+        if budget < 0:
+            raise KubeconfigError(
+                f"more than {MAX_NODES} values (shared sub-structures count each time)", origin=origin
+            )
+        if depth > MAX_DEPTH:
+            raise KubeconfigError(f"nested deeper than {MAX_DEPTH} levels", origin=origin)
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                stack.append((key, depth + 1))
+                stack.append((item, depth + 1))
+        elif isinstance(value, list | tuple):
+            stack.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str | bytes):
+            size += len(value)
+        else:
+            size += 8
+        if size > max_bytes:
+            raise KubeconfigError(f"larger than the limit of {max_bytes} bytes", origin=origin)
 
 
 def _named_entries(
     data: Mapping[str, Any], section: str, base_dir: Path | None, origin: str
 ) -> dict[str, _Entry]:
-    raw = data.get(section) or []
+    raw = data.get(section)
+    if raw is None:
+        raw = []
     if not isinstance(raw, list):
         raise KubeconfigError(f"{section!r} must be a list", origin=origin)
     entries: dict[str, _Entry] = {}
@@ -207,7 +383,9 @@ def _named_entries(
     for index, item in enumerate(raw):
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise KubeconfigError(f"{section}[{index}] has no name", origin=origin)
-        value = item.get(inner) or {}
+        value = item.get(inner)
+        if value is None:
+            value = {}
         if not isinstance(value, dict):
             raise KubeconfigError(
                 f"{section}[{index}] ({item['name']!r}): {inner!r} must be a mapping", origin=origin
@@ -243,7 +421,12 @@ class _Kubeconfig:
 def _resolve_path(value: Any, base_dir: Path | None, field_name: str, origin: str, context: str) -> str:
     if not isinstance(value, str) or not value:
         raise KubeconfigError(f"{field_name} must be a non-empty path", origin=origin, context=context)
-    path = Path(value).expanduser()
+    try:
+        path = Path(value).expanduser()
+    except (RuntimeError, ValueError):  # "~nobody/..." for a user that does not exist
+        raise KubeconfigError(
+            f"{field_name}: cannot expand {value!r}", origin=origin, context=context
+        ) from None
     if not path.is_absolute():
         if base_dir is None:
             raise KubeconfigError(
@@ -262,11 +445,73 @@ def _check_data(entry: dict[str, Any], data_field: str, origin: str, context: st
     value = entry.get(data_field)
     if value is None:
         return
+    if not isinstance(value, str):
+        raise KubeconfigError(f"{data_field} must be a base64 string", origin=origin, context=context)
     try:
         # kubectl's decoder skips line breaks (a wrapped block scalar); the transport's does too.
         base64.b64decode(str(value).replace("\r", "").replace("\n", ""), validate=True)
     except (binascii.Error, ValueError):
         raise KubeconfigError(f"{data_field} is not valid base64", origin=origin, context=context) from None
+
+
+_CLUSTER_STRINGS = ("server", "certificate-authority-data", "tls-server-name", "proxy-url")
+_CLUSTER_BOOLS = ("insecure-skip-tls-verify", "disable-compression")
+_USER_STRINGS = ("token", "tokenFile", "username", "password", "client-certificate-data", "client-key-data")
+
+
+def _check_types(
+    entry: Mapping[str, Any],
+    strings: Iterable[str],
+    bools: Iterable[str],
+    what: str,
+    origin: str,
+    context: str,
+) -> None:
+    for key in strings:
+        if key in entry and entry[key] is not None and not isinstance(entry[key], str):
+            raise KubeconfigError(f"{what}: {key} must be a string", origin=origin, context=context)
+    for key in bools:
+        if key in entry and entry[key] is not None and not isinstance(entry[key], bool):
+            raise KubeconfigError(f"{what}: {key} must be true or false", origin=origin, context=context)
+
+
+def _check_exec(spec: Mapping[str, Any], what: str, origin: str, context: str) -> None:
+    """The fields our exec runner reads, with the types it expects."""
+    if not isinstance(spec.get("command"), str) or not spec["command"]:
+        raise KubeconfigError(
+            f"{what}: exec.command must be a non-empty string", origin=origin, context=context
+        )
+    if not isinstance(spec.get("apiVersion"), str):
+        raise KubeconfigError(f"{what}: exec.apiVersion must be a string", origin=origin, context=context)
+    args = spec.get("args")
+    if args is not None and not (isinstance(args, list) and all(isinstance(arg, str) for arg in args)):
+        raise KubeconfigError(f"{what}: exec.args must be a list of strings", origin=origin, context=context)
+    env = spec.get("env")
+    if env is not None and not (
+        isinstance(env, list)
+        and all(
+            isinstance(item, dict)
+            and isinstance(item.get("name"), str)
+            and isinstance(item.get("value"), str)
+            for item in env
+        )
+    ):
+        raise KubeconfigError(
+            f"{what}: exec.env must be a list of {{name, value}} strings", origin=origin, context=context
+        )
+    mode = spec.get("interactiveMode")
+    if mode is not None and mode not in ("Never", "IfAvailable", "Always"):
+        raise KubeconfigError(
+            f"{what}: exec.interactiveMode is not Never, IfAvailable or Always",
+            origin=origin,
+            context=context,
+        )
+    if mode == "Always":
+        raise KubeconfigError(
+            f"{what}: exec.interactiveMode Always needs a terminal, which a controller never has",
+            origin=origin,
+            context=context,
+        )
 
 
 def _build(kubeconfig: _Kubeconfig, context: str | None, trust: TrustPolicy) -> ClusterConfig:
@@ -291,10 +536,22 @@ def _build(kubeconfig: _Kubeconfig, context: str | None, trust: TrustPolicy) -> 
     server = cluster.get("server")
     if not isinstance(server, str) or not server:
         raise KubeconfigError(f"cluster {cluster_name!r} has no server", origin=origin, context=chosen)
+    _check_types(cluster, _CLUSTER_STRINGS, _CLUSTER_BOOLS, f"cluster {cluster_name!r}", origin, chosen)
     try:
-        scheme = urlsplit(server).scheme
+        parts = urlsplit(server)
+        scheme, netloc = parts.scheme, parts.netloc
+        parts.port  # noqa: B018 - raises ValueError for a port that is no number
     except ValueError:
-        scheme = ""
+        scheme, netloc = "", ""
+    if "@" in netloc:
+        # Never echoed: the userinfo may be a password, and aiohttp would put the
+        # whole URL into every connection error (statuses, /readyz, logs).
+        raise KubeconfigError(
+            f"cluster {cluster_name!r}: the server URL carries a user name or password, which is refused "
+            "(put credentials in the user entry)",
+            origin=origin,
+            context=chosen,
+        )
     if scheme not in ("https", "http"):
         raise KubeconfigError(
             f"cluster {cluster_name!r}: server must be an http(s) URL, not {_redacted(server)!r}",
@@ -312,6 +569,7 @@ def _build(kubeconfig: _Kubeconfig, context: str | None, trust: TrustPolicy) -> 
             raise KubeconfigError(f"user entry {user_name!r} not found", origin=origin, context=chosen)
         user = dict(kubeconfig.users[user_name].value)
         user_base = kubeconfig.users[user_name].base_dir
+        _check_types(user, _USER_STRINGS, (), f"user {user_name!r}", origin, chosen)
 
     if (cluster.get("insecure-skip-tls-verify") or scheme == "http") and not trust.allow_insecure:
         what = "plain HTTP" if scheme == "http" else "insecure-skip-tls-verify"
@@ -340,6 +598,8 @@ def _build(kubeconfig: _Kubeconfig, context: str | None, trust: TrustPolicy) -> 
             raise KubeconfigError(
                 f"user {user_name!r}: {plugin} must be a mapping", origin=origin, context=chosen
             )
+    if "exec" in user:
+        _check_exec(user["exec"], f"user {user_name!r}", origin, chosen)
 
     for file_field, data_field in _CLUSTER_FILES.items():
         if cluster.get(data_field):
@@ -380,18 +640,54 @@ def _build(kubeconfig: _Kubeconfig, context: str | None, trust: TrustPolicy) -> 
 
 
 def load_kubeconfig(
-    path: str | os.PathLike[str], context: str | None = None, *, trust: TrustPolicy | None = None
+    path: str | os.PathLike[str],
+    context: str | None = None,
+    *,
+    trust: TrustPolicy | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> ClusterConfig:
     """Load one context (``current-context`` unless named) from a kubeconfig file.
 
     The default trust is :meth:`TrustPolicy.own`: a path given here is the user's
     own choice. Providers pass :meth:`TrustPolicy.untrusted` or what the user
-    opted into.
+    opted into. Reads the disk: on an event loop, use :func:`load_kubeconfig_async`.
     """
     file = _absolute(path)
     kubeconfig = _Kubeconfig(str(file))
-    kubeconfig.merge(_read_yaml(file), file.parent, str(file))
+    kubeconfig.merge(_read_yaml(file, max_bytes), file.parent, str(file))
     return _build(kubeconfig, context, trust or TrustPolicy.own())
+
+
+async def load_kubeconfig_async(
+    path: str | os.PathLike[str],
+    context: str | None = None,
+    *,
+    trust: TrustPolicy | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> ClusterConfig:
+    """:func:`load_kubeconfig` in a worker thread, so the event loop keeps running meanwhile."""
+    return await asyncio.to_thread(load_kubeconfig, path, context, trust=trust, max_bytes=max_bytes)
+
+
+def kubeconfig_from_yaml(
+    text: str | bytes,
+    context: str | None = None,
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    trust: TrustPolicy | None = None,
+    origin: str = "<kubeconfig>",
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> ClusterConfig:
+    """Load one context from kubeconfig text (a Secret's value, say) with bounded cost.
+
+    :func:`parse_kubeconfig` then :func:`kubeconfig_from_dict`; the default
+    trust is :meth:`TrustPolicy.untrusted`. CPU-bound for large input: call it
+    off the event loop (``asyncio.to_thread``).
+    """
+    data = parse_kubeconfig(text, origin=origin, max_bytes=max_bytes)
+    return kubeconfig_from_dict(
+        data, context, base_dir=base_dir, trust=trust, origin=origin, max_bytes=max_bytes
+    )
 
 
 def kubeconfig_from_dict(
@@ -401,16 +697,19 @@ def kubeconfig_from_dict(
     base_dir: str | os.PathLike[str] | None = None,
     trust: TrustPolicy | None = None,
     origin: str = "<kubeconfig dict>",
+    max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> ClusterConfig:
     """Load one context from a kubeconfig already in memory (a Secret's value, say).
 
     Relative paths resolve against ``base_dir``; without one they are an error
     rather than silently resolving against the working directory. The default
     trust is :meth:`TrustPolicy.untrusted`: in-memory kubeconfigs usually come
-    from somewhere else.
+    from somewhere else. The document is checked against the same limits as a
+    parsed one (``max_bytes``, :data:`MAX_DEPTH`, :data:`MAX_NODES`) before use.
     """
     if not isinstance(data, Mapping):
         raise KubeconfigError("not a kubeconfig: the top level is not a mapping", origin=origin)
+    _check_bounded(data, origin, max_bytes)
     directory = _absolute(base_dir) if base_dir is not None else None
     kubeconfig = _Kubeconfig(origin)
     kubeconfig.merge(data, directory, origin)
@@ -424,7 +723,9 @@ def kubeconfig_paths_from_env() -> list[Path]:
     return paths or [Path.home() / ".kube" / "config"]
 
 
-def load_kubeconfig_env(context: str | None = None, *, trust: TrustPolicy | None = None) -> ClusterConfig:
+def load_kubeconfig_env(
+    context: str | None = None, *, trust: TrustPolicy | None = None, max_bytes: int = DEFAULT_MAX_BYTES
+) -> ClusterConfig:
     """Load like kubectl: the files in ``KUBECONFIG`` merged, first entry of a name wins.
 
     ``current-context`` comes from the first file that sets one (kubectl's rule;
@@ -437,17 +738,16 @@ def load_kubeconfig_env(context: str | None = None, *, trust: TrustPolicy | None
         raise KubeconfigError(f"no kubeconfig file found (looked at {', '.join(map(str, paths))})")
     kubeconfig = _Kubeconfig(os.pathsep.join(map(str, existing)))
     for path in existing:
-        kubeconfig.merge(_read_yaml(path), path.parent, str(path))
+        kubeconfig.merge(_read_yaml(path, max_bytes), path.parent, str(path))
     return _build(kubeconfig, context, trust or TrustPolicy.own())
 
 
 def list_contexts(data: Mapping[str, Any]) -> list[str]:
     """The context names of a kubeconfig mapping, in file order."""
-    return [
-        item["name"]
-        for item in (data.get("contexts") or [])
-        if isinstance(item, dict) and isinstance(item.get("name"), str)
-    ]
+    contexts = data.get("contexts")
+    if not isinstance(contexts, list):
+        return []
+    return [item["name"] for item in contexts if isinstance(item, dict) and isinstance(item.get("name"), str)]
 
 
 def in_cluster_config(service_account_dir: str | os.PathLike[str] | None = None) -> ClusterConfig:

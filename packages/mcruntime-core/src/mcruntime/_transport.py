@@ -17,30 +17,27 @@ from __future__ import annotations
 import asyncio
 import asyncio.sslproto
 import base64
-import datetime
 import logging
 import os
-import shutil
 import ssl
-import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from ._backoff import Backoff
+from ._credentials import _Credentials
 from ._errors import Unreachable
 from ._health import HealthRecord
-from ._kubeconfig import ClusterConfig
+from ._kubeconfig import ClusterConfig, _redacted
+from ._material import MaterialFiles
 
 if TYPE_CHECKING:
     # Imported where used: kubernetes-asyncio's generated models take ~0.3 s and
-    # ~35 MiB to import, and only exec plugins and typed-API users need them.
+    # ~35 MiB to import, and only typed-API users need them.
     from kubernetes_asyncio import client as k8s_client
-    from kubernetes_asyncio.config.kube_config import KubeConfigLoader
 
 log = logging.getLogger("mcruntime.transport")
 
@@ -76,9 +73,6 @@ def _tune_tls_read_buffer() -> None:
         protocol.max_size = size  # type: ignore[union-attr]
 
 
-_EXPIRY_SKEW = datetime.timedelta(minutes=5)
-
-
 @dataclass(frozen=True)
 class RetryPolicy:
     """How hard to retry a request that may succeed a moment later."""
@@ -91,90 +85,6 @@ class RetryPolicy:
         """Full-jitter capped backoff (the one :class:`Backoff`), never shorter than Retry-After."""
         backoff = Backoff(base=self.base_delay, cap=max(self.max_delay, self.base_delay), jitter=1.0)
         return max(backoff.delay(attempt), retry_after or 0.0)
-
-
-class _Credentials:
-    """Produces the Authorization header for each request; ``invalidate`` after a 401."""
-
-    def __init__(self, config: ClusterConfig, workdir: Path) -> None:
-        self._user = config.user
-        self._token_file: Path | None = None
-        self._token_file_stamp: tuple[float, int] | None = None
-        self._header: str | None = None
-        self._loader: KubeConfigLoader | None = None
-        user = config.user
-        if user.get("token"):
-            self._header = f"Bearer {user['token']}"
-        elif user.get("tokenFile"):
-            self._token_file = Path(user["tokenFile"])
-        elif user.get("username") is not None and user.get("password") is not None:
-            raw = f"{user['username']}:{user['password']}".encode()
-            self._header = f"Basic {base64.b64encode(raw).decode()}"
-        elif "exec" in user or "auth-provider" in user:
-            exec_config = {k: v for k, v in dict(user.get("exec") or {}).items() if k != "_base_dir"}
-            user_entry = dict(user, exec=exec_config) if exec_config else dict(user)
-            base_dir = (user.get("exec") or {}).get("_base_dir", "")
-            from kubernetes_asyncio.config.kube_config import KubeConfigLoader
-
-            self._loader = KubeConfigLoader(
-                {
-                    "clusters": [{"name": "c", "cluster": dict(config.cluster)}],
-                    "users": [{"name": "u", "user": user_entry}],
-                    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                    "current-context": "x",
-                },
-                config_base_path=base_dir,
-                temp_file_path=str(workdir),
-            )
-
-    async def header(self) -> str | None:
-        if self._token_file is not None:
-            return await self._read_token_file()
-        if self._loader is not None and (self._header is None or self._expiring()):
-            self._header = await self._run_plugin()
-        return self._header
-
-    def _expiring(self) -> bool:
-        expiry = getattr(self._loader, "exec_plugin_expiry", None)
-        if not isinstance(expiry, datetime.datetime):
-            return False
-        return expiry - datetime.datetime.now(datetime.UTC) < _EXPIRY_SKEW
-
-    async def _read_token_file(self) -> str | None:
-        assert self._token_file is not None
-        try:
-            status = self._token_file.stat()
-        except OSError:
-            return self._header  # keep the last good token while the file is swapped
-        stamp = (status.st_mtime, status.st_ino)
-        if stamp != self._token_file_stamp or self._header is None:
-            token = (await asyncio.to_thread(self._token_file.read_text)).strip()
-            if token:
-                self._header = f"Bearer {token}"
-                self._token_file_stamp = stamp
-        return self._header
-
-    async def _run_plugin(self) -> str | None:
-        assert self._loader is not None
-        loader = self._loader
-        provider: str | None = getattr(loader, "provider", None)
-        if provider == "gcp":
-            await loader.load_gcp_token()
-        elif provider == "oidc":
-            await loader._load_oid_token()
-        elif "exec" in self._user:
-            await loader.load_from_exec_plugin()
-        token = getattr(loader, "token", None)
-        return token if isinstance(token, str) else None
-
-    def invalidate(self) -> None:
-        """Forget the current credential so the next request fetches a fresh one."""
-        if self._token_file is not None:
-            self._token_file_stamp = None
-        if self._loader is not None:
-            self._header = None
-            if hasattr(self._loader, "exec_plugin_expiry"):
-                del self._loader.exec_plugin_expiry
 
 
 class Transport:
@@ -199,15 +109,19 @@ class Transport:
         self._waiting: set[asyncio.Timeout] = set()
         self._streams: set[aiohttp.ClientResponse] = set()
         self._retry = retry or RetryPolicy()
-        self._workdir: Path | None = None
+        self._material: MaterialFiles | None = None
         self._session: aiohttp.ClientSession | None = None
+        # Sessions replaced by a certificate rotation: their open watches keep
+        # running on the old identity until they reconnect; closed with the transport.
+        self._retired: list[aiohttp.ClientSession] = []
         self._credentials: _Credentials | None = None
+        self._closing: set[asyncio.Task[None]] = set()
         self._files: dict[str, str] = {}
         self._open_lock = asyncio.Lock()
         self._closed = False
 
     def __repr__(self) -> str:
-        return f"<Transport cluster={self.cluster!r} server={self.config.server}>"
+        return f"<Transport cluster={self.cluster!r} server={_redacted(self.config.server)}>"
 
     @property
     def server(self) -> str:
@@ -216,59 +130,70 @@ class Transport:
     # --- lifetime --------------------------------------------------------------
 
     async def open(self) -> None:
-        """Create the private directory, the TLS context and the HTTP session."""
+        """Load the key material into memory, build the TLS context and the HTTP session."""
         async with self._open_lock:
             if self._closed:
                 raise Unreachable("the cluster was stopped", cluster=self.cluster)
             if self._session is not None:
                 return
             _tune_tls_read_buffer()
-            workdir = Path(tempfile.mkdtemp(prefix="mcruntime-"))
-            os.chmod(workdir, 0o700)
-            self._workdir = workdir
-            self._credentials = _Credentials(self.config, workdir)
+            material = MaterialFiles()
+            self._material = material
+            self._credentials = self._new_credentials(self.config)
             try:
                 context = await asyncio.to_thread(self._ssl_context)
             except BaseException as error:
-                # Never leave the private directory behind; the next open starts afresh.
-                self._discard_workdir(workdir)
+                self._discard_material(material)
                 if isinstance(error, Exception) and self.closed:
                     raise Unreachable("the cluster was stopped", cluster=self.cluster) from None
-                if isinstance(error, ssl.SSLError | OSError):  # a CA that is no certificate, say
+                if isinstance(error, ssl.SSLError | OSError | ValueError):  # a CA that is no certificate, say
                     message = f"unusable TLS configuration: {_describe_connection_error(error)}"
                     raise Unreachable(message, cluster=self.cluster) from None
                 raise
             if self.closed:  # closed while the TLS context was being built: open nothing
-                self._discard_workdir(workdir)
+                self._discard_material(material)
                 raise Unreachable("the cluster was stopped", cluster=self.cluster)
-            connector = aiohttp.TCPConnector(ssl=context, limit=0, enable_cleanup_closed=True)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                trust_env=False,  # a cluster's proxy comes from its kubeconfig, not the environment
-                skip_auto_headers=("User-Agent",),
-                headers={"User-Agent": "mcruntime"},
-            )
+            self._session = self._new_session(context)
+
+    def _new_session(self, context: ssl.SSLContext) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(ssl=context, limit=0, enable_cleanup_closed=True)
+        return aiohttp.ClientSession(
+            connector=connector,
+            trust_env=False,  # a cluster's proxy comes from its kubeconfig, not the environment
+            skip_auto_headers=("User-Agent",),
+            headers={"User-Agent": "mcruntime"},
+        )
+
+    def _new_credentials(
+        self, config: ClusterConfig, prepare: Callable[[], Awaitable[None]] | None = None
+    ) -> _Credentials:
+        return _Credentials(config, self.cluster, use_certificate=self._use_certificate, prepare=prepare)
 
     async def close(self) -> None:
-        """Close every connection (watches included) and delete the private files.
+        """Close every connection (watches included), kill exec plugins, drop key material.
 
         A closed transport stays closed: later requests fail with :class:`Unreachable`
         instead of quietly opening a session nobody would close.
         """
         self._closed = True
+        credentials = self._credentials
+        if credentials is not None:
+            await credentials.close()
+        for closing in list(self._closing):
+            await closing
         session, self._session = self._session, None
-        if session is not None:
-            await session.close()
-        if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir = None
-            self._files.clear()
+        retired, self._retired = self._retired, []
+        for old in [*retired, session]:
+            if old is not None:
+                await old.close()
+        if self._material is not None:
+            self._discard_material(self._material)
 
-    def _discard_workdir(self, workdir: Path) -> None:
-        """Delete a private directory that a failed or abandoned ``open`` created."""
-        shutil.rmtree(workdir, ignore_errors=True)
-        if self._workdir == workdir:
-            self._workdir = None
+    def _discard_material(self, material: MaterialFiles) -> None:
+        """Drop the in-memory files of a closed, failed or abandoned ``open``."""
+        material.close()
+        if self._material is material:
+            self._material = None
             self._files.clear()
 
     @property
@@ -278,24 +203,23 @@ class Transport:
     def _material_file(self, field_name: str, entry: Mapping[str, Any]) -> str | None:
         """A path holding a certificate or key.
 
-        The referenced file, or inline data written once into the private
-        directory (removed by ``close``).
+        The referenced file, or inline data put once into an in-memory file
+        (memfd: nothing on disk, gone with the process however it ends).
         """
         data_field = f"{field_name}-data"
         if entry.get(data_field):
-            if field_name not in self._files:
-                assert self._workdir is not None
-                target = self._workdir / field_name.replace("-", "_")
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(base64.b64decode(str(entry[data_field])))
-                self._files[field_name] = str(target)
-            return self._files[field_name]
+            key = f"{field_name}:{entry[data_field]}"
+            if key not in self._files:
+                assert self._material is not None
+                data = base64.b64decode(str(entry[data_field]).replace("\r", "").replace("\n", ""))
+                self._files[key] = self._material.path(field_name, data)
+            return self._files[key]
         path = entry.get(field_name)
         return str(path) if path else None
 
-    def _ssl_context(self) -> ssl.SSLContext:
-        cluster, user = self.config.cluster, self.config.user
+    def _ssl_context(self, user: Mapping[str, Any] | None = None) -> ssl.SSLContext:
+        cluster = self.config.cluster
+        user = self.config.user if user is None else user
         ca_file = self._material_file("certificate-authority", cluster)
         context = ssl.create_default_context(cafile=ca_file)
         if cluster.get("insecure-skip-tls-verify"):
@@ -308,14 +232,46 @@ class Transport:
             context.load_cert_chain(cert, key)
         return context
 
+    async def _use_certificate(self, certificate: bytes, key: bytes) -> None:
+        """Present a new client certificate on new connections (an exec plugin's, say)."""
+        assert self._material is not None
+        user = {
+            "client-certificate-data": base64.b64encode(certificate).decode(),
+            "client-key-data": base64.b64encode(key).decode(),
+        }
+        await self._swap_context(user)
+
+    async def _swap_context(self, user: Mapping[str, Any]) -> None:
+        """A new TLS context and session for ``user``'s certificate; caches above are untouched.
+
+        A fresh session rather than ``load_cert_chain`` on the shared context:
+        pooled keep-alive connections would otherwise go on authenticating as
+        the old identity. Open watches keep their connection until they
+        reconnect (through the new session); the old session closes with the
+        transport.
+        """
+        try:
+            context = await asyncio.to_thread(self._ssl_context, user)
+        except (ssl.SSLError, OSError, ValueError) as error:
+            message = f"unusable client certificate: {_describe_connection_error(error)}"
+            self.health.failure(message)
+            raise Unreachable(message, cluster=self.cluster) from None
+        if self._closed or self._session is None:
+            return
+        old, self._session = self._session, self._new_session(context)
+        self._retired.append(old)
+        while len(self._retired) > 2:  # bound them: a watch this old has reconnected long since
+            await self._retired.pop(0).close()
+
     async def kubernetes_configuration(self) -> k8s_client.Configuration:
         """An isolated kubernetes-asyncio ``Configuration`` for typed API calls.
 
-        For code that wants the generated API classes; it shares this
-        transport's private files, so it is valid until the transport closes.
-        The Authorization header is a snapshot: prefer the mcruntime client.
+        For code that wants the generated API classes; its certificate and key
+        paths are this transport's in-memory files (``/proc/self/fd/N``), valid
+        in this process until the transport closes. The Authorization header is
+        a snapshot: prefer the mcruntime client.
         """
-        if self._workdir is None:
+        if self._material is None:
             raise RuntimeError(f"cluster {self.cluster!r}: the transport is not open")
         assert self._credentials is not None
         from kubernetes_asyncio import client as k8s_client
@@ -335,11 +291,33 @@ class Transport:
         return configuration
 
     def replace_credentials(self, config: ClusterConfig) -> None:
-        """Use ``config``'s user from the next request on (same endpoint, new credential)."""
-        assert self._workdir is not None or self._session is None
-        self.config = config
-        if self._workdir is not None:
-            self._credentials = _Credentials(config, self._workdir)
+        """Use ``config``'s user from the next request on (same endpoint, new credential).
+
+        A changed client certificate or key gets a new TLS context before the
+        next request (new connections present it); a running exec plugin of the
+        old user is killed.
+        """
+        old_config, self.config = self.config, config
+        old = self._credentials
+        if self._material is None:
+            return  # not open: open() builds everything from the new config
+        prepare = None
+        if _certificate_of(config.user) != _certificate_of(old_config.user) and (
+            _certificate_of(config.user) != (None, None)
+        ):
+            user = config.user
+
+            async def prepare() -> None:
+                await self._swap_context(user)
+
+        self._credentials = self._new_credentials(config, prepare)
+        if old is not None and old.plugin is not None:
+            # Kill the old user's plugin run, if any; held here until done so it is not collected.
+            closing = asyncio.get_running_loop().create_task(
+                old.close(), name=f"credentials-close:{self.cluster}"
+            )
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
 
     async def authorization(self) -> str | None:
         """The current Authorization header value (for interop; never log it)."""
@@ -586,14 +564,49 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
         return None
 
 
+def _certificate_of(user: Mapping[str, Any]) -> tuple[Any, Any]:
+    return (
+        user.get("client-certificate-data") or user.get("client-certificate"),
+        user.get("client-key-data") or user.get("client-key"),
+    )
+
+
 def _describe_connection_error(error: BaseException) -> str:
-    """A short, secret-free description of why no response arrived."""
+    """A short, secret-free description of why no response arrived.
+
+    Built only from fixed words, error class names, errno names and OpenSSL
+    reason codes, never from ``str(error)``: aiohttp's messages carry the URL
+    (and so any userinfo) and sometimes request headers.
+    """
     if isinstance(error, TimeoutError | asyncio.TimeoutError):
         return "timed out waiting for the API server"
     if isinstance(error, aiohttp.ClientConnectorCertificateError):
-        return f"TLS verification failed: {error.certificate_error}"
+        certificate_error = error.certificate_error
+        reason = getattr(certificate_error, "verify_message", None) or getattr(
+            certificate_error, "reason", None
+        )
+        return f"TLS verification failed: {_word(reason) or type(certificate_error).__name__}"
     if isinstance(error, aiohttp.ClientConnectorError):
-        return f"cannot connect: {error.os_error.strerror or error.os_error}"
+        return f"cannot connect: {_os_reason(error.os_error)}"
     if isinstance(error, ssl.SSLError):
-        return f"TLS error: {error.reason or error}"
-    return f"{type(error).__name__}: {error}"
+        return f"TLS error: {_word(getattr(error, 'reason', None)) or type(error).__name__}"
+    if isinstance(error, aiohttp.ClientResponseError):
+        return f"{type(error).__name__}: HTTP {error.status}"
+    if isinstance(error, OSError):
+        return f"{type(error).__name__}: {_os_reason(error)}"
+    return type(error).__name__
+
+
+def _os_reason(error: OSError) -> str:
+    if error.errno is not None:
+        return os.strerror(error.errno)
+    return type(error).__name__
+
+
+def _word(value: object) -> str | None:
+    """``value`` if it is a short, URL-free phrase (an OpenSSL reason), else ``None``."""
+    if not isinstance(value, str) or not value or len(value) > 120:
+        return None
+    if any(marker in value for marker in ("://", "@", "Authorization", "Bearer")):
+        return None
+    return value
