@@ -106,6 +106,8 @@ SECTIONS = (
             Column("matched", "healthy writes reconciled", 0),
             Column("writes", "healthy writes", 0),
             Column("hang_s", "hang (s)", 1),
+            Column("hung_pending_at_stop", "hung cluster's writes not done when it stopped", 0),
+            Column("recovery_s", "hung cluster's work done after SIGCONT (s)", 1),
             Column("cpu_s", "CPU s", 2),
         ),
         "p99_ms",
@@ -141,9 +143,10 @@ INTRO = {
     ),
     "s11": (
         "Three clusters; the reconcile reads live (`client.get`; Go: the API reader), default",
-        "controller options. A few writes land in the third cluster, then its kube-apiserver gets",
-        "SIGSTOP (it hangs, it does not refuse); the writer patches the two healthy clusters at",
-        "{rate:g} writes/s for {seconds:g} s; SIGCONT afterwards, always.",
+        "controller options. The third cluster's kube-apiserver gets SIGSTOP (it hangs, it does",
+        "not refuse) at once after a burst of writes to it, so some of",
+        "its reconciles are queued or in flight (the table counts them); the writer then patches",
+        "the two healthy clusters at {rate:g} writes/s for {seconds:g} s; SIGCONT afterwards, always.",
     ),
 }
 

@@ -31,6 +31,7 @@ from typing import Any
 import psutil
 from harness import GO_SOURCE, build_go_peer, go_version, peer_kinds, seed
 from report import render
+from report_fleet import losing
 from scenarios import (
     BULK,
     FULL,
@@ -46,6 +47,7 @@ from scenarios import (
     s6_single_cluster,
 )
 from scenarios_fleet import FLEET, GC, WRITES, s7_writes, s8_steady_cpu, s9_fleet, s10_gc, s11_hung
+from scenarios_fleet import profile as profile_scenario
 
 import mcruntime as mcr
 from mcruntime.testing import ETCD_VERSION, KUBERNETES_VERSION, Fleet
@@ -145,6 +147,17 @@ async def _run(bench: Bench, only: list[str], profile: Path | None) -> tuple[dic
             log(f"{name.upper()} FAILED:\n{traceback.format_exc()}")
         results.setdefault(name, {})["scenario_seconds"] = time.monotonic() - began
         results[name]["load"] = load
+    if profile is not None and "mcruntime" in bench.kinds:  # where mcruntime loses, show where its time goes
+        for name in losing(results):
+            if name in results and "error" not in results[name]:
+                log(f"{name.upper()}: mcruntime missed its goal; one profiled run ...")
+                try:
+                    found = await profile_scenario(bench, name, profile.with_name(f"profile_{name}.prof"))
+                except Exception:  # a failed profile must not cost the results
+                    log(f"{name.upper()} profile FAILED:\n{traceback.format_exc()}")
+                    continue
+                if found is not None:
+                    results[name]["profile"] = found
     return results, failed
 
 

@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from harness import BenchError, Peer, percentile, running, write_kubeconfig, write_load
@@ -23,6 +24,7 @@ from scenarios import (
     _all_reconciled,
     _completed_at,
     _matched,
+    _profile_summary,
     _reconciled,
     _TolerateTimeout,
     spread,
@@ -56,6 +58,50 @@ def _numbers(run: dict[str, Any]) -> dict[str, float]:
 # --- S7 writes ------------------------------------------------------------------------------
 
 
+async def _s7_run(bench: Bench, kind: str, label: str, extra: Sequence[str] = ()) -> dict[str, Any]:
+    sizes = bench.sizes
+    total = len(bench.planes) * sizes.writes_objects
+    directory = bench.directory(label)
+    for plane in bench.planes:
+        write_kubeconfig(directory / f"{plane.name}.kubeconfig", [(f"s7-{plane.name}", plane)])
+    workers = str(sizes.writes_workers)
+    argv = ["--mode", "write", "--workers", workers, "--run-id", label, *extra]
+    async with running(bench.peer(kind, directory, WRITES, argv)) as peer:
+        await peer.wait_until(_at_least(peer, total), sizes.timeout, f"{total} patching reconciles")
+        end = _completed_at(peer)
+        first = min(at for _, _, at, _ in peer.records)
+        cpu = peer.cpu_seconds()
+        sample = await peer.sample()
+    return {
+        "spawn_to_all": end - peer.spawned,
+        "per_second": total / (end - peer.spawned),
+        "per_second_after_first": total / (end - first) if end > first else float("nan"),
+        "cpu_s": cpu,
+        "cpu_ms_per_reconcile": cpu * 1000 / total,
+        "rss": sample["rss"],
+        "heap": sample["heap"],
+    }
+
+
+async def profile(bench: Bench, scenario: str, path: Path) -> dict[str, Any] | None:
+    """One extra mcruntime run of ``scenario`` under cProfile; its summary, or None if not profiled."""
+    sizes = bench.sizes
+    extra = ["--profile", str(path)]
+    if scenario == "s1":
+        return None  # S1 profiles itself in full runs
+    if scenario == "s7":
+        await _s7_run(bench, "mcruntime", "s7-profile", extra)
+    elif scenario == "s8":
+        rate, seconds = sizes.cpu_rate, sizes.cpu_seconds
+        await write_run(bench, "mcruntime", BULK, sizes.bulk_objects, rate, seconds, "s8p", extra)
+    elif scenario == "s10":
+        rate, seconds = sizes.gc_rate, sizes.gc_seconds
+        await write_run(bench, "mcruntime", GC, sizes.gc_objects, rate, seconds, "s10p", extra)
+    else:
+        return None
+    return {"top": _profile_summary(path)}
+
+
 async def s7_writes(bench: Bench) -> dict[str, Any]:
     """Every object of every plane reconciled once by a reconcile that patches it; 4 workers."""
     sizes = bench.sizes
@@ -63,33 +109,9 @@ async def s7_writes(bench: Bench) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in bench.multicluster()}
     for repeat in range(sizes.writes_repeats):
         for kind in bench.multicluster():
-            directory = bench.directory(f"s7-{kind}-{repeat}")
-            for plane in bench.planes:
-                write_kubeconfig(directory / f"{plane.name}.kubeconfig", [(f"s7-{plane.name}", plane)])
-            workers = str(sizes.writes_workers)
-            extra = ["--mode", "write", "--workers", workers, "--run-id", f"{kind}-{repeat}"]
-            async with running(bench.peer(kind, directory, WRITES, extra)) as peer:
-                await peer.wait_until(
-                    _at_least(peer, total),
-                    sizes.timeout,
-                    f"{total} patching reconciles",
-                )
-                end = _completed_at(peer)
-                first = min(at for _, _, at, _ in peer.records)
-                cpu = peer.cpu_seconds()
-                sample = await peer.sample()
-            runs[kind].append(
-                {
-                    "spawn_to_all": end - peer.spawned,
-                    "per_second": total / (end - peer.spawned),
-                    "per_second_after_first": total / (end - first) if end > first else float("nan"),
-                    "cpu_s": cpu,
-                    "cpu_ms_per_reconcile": cpu * 1000 / total,
-                    "rss": sample["rss"],
-                    "heap": sample["heap"],
-                }
-            )
-            bench.log(f"S7 {kind}: {runs[kind][-1]['per_second']:.0f} patches/s, {cpu:.1f} CPU s")
+            runs[kind].append(await _s7_run(bench, kind, f"s7-{kind.replace(' ', '-')}-{repeat}"))
+            data = runs[kind][-1]
+            bench.log(f"S7 {kind}: {data['per_second']:.0f} patches/s, {data['cpu_s']:.1f} CPU s")
     return {"objects": total, "workers": sizes.writes_workers, "peers": _summary(runs)}
 
 
@@ -267,11 +289,12 @@ async def _hang_and_write(
         raise BenchError(f"S11: {hung.name} has no running kube-apiserver")
     pid = process.pid
     cpu_before = peer.cpu_seconds()
-    # work for the soon-hung cluster: its reconciles will wait on a server that stopped answering
-    await write_load([targets[2]], SMALL, sizes.small_objects, 20.0, 0.25)
-    await asyncio.sleep(0.3)
+    # Work for the soon-hung cluster: a burst of writes, then SIGSTOP at once, so that
+    # reconciles of it are queued or in flight to a server that no longer answers.
+    burst = await write_load([targets[2]], SMALL, sizes.small_objects, 2000.0, sizes.small_objects / 2000)
     os.kill(pid, signal.SIGSTOP)
     stopped = time.monotonic()
+    hung_wanted = {(context, name, stamp) for context, name, stamp in burst}
     try:
         rate, seconds = sizes.hung_rate, sizes.hung_seconds
         writes = await write_load(targets[:2], SMALL, sizes.small_objects, rate, seconds)
@@ -281,13 +304,24 @@ async def _hang_and_write(
                 lambda: len(_matched(peer.records, wanted)) >= len(wanted), 10.0, "the healthy reconciles"
             )
         found = _matched(peer.records, wanted)
+        before_resume = len(_matched(peer.records, hung_wanted))
         hang = time.monotonic() - stopped
     finally:
         os.kill(pid, signal.SIGCONT)
+    resumed = time.monotonic()
+    with _TolerateTimeout():
+        await peer.wait_until(
+            lambda: len(_matched(peer.records, hung_wanted)) >= len(hung_wanted), 60.0, "the hung cluster"
+        )
+    recovered = len(_matched(peer.records, hung_wanted))
     latencies = [(at - key[2]) * 1000 for key, at in found.items()]
     return {
         "writes": len(writes),
         "matched": len(found),
+        "hung_writes": len(burst),
+        "hung_pending_at_stop": len(burst) - before_resume,
+        "hung_done_after_resume": recovered,
+        "recovery_s": time.monotonic() - resumed if recovered >= len(burst) else float("nan"),
         "hang_s": hang,
         "p50_ms": percentile(latencies, 0.5),
         "p99_ms": percentile(latencies, 0.99),
