@@ -249,7 +249,7 @@ def render(results: dict[str, Any], out: Path) -> None:
     s2 = results.get("s2", {})
     if "peers" in s2:
         peers = s2["peers"]
-        go, mc = peers.get("go", {}), peers.get("mcruntime", {})
+        go, mc = peers.get(BASELINE) or peers.get("go", {}), peers.get("mcruntime", {})
         lines += [
             "## S2 steady state",
             "",
@@ -315,7 +315,7 @@ def render(results: dict[str, Any], out: Path) -> None:
             goals.append(
                 _goal(
                     ratio <= 2,
-                    f"S2 p99 ≤ 2x Go's: {mc['p99_ms']:.1f} ms vs {go['p99_ms']:.1f} ms ({ratio:.2f}x)",
+                    f"S2 p99 ≤ 2x {BASELINE}'s: {mc['p99_ms']:.1f} ms vs {go['p99_ms']:.1f} ms ({ratio:.2f}x)",
                 )
             )
     elif "error" in s2:
