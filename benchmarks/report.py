@@ -315,7 +315,8 @@ def render(results: dict[str, Any], out: Path) -> None:
             goals.append(
                 _goal(
                     ratio <= 2,
-                    f"S2 p99 ≤ 2x {BASELINE}'s: {mc['p99_ms']:.1f} ms vs {go['p99_ms']:.1f} ms ({ratio:.2f}x)",
+                    f"S2 p99 ≤ 2x {BASELINE}'s: {mc['p99_ms']:.1f} ms vs {go['p99_ms']:.1f} ms "
+                    f"({ratio:.2f}x)",
                 )
             )
     elif "error" in s2:
