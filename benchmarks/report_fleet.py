@@ -147,6 +147,8 @@ INTRO = {
         "not refuse) at once after a burst of writes to it, so some of",
         "its reconciles are queued or in flight (the table counts them); the writer then patches",
         "the two healthy clusters at {rate:g} writes/s for {seconds:g} s; SIGCONT afterwards, always.",
+        "Latencies count the healthy writes reconciled during the hang or within 10 s after the",
+        "writer stopped; *-* means none was.",
     ),
 }
 
@@ -160,8 +162,8 @@ def _f(value: Any, digits: int = 1) -> str:
 def spread_text(stats: dict[str, dict[str, float]], key: str, digits: int) -> str:
     """``median (min-max)``, or the median alone when there was one run."""
     figure = stats.get(key)
-    if figure is None:
-        return "-"
+    if figure is None or any(math.isnan(figure[end]) for end in ("min", "median", "max")):
+        return "-" if figure is None or math.isnan(figure["median"]) else _f(figure["median"], digits)
     if figure["min"] == figure["max"]:
         return _f(figure["median"], digits)
     return f"{_f(figure['median'], digits)} ({_f(figure['min'], digits)}-{_f(figure['max'], digits)})"

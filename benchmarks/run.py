@@ -202,6 +202,11 @@ def main() -> None:
     )
     parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios, e.g. s1,s3")
     parser.add_argument("--peers", default="go,go concurrent,mcruntime,kopf", help="comma-separated peers")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="smoke: profile like a full run (S1, and every scenario whose goal mcruntime misses)",
+    )
     parser.add_argument("--seed", type=int, help="seed of the peers' order (default: drawn, recorded)")
     parser.add_argument("--results", type=Path, help="report mode: the results.json to render")
     args = parser.parse_args()
@@ -218,7 +223,7 @@ def main() -> None:
     if args.mode == "smoke":
         out = args.out or Path(tempfile.mkdtemp(prefix="mcruntime-bench-smoke-"))
         log(f"smoke run into {out}")
-        sys.exit(run(SMOKE, out, only, peers, profile=False, seed_value=seed_value))
+        sys.exit(run(SMOKE, out, only, peers, profile=args.profile, seed_value=seed_value))
     sys.exit(run(FULL, args.out or HERE, only, peers, profile=True, seed_value=seed_value))
 
 
