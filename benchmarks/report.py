@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on CI
 import matplotlib.pyplot as plt
 from matplotlib import ticker
-from report_fleet import BASELINE, SECTIONS, section, spread_text
+from report_fleet import BASELINE, SECTIONS, profile_lines, section, spread_text
 from report_fleet import goals as fleet_goals
 
 COLORS = {
@@ -289,6 +289,7 @@ def render(results: dict[str, Any], out: Path) -> None:
             rows,
         )
         lines += ["![S2](s2_steady_state.png)", ""]
+        lines += profile_lines(s2)
         figure, axes = plt.subplots(figsize=(5.5, 3.4))
         for name, data in peers.items():
             values = data["latencies_ms"]

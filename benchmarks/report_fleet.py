@@ -67,7 +67,7 @@ SECTIONS = (
     ),
     Section(
         "s9",
-        "S9 a fleet of 1,000 clusters",
+        "S9 a fleet of clusters (1,000 in a full run)",
         (
             Column("engage_all_s", "engage all (s)", 1),
             Column("rss_per_cluster_mib", "RSS MiB / cluster", 3),

@@ -124,7 +124,8 @@ class Bench:
     work: Path
     log: Callable[[str], None]
     go_binary: Path | None = None
-    rng: random.Random = field(default_factory=lambda: random.Random(20))  # noqa: S311 (an order, not a secret)
+    rng: random.Random = field(default_factory=lambda: random.Random(20))  # noqa: S311 (an order)
+    notes: dict[str, Any] = field(default_factory=dict)  # what a profiled rerun needs
     _counter: int = field(default=0)
 
     def directory(self, label: str) -> Path:

@@ -89,7 +89,12 @@ async def profile(bench: Bench, scenario: str, path: Path) -> dict[str, Any] | N
     extra = ["--profile", str(path)]
     if scenario == "s1":
         return None  # S1 profiles itself in full runs
-    if scenario == "s7":
+    if scenario == "s2":
+        rate, seconds = sizes.s2_rate, sizes.s2_seconds
+        await write_run(bench, "mcruntime", BULK, sizes.bulk_objects, rate, seconds, "s2p", extra)
+    elif scenario == "s9" and "s9_documents" in bench.notes:
+        await _fleet_run(bench, "mcruntime", bench.notes["s9_documents"], "s9p", extra)
+    elif scenario == "s7":
         await _s7_run(bench, "mcruntime", "s7-profile", extra)
     elif scenario == "s8":
         rate, seconds = sizes.cpu_rate, sizes.cpu_seconds
@@ -153,6 +158,32 @@ async def _token_users(planes: Sequence[ControlPlane], count: int) -> list[tuple
     return list(await asyncio.gather(*(one(index) for index in range(count))))
 
 
+async def _fleet_run(
+    bench: Bench,
+    kind: str,
+    documents: list[tuple[str, dict[str, Any]]],
+    label: str,
+    extra: Sequence[str] = (),
+) -> tuple[float, float, dict[str, float]]:
+    """One peer over every document's file from the start: (engage-all s, idle CPU s, sample)."""
+    sizes = bench.sizes
+    directory = bench.directory(label)
+    for context, document in documents:
+        write_kubeconfig(directory / f"{context}.kubeconfig", [], document)
+    names = [context for context, _ in documents]
+    async with running(bench.peer(kind, directory, FLEET, extra)) as peer:
+        await peer.wait_until(
+            _all_reconciled(peer, names, sizes.fleet_objects), sizes.timeout, f"{len(names)} clusters"
+        )
+        engage = _completed_at(peer) - peer.spawned
+        await asyncio.sleep(2.0)
+        idle_before = peer.cpu_seconds()
+        await asyncio.sleep(sizes.fleet_idle_seconds)
+        idle = peer.cpu_seconds() - idle_before
+        sample = await peer.sample()
+    return engage, idle, sample
+
+
 async def s9_fleet(bench: Bench) -> dict[str, Any]:
     """N distinct kubeconfig files (a token user each) over every plane: engage, memory, fds, idle CPU.
 
@@ -165,6 +196,7 @@ async def s9_fleet(bench: Bench) -> dict[str, Any]:
     count = sizes.fleet_clusters
     started = time.monotonic()
     documents = await _token_users(bench.planes, count)
+    bench.notes["s9_documents"] = documents
     bench.log(f"S9: {count} token users in {time.monotonic() - started:.0f}s")
     runs: dict[str, list[dict[str, Any]]] = {}
     for kind in bench.multicluster(shipped=False):
@@ -173,22 +205,7 @@ async def s9_fleet(bench: Bench) -> dict[str, Any]:
             await peer.wait_until(lambda: peer.started is not None, sizes.timeout, "start")
             await asyncio.sleep(1.0)
             base = await peer.sample()
-        directory = bench.directory(f"s9-{kind}")
-        for context, document in documents:
-            write_kubeconfig(directory / f"{context}.kubeconfig", [], document)
-        names = [context for context, _ in documents]
-        async with running(bench.peer(kind, directory, FLEET)) as peer:
-            await peer.wait_until(
-                _all_reconciled(peer, names, sizes.fleet_objects),
-                sizes.timeout,
-                f"{count} clusters reconciled",
-            )
-            engage = _completed_at(peer) - peer.spawned
-            await asyncio.sleep(2.0)
-            idle_before = peer.cpu_seconds()
-            await asyncio.sleep(sizes.fleet_idle_seconds)
-            idle = peer.cpu_seconds() - idle_before
-            sample = await peer.sample()
+        engage, idle, sample = await _fleet_run(bench, kind, documents, f"s9-{kind}")
         runs[kind] = [
             {
                 "engage_all_s": engage,
