@@ -143,9 +143,10 @@ INTRO = {
     ),
     "s11": (
         "Three clusters; the reconcile reads live (`client.get`; Go: the API reader), default",
-        "controller options. The third cluster's kube-apiserver gets SIGSTOP (it hangs, it does",
-        "not refuse) at once after a burst of writes to it, so some of",
-        "its reconciles are queued or in flight (the table counts them); the writer then patches",
+        "controller options. While the peer is paused (SIGSTOP), a burst of writes lands in the third",
+        "cluster and its kube-apiserver is stopped (SIGSTOP: it hangs, it does not refuse); the",
+        "peer resumes with those events in its sockets, so its reconciles of that cluster read",
+        "from a server that no longer answers (the table counts them); the writer then patches",
         "the two healthy clusters at {rate:g} writes/s for {seconds:g} s; SIGCONT afterwards, always.",
         "Latencies count the healthy writes reconciled during the hang or within 10 s after the",
         "writer stopped; *-* means none was.",

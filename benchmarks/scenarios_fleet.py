@@ -267,10 +267,11 @@ async def s11_hung(bench: Bench) -> dict[str, Any]:
     """Healthy clusters' latency while one of three kube-apiservers is stopped (SIGSTOP).
 
     The reconcile reads live (``client.get`` / Go's API reader), with each
-    runtime's default controller options. A few writes land in the third
-    cluster just before its server stops, so its reconciles are in flight to a
-    server that no longer answers; then the writer patches the two healthy
-    clusters for ``hung_seconds``. The server always gets SIGCONT again.
+    runtime's default controller options. While the peer is paused, a burst of
+    writes lands in the third cluster and its server stops, so once the peer
+    resumes its reconciles of that cluster read from a server that no longer
+    answers; then the writer patches the two healthy clusters for
+    ``hung_seconds``. The server always gets SIGCONT again.
     """
     sizes = bench.sizes
     if len(bench.planes) < 3:
@@ -306,10 +307,17 @@ async def _hang_and_write(
         raise BenchError(f"S11: {hung.name} has no running kube-apiserver")
     pid = process.pid
     cpu_before = peer.cpu_seconds()
-    # Work for the soon-hung cluster: a burst of writes, then SIGSTOP at once, so that
-    # reconciles of it are queued or in flight to a server that no longer answers.
-    burst = await write_load([targets[2]], SMALL, sizes.small_objects, 2000.0, sizes.small_objects / 2000)
-    os.kill(pid, signal.SIGSTOP)
+    # Work for the soon-hung cluster, made certain: the peer is paused while a burst of
+    # writes lands there and the server sends their watch events (they wait in the peer's
+    # sockets); then the server stops and the peer resumes, so each of those reconciles
+    # reads live from a server that no longer answers.
+    os.kill(peer.pid, signal.SIGSTOP)
+    try:
+        burst = await write_load([targets[2]], SMALL, sizes.small_objects, 2000.0, sizes.small_objects / 2000)
+        await asyncio.sleep(0.5)
+        os.kill(pid, signal.SIGSTOP)
+    finally:
+        os.kill(peer.pid, signal.SIGCONT)
     stopped = time.monotonic()
     hung_wanted = {(context, name, stamp) for context, name, stamp in burst}
     try:
