@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import platform
+import random
 import sys
 import tempfile
 import time
@@ -30,6 +31,7 @@ from typing import Any
 import psutil
 from harness import GO_SOURCE, build_go_peer, go_version, peer_kinds, seed
 from report import render
+from report_fleet import losing
 from scenarios import (
     BULK,
     FULL,
@@ -44,12 +46,14 @@ from scenarios import (
     s5_churn,
     s6_single_cluster,
 )
+from scenarios_fleet import FLEET, GC, WRITES, s7_writes, s8_steady_cpu, s9_fleet, s10_gc, s11_hung
+from scenarios_fleet import profile as profile_scenario
 
 import mcruntime as mcr
 from mcruntime.testing import ETCD_VERSION, KUBERNETES_VERSION, Fleet
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ("s1", "s2", "s3", "s4", "s5", "s6")
+SCENARIOS = ("s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9", "s10", "s11")
 _T0 = time.monotonic()
 
 
@@ -106,8 +110,15 @@ def _load() -> str:
 async def _run(bench: Bench, only: list[str], profile: Path | None) -> tuple[dict[str, Any], list[str]]:
     sizes = bench.sizes
     started = time.monotonic()
-    await seed(bench.planes, BULK, sizes.bulk_objects)
-    await seed(bench.planes, SMALL, sizes.small_objects)
+    namespaces = {BULK: sizes.bulk_objects, SMALL: sizes.small_objects}
+    wanted = {
+        "s7": (WRITES, sizes.writes_objects),
+        "s9": (FLEET, sizes.fleet_objects),
+        "s10": (GC, sizes.gc_objects),
+    }
+    namespaces.update(wanted[name] for name in only if name in wanted)
+    for namespace, count in namespaces.items():
+        await seed(bench.planes, namespace, count)
     log(f"seeded {sizes.planes} planes in {time.monotonic() - started:.0f}s")
     steps: dict[str, Callable[[], Awaitable[dict[str, Any]]]] = {
         "s1": lambda: s1_initial_sync(bench, profile),
@@ -116,6 +127,11 @@ async def _run(bench: Bench, only: list[str], profile: Path | None) -> tuple[dic
         "s4": lambda: s4_memory(bench),
         "s5": lambda: s5_churn(bench),
         "s6": lambda: s6_single_cluster(bench),
+        "s7": lambda: s7_writes(bench),
+        "s8": lambda: s8_steady_cpu(bench),
+        "s9": lambda: s9_fleet(bench),
+        "s10": lambda: s10_gc(bench),
+        "s11": lambda: s11_hung(bench),
     }
     results: dict[str, Any] = {}
     failed: list[str] = []
@@ -131,13 +147,24 @@ async def _run(bench: Bench, only: list[str], profile: Path | None) -> tuple[dic
             log(f"{name.upper()} FAILED:\n{traceback.format_exc()}")
         results.setdefault(name, {})["scenario_seconds"] = time.monotonic() - began
         results[name]["load"] = load
+    if profile is not None and "mcruntime" in bench.kinds:  # where mcruntime loses, show where its time goes
+        for name in losing(results):
+            if name in results and "error" not in results[name]:
+                log(f"{name.upper()}: mcruntime missed its goal; one profiled run ...")
+                try:
+                    found = await profile_scenario(bench, name, profile.with_name(f"profile_{name}.prof"))
+                except Exception:  # a failed profile must not cost the results
+                    log(f"{name.upper()} profile FAILED:\n{traceback.format_exc()}")
+                    continue
+                if found is not None:
+                    results[name]["profile"] = found
     return results, failed
 
 
-def run(sizes: Sizes, out: Path, only: list[str], peers: list[str], profile: bool) -> int:
+def run(sizes: Sizes, out: Path, only: list[str], peers: list[str], profile: bool, seed_value: int) -> int:
     """Build, start the fleet, run, write results.json, RESULTS.md and PNGs; return the exit status."""
     out.mkdir(parents=True, exist_ok=True)
-    go_binary = build_go_peer(log) if "go" in peers else None
+    go_binary = build_go_peer(log) if any(name.startswith("go") for name in peers) else None
     description = machine()
     description["load average at start"] = _load()
     with tempfile.TemporaryDirectory(prefix="mcruntime-bench-") as scratch:
@@ -150,13 +177,15 @@ def run(sizes: Sizes, out: Path, only: list[str], peers: list[str], profile: boo
                 for name, kind in peer_kinds(go_binary, planes[0].kubeconfig_path()).items()
                 if name in peers
             }
-            bench = Bench(planes, sizes, kinds, work / "runs", log)
+            order = random.Random(seed_value)  # noqa: S311 (an order, not a secret)
+            bench = Bench(planes, sizes, kinds, work / "runs", log, go_binary=go_binary, rng=order)
             profile_path = work / "profile_s1.prof" if profile else None  # summarised into RESULTS.md
             results, failed = asyncio.run(_run(bench, only, profile_path))
     description["load average at end"] = _load()
     results["machine"] = description
     results["sizes"] = sizes.__dict__
     results["peers"] = peers
+    results["order_seed"] = seed_value
     (out / "results.json").write_text(json.dumps(results, indent=1))
     render(results, out)
     log(f"wrote {out / 'RESULTS.md'}")
@@ -172,7 +201,13 @@ def main() -> None:
         "--out", type=Path, help="output directory (all: benchmarks/, smoke: a new temporary one)"
     )
     parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios, e.g. s1,s3")
-    parser.add_argument("--peers", default="go,mcruntime,kopf", help="comma-separated peers")
+    parser.add_argument("--peers", default="go,go concurrent,mcruntime,kopf", help="comma-separated peers")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="smoke: profile like a full run (S1, and every scenario whose goal mcruntime misses)",
+    )
+    parser.add_argument("--seed", type=int, help="seed of the peers' order (default: drawn, recorded)")
     parser.add_argument("--results", type=Path, help="report mode: the results.json to render")
     args = parser.parse_args()
     if args.mode == "report":
@@ -184,11 +219,12 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown scenarios: {', '.join(sorted(unknown))}")
     peers = [name.strip() for name in args.peers.split(",") if name.strip()]
+    seed_value = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     if args.mode == "smoke":
         out = args.out or Path(tempfile.mkdtemp(prefix="mcruntime-bench-smoke-"))
         log(f"smoke run into {out}")
-        sys.exit(run(SMOKE, out, only, peers, profile=False))
-    sys.exit(run(FULL, args.out or HERE, only, peers, profile=True))
+        sys.exit(run(SMOKE, out, only, peers, profile=args.profile, seed_value=seed_value))
+    sys.exit(run(FULL, args.out or HERE, only, peers, profile=True, seed_value=seed_value))
 
 
 if __name__ == "__main__":

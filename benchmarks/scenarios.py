@@ -8,7 +8,9 @@ JSON-able data; ``report.py`` turns it into tables and plots.
 from __future__ import annotations
 
 import asyncio
+import json
 import pstats
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +42,19 @@ class Sizes:
     s4_steps: tuple[int, ...]
     s5_cycles: int
     s6_repeats: int
+    writes_objects: int  # S7: ConfigMaps per plane, each patched once per run
+    writes_workers: int
+    writes_repeats: int
+    cpu_rate: float  # S8: watch events per second
+    cpu_seconds: float
+    fleet_clusters: int  # S9: kubeconfigs, one token user each, over every plane
+    fleet_objects: int  # ConfigMaps per plane in the fleet namespace
+    fleet_idle_seconds: float
+    gc_objects: int  # S10: ConfigMaps per plane (cached objects = planes x this)
+    gc_rate: float
+    gc_seconds: float
+    hung_rate: float  # S11: writes/s over the two healthy clusters
+    hung_seconds: float
     timeout: float  # for any single wait
 
 
@@ -50,15 +65,28 @@ FULL = Sizes(
     s1_repeats=3,
     s2_rate=50.0,
     s2_seconds=15.0,
-    s2_repeats=3,
-    s3_rounds=20,
+    s2_repeats=2,
+    s3_rounds=15,
     s4_steps=(1, 50, 100, 200),
-    s5_cycles=100,
+    s5_cycles=50,
     s6_repeats=3,
+    writes_objects=1000,
+    writes_workers=4,
+    writes_repeats=2,
+    cpu_rate=200.0,
+    cpu_seconds=15.0,
+    fleet_clusters=1000,
+    fleet_objects=2,
+    fleet_idle_seconds=10.0,
+    gc_objects=10_000,
+    gc_rate=50.0,
+    gc_seconds=15.0,
+    hung_rate=10.0,
+    hung_seconds=20.0,
     timeout=600.0,
 )
 SMOKE = Sizes(
-    planes=2,
+    planes=3,
     bulk_objects=40,
     small_objects=5,
     s1_repeats=1,
@@ -69,6 +97,19 @@ SMOKE = Sizes(
     s4_steps=(1, 4, 8),
     s5_cycles=4,
     s6_repeats=1,
+    writes_objects=30,
+    writes_workers=4,
+    writes_repeats=1,
+    cpu_rate=40.0,
+    cpu_seconds=3.0,
+    fleet_clusters=12,
+    fleet_objects=2,
+    fleet_idle_seconds=3.0,
+    gc_objects=60,
+    gc_rate=20.0,
+    gc_seconds=3.0,
+    hung_rate=5.0,
+    hung_seconds=4.0,
     timeout=120.0,
 )
 
@@ -82,6 +123,9 @@ class Bench:
     kinds: dict[str, PeerKind]
     work: Path
     log: Callable[[str], None]
+    go_binary: Path | None = None
+    rng: random.Random = field(default_factory=lambda: random.Random(20))  # noqa: S311 (an order)
+    notes: dict[str, Any] = field(default_factory=dict)  # what a profiled rerun needs
     _counter: int = field(default=0)
 
     def directory(self, label: str) -> Path:
@@ -96,9 +140,22 @@ class Bench:
         argv = [*self.kinds[kind].command(directory, namespace), *extra]
         return Peer(kind, argv, directory.with_suffix(".log"))
 
-    def multicluster(self) -> list[str]:
-        """The peers that take part in the multi-cluster scenarios, Go first."""
-        return [name for name in ("go", "mcruntime") if name in self.kinds]
+    def multicluster(self, shipped: bool = True, concurrent: bool = True) -> list[str]:
+        """The multi-cluster peers in a random order (drawn again per call, from a seeded generator).
+
+        ``shipped=False`` leaves out Go's file provider as shipped: once the
+        clusters are engaged it runs the same runtime as the concurrent
+        variant, so steady-state scenarios need only one of them.
+        ``concurrent=False`` leaves out the concurrent variant (the benchmark's
+        own provider), where the provider itself is what is measured.
+        """
+        names: list[str] = [name for name in ("go", "go concurrent", "mcruntime") if name in self.kinds]
+        if not shipped and "go" in names:
+            names.remove("go")
+        if not concurrent and "go concurrent" in names:
+            names.remove("go concurrent")
+        self.rng.shuffle(names)
+        return names
 
 
 def _completed_at(peer: Peer) -> float:
@@ -150,12 +207,15 @@ async def s1_initial_sync(bench: Bench, profile: Path | None) -> dict[str, Any]:
     """Start -> all objects of all planes reconciled; the floor; optionally a profiled mcruntime run."""
     sizes = bench.sizes
     total = sizes.planes * sizes.bulk_objects
-    floors = [await floor(bench.planes, BULK, total) for _ in range(3)]
-    result: dict[str, Any] = {"objects": total, "floor_s": statistics.median(floors), "peers": {}}
+    floor_s = await floor(bench.planes, BULK, total, 5)
+    result: dict[str, Any] = {"objects": total, "floor_s": floor_s, "peers": {}}
     bench.log(f"S1 floor: {result['floor_s']:.2f}s for {total} objects")
+    if bench.go_binary is not None:
+        result["go_floor_s"] = await go_floor(bench, total, 5)
+        bench.log(f"S1 Go floor: {result['go_floor_s']:.2f}s")
     runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in bench.multicluster()}
-    for repeat in range(sizes.s1_repeats):  # peers alternate, so a busy spell hits them alike
-        for kind in runs:
+    for repeat in range(sizes.s1_repeats):  # the order is drawn anew each round
+        for kind in bench.multicluster():
             runs[kind].append(await _s1_run(bench, kind, f"s1-{kind}-{repeat}"))
             bench.log(f"S1 {kind} run {repeat + 1}: {runs[kind][-1]['spawn_to_all']:.2f}s")
     for kind, done in runs.items():
@@ -168,6 +228,7 @@ async def s1_initial_sync(bench: Bench, profile: Path | None) -> dict[str, Any]:
             "per_second": total / best,
             "per_second_main": total / from_main,
             "rss": statistics.median(run["rss"] for run in done),
+            "stats": spread(done),
         }
     if profile is not None and "mcruntime" in bench.kinds:
         run = await _s1_run(bench, "mcruntime", "s1-profile", ["--profile", str(profile)])
@@ -185,7 +246,54 @@ async def _s1_run(bench: Bench, kind: str, label: str, extra: Sequence[str] = ()
         end = _completed_at(peer)
         sample = await peer.sample()
         assert peer.started is not None
-        return {"spawn_to_all": end - peer.spawned, "main_to_all": end - peer.started, "rss": sample["rss"]}
+        return {
+            "spawn_to_all": end - peer.spawned,
+            "main_to_all": end - peer.started,
+            "per_second": total / (end - peer.spawned),
+            **_memory(sample),
+        }
+
+
+def _memory(sample: dict[str, float]) -> dict[str, float]:
+    return {key: sample[key] for key in ("rss", "rss_anon", "heap", "cpu_s", "fds")}
+
+
+def spread(runs: Sequence[dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Min / median / max of every numeric figure over the runs."""
+    keys = [key for key in runs[0] if isinstance(runs[0][key], (int, float))] if runs else []
+    return {
+        key: {
+            "min": min(run[key] for run in runs),
+            "median": statistics.median(run[key] for run in runs),
+            "max": max(run[key] for run in runs),
+        }
+        for key in keys
+    }
+
+
+async def go_floor(bench: Bench, expected: int, runs: int) -> float:
+    """The Go floor: the Go peer's ``-floor`` mode (client-go lists, typed decode), fastest of ``runs``."""
+    assert bench.go_binary is not None
+    directory = bench.directory("go-floor")
+    for plane in bench.planes:
+        write_kubeconfig(directory / f"{plane.name}.kubeconfig", [(f"s1-{plane.name}", plane)])
+    process = await asyncio.create_subprocess_exec(
+        str(bench.go_binary),
+        "-kubeconfig-dir",
+        str(directory),
+        "-namespace",
+        BULK,
+        "-floor",
+        str(runs),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), bench.sizes.timeout)
+    lines = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
+    found = [line for line in lines if line.get("ev") == "floor"]
+    if process.returncode != 0 or not found or found[0]["n"] != expected:
+        raise BenchError(f"the Go floor failed ({process.returncode}): {err.decode()[-2000:]} {found}")
+    return float(found[0]["s"])
 
 
 def _profile_summary(path: Path, limit: int = 25) -> dict[str, str]:
@@ -212,9 +320,9 @@ async def s2_steady_state(bench: Bench) -> dict[str, Any]:
         "repeats": sizes.s2_repeats,
         "peers": {},
     }
-    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in bench.multicluster()}
-    for _ in range(sizes.s2_repeats):  # peers alternate, so a busy spell hits them alike
-        for kind in runs:
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in bench.multicluster(shipped=False)}
+    for _ in range(sizes.s2_repeats):  # the order is drawn anew each round
+        for kind in bench.multicluster(shipped=False):
             data = await _s2_peer(bench, kind)
             runs[kind].append(data)
             bench.log(
@@ -232,6 +340,7 @@ async def s2_steady_state(bench: Bench) -> dict[str, Any]:
             "p99_per_run_ms": [data["p99_ms"] for data in done],
             "latencies_ms": latencies,
             "rss": done[-1]["rss"],
+            "stats": spread([{k: v for k, v in data.items() if k != "latencies_ms"} for data in done]),
         }
     return result
 
@@ -250,32 +359,62 @@ def _matched(
 
 async def _s2_peer(bench: Bench, kind: str) -> dict[str, Any]:
     sizes = bench.sizes
-    total = sizes.planes * sizes.bulk_objects
-    directory = bench.directory(f"s2-{kind}")
-    targets = [(f"s2-{plane.name}", plane) for plane in bench.planes]
+    return await write_run(bench, kind, BULK, sizes.bulk_objects, sizes.s2_rate, sizes.s2_seconds, "s2")
+
+
+async def write_run(
+    bench: Bench,
+    kind: str,
+    namespace: str,
+    objects: int,
+    rate: float,
+    seconds: float,
+    label: str,
+    extra: Sequence[str] = (),
+    freeze: bool = False,
+) -> dict[str, Any]:
+    """One peer over every plane: initial sync, then ``rate`` writes/s for ``seconds``.
+
+    Returns the write -> reconcile-start latencies and the peer's CPU seconds
+    from the first write until every write's reconcile was seen (or 15 s more).
+    ``freeze`` asks the peer to ``gc.freeze()`` after the initial sync.
+    """
+    sizes = bench.sizes
+    total = len(bench.planes) * objects
+    directory = bench.directory(f"{label}-{kind}")
+    targets = [(f"{label}-{plane.name}", plane) for plane in bench.planes]
     for context, plane in targets:
         write_kubeconfig(directory / f"{plane.name}.kubeconfig", [(context, plane)])
-    async with running(bench.peer(kind, directory, BULK)) as peer:
+    async with running(bench.peer(kind, directory, namespace, extra)) as peer:
         await peer.wait_until(lambda: _reconciled(peer) >= total, sizes.timeout, "the initial sync")
+        if freeze:
+            await peer.command("freeze")
         await asyncio.sleep(1.0)
         peer.reset()
-        writes = await write_load(targets, BULK, sizes.bulk_objects, sizes.s2_rate, sizes.s2_seconds)
+        cpu_before = peer.cpu_seconds()
+        writes = await write_load(targets, namespace, objects, rate, seconds)
         wanted = {(context, name, stamp) for context, name, stamp in writes}
         with _TolerateTimeout():
             await peer.wait_until(
                 lambda: len(_matched(peer.records, wanted)) >= len(wanted), 15.0, "every write's reconcile"
             )
+        cpu = peer.cpu_seconds() - cpu_before
         found = _matched(peer.records, wanted)
         sample = await peer.sample()
     latencies = [(at - key[2]) * 1000 for key, at in found.items()]
+    span = max(stamp for _, _, stamp in writes) - min(stamp for _, _, stamp in writes) if writes else 0.0
     return {
         "writes": len(writes),
         "matched": len(found),
+        "achieved_rate": len(writes) / span if span > 0 else float("nan"),
         "p50_ms": percentile(latencies, 0.5),
         "p99_ms": percentile(latencies, 0.99),
         "max_ms": max(latencies) if latencies else float("nan"),
         "latencies_ms": sorted(latencies),
+        "cpu_s": cpu,
+        "cpu_ms_per_1000": cpu * 1000 / len(found) * 1000 if found else float("nan"),
         "rss": sample["rss"],
+        "heap": sample["heap"],
     }
 
 
@@ -297,6 +436,7 @@ async def s3_engage(bench: Bench) -> dict[str, Any]:
     sizes = bench.sizes
     result: dict[str, Any] = {"rounds": sizes.s3_rounds, "peers": {}}
     variants: list[tuple[str, str, tuple[str, ...]]] = [(kind, kind, ()) for kind in bench.multicluster()]
+    bench.rng.shuffle(variants)
     if "mcruntime" in bench.kinds:  # what the provider's default debounce (0.02 s) costs
         variants.append(("mcruntime debounce=0", "mcruntime", ("--debounce", "0")))
     for label, kind, extra in variants:
@@ -313,7 +453,9 @@ async def s3_engage(bench: Bench) -> dict[str, Any]:
                     latencies.append((peer.first[context] - at) * 1000)
                 path.unlink()
                 await _wait_disengaged(peer, 60.0)
+            cpu = peer.cpu_seconds()
         result["peers"][label] = {
+            "cpu_s": cpu,
             "median_ms": statistics.median(latencies),
             "p90_ms": percentile(latencies, 0.9),
             "min_ms": min(latencies),
@@ -385,7 +527,7 @@ async def s5_churn(bench: Bench) -> dict[str, Any]:
     sizes = bench.sizes
     points = set(churn_samples(sizes.s5_cycles))
     result: dict[str, Any] = {"cycles": sizes.s5_cycles, "peers": {}}
-    for kind in bench.multicluster():
+    for kind in bench.multicluster(concurrent=False):
         directory = bench.directory(f"s5-{kind}")
         context, path = "s5-churn", directory / "churn.kubeconfig"
         rows: list[dict[str, float]] = []
@@ -432,10 +574,12 @@ async def s6_single_cluster(bench: Bench) -> dict[str, Any]:
     context = f"s6-{plane.name}"
     result: dict[str, Any] = {"objects": sizes.bulk_objects, "peers": {}}
     runs: dict[str, list[dict[str, float]]] = {
-        kind: [] for kind in ("go", "mcruntime", "kopf") if kind in bench.kinds
+        kind: [] for kind in ("go", "go concurrent", "mcruntime", "kopf") if kind in bench.kinds
     }
-    for repeat in range(sizes.s6_repeats):  # peers alternate, so a busy spell hits them alike
-        for kind in runs:
+    for repeat in range(sizes.s6_repeats):  # the order is drawn anew each round
+        order = list(runs)
+        bench.rng.shuffle(order)
+        for kind in order:
             directory = bench.directory(f"s6-{kind}-{repeat}")
             write_kubeconfig(directory / f"{context}.kubeconfig", [(context, plane)])
             async with running(bench.peer(kind, directory, BULK)) as peer:
@@ -446,11 +590,7 @@ async def s6_single_cluster(bench: Bench) -> dict[str, Any]:
                 sample = await peer.sample()
                 assert peer.started is not None
                 runs[kind].append(
-                    {
-                        "spawn_to_all": end - peer.spawned,
-                        "main_to_all": end - peer.started,
-                        "rss": sample["rss"],
-                    }
+                    {"spawn_to_all": end - peer.spawned, "main_to_all": end - peer.started, **_memory(sample)}
                 )
             bench.log(f"S6 {kind} run {repeat + 1}: {runs[kind][-1]['spawn_to_all']:.2f}s")
     for kind, done in runs.items():
@@ -459,5 +599,6 @@ async def s6_single_cluster(bench: Bench) -> dict[str, Any]:
             "spawn_to_all": statistics.median(run["spawn_to_all"] for run in done),
             "main_to_all": statistics.median(run["main_to_all"] for run in done),
             "rss": statistics.median(run["rss"] for run in done),
+            "stats": spread(done),
         }
     return result

@@ -25,7 +25,9 @@ from mcruntime_file import KubeconfigFileProvider
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
 
 
-async def serve(directory: Path, namespace: str, workers: int, debounce: float | None) -> None:
+async def serve(
+    directory: Path, namespace: str, workers: int | None, debounce: float | None, mode: str, run_id: str
+) -> None:
     """Run the manager until stdin closes.
 
     The cache holds the benchmark's namespace only, as the Go peer's
@@ -43,22 +45,35 @@ async def serve(directory: Path, namespace: str, workers: int, debounce: float |
     async def reconcile(request: mcr.Request) -> None:
         begun = time.time()
         cluster = await manager.get_cluster(request.cluster)
-        found = await cluster.cache.get(CONFIGMAP, request.name, namespace=request.namespace)
+        found: dict[str, object] | None
+        if mode == "live":  # the hung-cluster scenario: a read that reaches the API server
+            try:
+                found = await cluster.client.get(CONFIGMAP, request.name, namespace=request.namespace)
+            except mcr.NotFound:
+                return
+        else:
+            found = await cluster.cache.get(CONFIGMAP, request.name, namespace=request.namespace)
         if found is None:
             return
         record: dict[str, object] = {"ev": "r", "c": request.cluster, "n": request.name, "t": begun}
-        written = written_at(found.get("data"))
+        data = found.get("data")
+        written = written_at(data)
         if written is not None:
             record["w"] = written
+        if mode == "write":
+            marker = f"{run_id}:{data.get('ts') if isinstance(data, dict) else None}"
+            if isinstance(data, dict) and data.get("observed") == marker:
+                return  # our own write coming back: nothing to do, no record
+            await cluster.client.patch(
+                CONFIGMAP, request.name, {"data": {"observed": marker}}, namespace=request.namespace
+            )
+            record["p"] = 1
         io.emit(record)
 
-    (
-        mcr.controller_managed_by(manager)
-        .named("bench")
-        .for_(CONFIGMAP, namespace=namespace)
-        .with_options(max_concurrent_reconciles=workers)
-        .complete(reconcile)
-    )
+    builder = mcr.controller_managed_by(manager).named("bench").for_(CONFIGMAP, namespace=namespace)
+    if workers is not None:  # otherwise the controller's defaults, whatever they are in this version
+        builder = builder.with_options(max_concurrent_reconciles=workers)
+    builder.complete(reconcile)
     runner = asyncio.create_task(manager.start())
     try:
         await io.run()
@@ -73,19 +88,26 @@ def main() -> None:
     parser.add_argument("--kubeconfig-dir", type=Path, required=True)
     parser.add_argument("--namespace", required=True)
     parser.add_argument(
-        "--workers", type=int, default=1, help="max_concurrent_reconciles (default 1, as Go's)"
+        "--workers", type=int, default=None, help="max_concurrent_reconciles (default: the controller's own)"
     )
+    parser.add_argument("--run-id", default="0", help="write mode: marks this run's patches")
     parser.add_argument("--debounce", type=float, default=None, help="the file provider's (default: its own)")
+    parser.add_argument(
+        "--mode",
+        choices=("read", "write", "live"),
+        default="read",
+        help="read: from the cache; write: patch data.observed once per write; live: GET from the server",
+    )
     parser.add_argument("--profile", type=Path, help="write cProfile statistics here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.profile is None:
-        asyncio.run(serve(args.kubeconfig_dir, args.namespace, args.workers, args.debounce))
+        asyncio.run(serve(args.kubeconfig_dir, args.namespace, args.workers, args.debounce, args.mode, args.run_id))
         return
     profiler = cProfile.Profile()
     profiler.enable()
     try:
-        asyncio.run(serve(args.kubeconfig_dir, args.namespace, args.workers, args.debounce))
+        asyncio.run(serve(args.kubeconfig_dir, args.namespace, args.workers, args.debounce, args.mode, args.run_id))
     finally:
         profiler.disable()
         profiler.dump_stats(args.profile)

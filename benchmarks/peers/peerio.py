@@ -12,15 +12,78 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import gc
 import json
+import os
+import re
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 FLUSH_INTERVAL = 0.05
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [  # noqa: RUF012 (ctypes wants a plain list)
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks")
+        + ("uordblks", "fordblks", "keepcost")
+    ]
+
+
+def _libc() -> Any:
+    name = ctypes.util.find_library("c")
+    return ctypes.CDLL(name) if name else None
+
+
+_LIBC = _libc()
+
+
+def trim_malloc() -> bool:
+    """``malloc_trim(0)``: hand glibc's free heap pages back to the OS, as Go's ``FreeOSMemory`` does."""
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+def _pymalloc_bytes() -> int | None:
+    """Bytes in pymalloc's allocated blocks (``sys._debugmallocstats``, which writes to fd 2)."""
+    with tempfile.TemporaryFile() as capture:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(capture.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        capture.seek(0)
+        text = capture.read().decode(errors="replace")
+    found = re.search(r"# bytes in allocated blocks\s*=\s*([\d,]+)", text)
+    return int(found.group(1).replace(",", "")) if found else None
+
+
+def heap_bytes() -> int | None:
+    """The Python heap in use: pymalloc's allocated blocks plus glibc malloc's in-use bytes.
+
+    malloc's figure is ``mallinfo2``'s ``uordblks + hblkhd`` (in-use arena bytes
+    and mmapped blocks); pymalloc's arenas are mmapped by CPython itself and not
+    in it. The counterpart of Go's ``HeapInuse``; None where glibc is missing.
+    """
+    info = getattr(_LIBC, "mallinfo2", None)
+    small = _pymalloc_bytes()
+    if info is None or small is None:
+        return None
+    info.restype = _MallInfo2
+    stats = info()
+    return small + int(stats.uordblks) + int(stats.hblkhd)
 
 
 class PeerIO:
@@ -48,7 +111,12 @@ class PeerIO:
             self.emit({"ev": "stats", "clusters": self._clusters(), "tasks": len(asyncio.all_tasks())})
         elif line == "gc":
             gc.collect()
-            self.emit({"ev": "gc"})
+            trim_malloc()
+            self.emit({"ev": "gc", "heap": heap_bytes()})
+        elif line == "freeze":  # after the initial sync: the cached objects leave the GC's generations
+            gc.collect()
+            gc.freeze()
+            self.emit({"ev": "freeze", "frozen": gc.get_freeze_count()})
         self.flush()
 
     async def run(self) -> None:

@@ -8,8 +8,16 @@
 //	stdout: {"ev":"start","t":<unix seconds>}                 once, when main begins
 //	        {"ev":"r","c":cluster,"n":name,"t":start,"w":ts}    one per reconcile
 //	        {"ev":"stats","clusters":n,"tasks":goroutines}      in answer to "stats"
+//	        {"ev":"gc","heap":bytes}                            in answer to "gc" (HeapInuse)
 //	stdin:  "stats"  report the counters above
 //	        "gc"     collect garbage and return memory to the OS, then answer "gc"
+//
+// Fairness settings shared with the mcruntime peer: the cache strips
+// managedFields (mcruntime's default transform), client-side rate limiting is
+// off (QPS -1; mcruntime has no limiter), and -engage concurrent engages
+// clusters side by side (see concurrent.go) instead of the file provider's one
+// at a time. -mode write patches each object once (data.observed), -mode live
+// reads from the API server instead of the cache. -floor lists and exits.
 //
 // Timestamps are wall-clock seconds (time.Now), the clock the harness's writer
 // uses, so write-to-reconcile latency needs no clock translation.
@@ -33,9 +41,12 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -43,6 +54,7 @@ import (
 
 	mcbuilder "sigs.k8s.io/multicluster-runtime/pkg/builder"
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
+	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 	"sigs.k8s.io/multicluster-runtime/providers/file"
 )
@@ -79,12 +91,22 @@ func main() {
 	local := flag.String("local-kubeconfig", "", "kubeconfig of the manager's local cluster (multicluster-runtime needs one)")
 	namespace := flag.String("namespace", "", "the only namespace whose ConfigMaps are cached and reconciled")
 	workers := flag.Int("workers", 1, "MaxConcurrentReconciles (controller-runtime's default is 1)")
+	engage := flag.String("engage", "shipped", "shipped: the file provider (one cluster at a time); concurrent: all at once")
+	mode := flag.String("mode", "read", "read: from the cache; write: patch data.observed once; live: GET from the API server")
+	runID := flag.String("run-id", "0", "write mode: marks this run's patches")
+	floorRuns := flag.Int("floor", 0, "list every context's namespace this many times (after one warm-up), report the fastest, exit")
 	flag.Parse()
 	ctrllog.SetLogger(logr.Discard())
 
 	o := &out{w: bufio.NewWriterSize(os.Stdout, 1<<16)}
 	o.emit(map[string]any{"ev": "start", "t": started}, true)
-	if err := run(o, *dir, *local, *namespace, *workers); err != nil {
+	var err error
+	if *floorRuns > 0 {
+		err = floor(o, *dir, *namespace, *floorRuns)
+	} else {
+		err = run(o, *dir, *local, *namespace, *workers, *engage, *mode, *runID)
+	}
+	if err != nil {
 		o.flush()
 		fmt.Fprintln(os.Stderr, "mcr-go:", err)
 		os.Exit(1)
@@ -92,25 +114,58 @@ func main() {
 	o.flush()
 }
 
-func run(o *out, dir, local, namespace string, workers int) error {
+// unlimited turns client-go's client-side rate limit off (QPS < 0): mcruntime has none.
+func unlimited(config *rest.Config) *rest.Config {
+	config = rest.CopyConfig(config)
+	config.QPS = -1
+	return config
+}
+
+// clusterOptions are the same for both engage modes: one namespace, managedFields
+// stripped, and no client-side rate limit for the client or the cache.
+func clusterOptions(namespace string) []cluster.Option {
+	return []cluster.Option{func(opts *cluster.Options) {
+		if namespace != "" {
+			opts.Cache.DefaultNamespaces = map[string]cache.Config{namespace: {}}
+		}
+		opts.Cache.DefaultTransform = cache.TransformStripManagedFields()
+		opts.NewCache = func(config *rest.Config, options cache.Options) (cache.Cache, error) {
+			return cache.New(unlimited(config), options)
+		}
+		opts.NewClient = func(config *rest.Config, options client.Options) (client.Client, error) {
+			return client.New(unlimited(config), options)
+		}
+	}}
+}
+
+type namedProvider interface {
+	multicluster.ProviderRunnable
+	multicluster.Provider
+	ClusterNames() []multicluster.ClusterName
+}
+
+func run(o *out, dir, local, namespace string, workers int, engage, mode, runID string) error {
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 
-	provider, err := file.New(file.Options{
-		KubeconfigDirs: []string{dir},
-		ClusterOptions: []cluster.Option{func(opts *cluster.Options) {
-			if namespace != "" {
-				opts.Cache.DefaultNamespaces = map[string]cache.Config{namespace: {}}
-			}
-		}},
-	})
-	if err != nil {
-		return fmt.Errorf("file provider: %w", err)
+	var provider namedProvider
+	switch engage {
+	case "shipped":
+		shipped, err := file.New(file.Options{KubeconfigDirs: []string{dir}, ClusterOptions: clusterOptions(namespace)})
+		if err != nil {
+			return fmt.Errorf("file provider: %w", err)
+		}
+		provider = shipped
+	case "concurrent":
+		provider = newConcurrentFiles(dir, clusterOptions(namespace))
+	default:
+		return fmt.Errorf("unknown -engage %q", engage)
 	}
 	localConfig, err := clientcmd.BuildConfigFromFlags("", local)
 	if err != nil {
 		return fmt.Errorf("local kubeconfig: %w", err)
 	}
+	localConfig = unlimited(localConfig)
 	mgr, err := mcmanager.New(localConfig, provider, mcmanager.Options{
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
@@ -126,7 +181,11 @@ func run(o *out, dir, local, namespace string, workers int) error {
 			return ctrl.Result{}, err
 		}
 		cm := &corev1.ConfigMap{}
-		if err := cl.GetClient().Get(ctx, req.NamespacedName, cm); err != nil {
+		var reader client.Reader = cl.GetClient()
+		if mode == "live" {
+			reader = cl.GetAPIReader()
+		}
+		if err := reader.Get(ctx, req.NamespacedName, cm); err != nil {
 			if apierrors.IsNotFound(err) {
 				return ctrl.Result{}, nil
 			}
@@ -135,6 +194,17 @@ func run(o *out, dir, local, namespace string, workers int) error {
 		record := map[string]any{"ev": "r", "c": string(req.ClusterName), "n": req.Name, "t": begun}
 		if written, err := strconv.ParseFloat(cm.Data["ts"], 64); err == nil {
 			record["w"] = written
+		}
+		if mode == "write" {
+			marker := runID + ":" + cm.Data["ts"]
+			if cm.Data["observed"] == marker {
+				return ctrl.Result{}, nil // our own write coming back: nothing to do, no record
+			}
+			patch, _ := json.Marshal(map[string]any{"data": map[string]string{"observed": marker}})
+			if err := cl.GetClient().Patch(ctx, cm, client.RawPatch(types.MergePatchType, patch)); err != nil {
+				return ctrl.Result{}, err
+			}
+			record["p"] = 1
 		}
 		o.emit(record, false)
 		return ctrl.Result{}, nil
@@ -170,7 +240,9 @@ func run(o *out, dir, local, namespace string, workers int) error {
 			case "gc":
 				runtime.GC()
 				debug.FreeOSMemory()
-				o.emit(map[string]any{"ev": "gc"}, true)
+				var stats runtime.MemStats
+				runtime.ReadMemStats(&stats)
+				o.emit(map[string]any{"ev": "gc", "heap": stats.HeapInuse}, true)
 			}
 		}
 		cancel()

@@ -31,6 +31,7 @@ from ._informer import IndexFunc
 from ._kind import Kind
 from ._kubeconfig import ClusterConfig
 from ._leaderelection import LeaderElectionConfig, LeaderElector
+from ._limits import raise_open_files_limit
 from ._metrics import ManagerMetrics
 from ._provider import Aware, Provider, ProviderRunnable
 from ._reconcile import LOCAL_CLUSTER
@@ -397,6 +398,7 @@ class Manager:
         if self._running:
             raise RuntimeError("the manager is already running")
         self._running = True
+        raise_open_files_limit()  # a fleet needs an fd per connection: soft -> hard, as Go does
         restore = self._install_signal_handlers()
         provider_task: asyncio.Task[None] | None = None
         try:

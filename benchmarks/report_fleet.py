@@ -1,0 +1,336 @@
+"""RESULTS.md sections for S7-S11, and the goals every scenario is held to.
+
+Each of these scenarios stores, per peer, every run's figures (``runs``) and
+their min / median / max (``stats``). Tables show ``median (min-max)``; the
+ratio column divides this peer's median by the concurrent Go variant's, the
+fair baseline (Go's file provider as shipped engages one cluster at a time).
+Goals are computed from the figures here, never written by hand.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+BASELINE = "go concurrent"
+
+
+@dataclass(frozen=True)
+class Column:
+    """One figure of a table: its key in ``stats``, its heading and digits."""
+
+    key: str
+    title: str
+    digits: int = 1
+
+
+@dataclass(frozen=True)
+class Section:
+    """How one scenario is shown."""
+
+    key: str
+    title: str
+    columns: tuple[Column, ...]
+    headline: str  # the figure the ratio column divides
+    better: str  # "higher" or "lower"
+
+
+SECTIONS = (
+    Section(
+        "s7",
+        "S7 writes",
+        (
+            Column("per_second", "patches/s from spawn", 0),
+            Column("per_second_after_first", "patches/s after the first", 0),
+            Column("cpu_ms_per_reconcile", "CPU ms / reconcile", 2),
+            Column("cpu_s", "CPU s", 1),
+            Column("rss", "RSS MiB", 0),
+            Column("heap", "heap MiB", 0),
+        ),
+        "per_second",
+        "higher",
+    ),
+    Section(
+        "s8",
+        "S8 CPU per watch event",
+        (
+            Column("achieved_rate", "events/s", 0),
+            Column("matched", "events seen", 0),
+            Column("cpu_ms_per_1000", "CPU ms / 1,000 events", 0),
+            Column("p99_ms", "p99 ms", 1),
+            Column("rss", "RSS MiB", 0),
+        ),
+        "cpu_ms_per_1000",
+        "lower",
+    ),
+    Section(
+        "s9",
+        "S9 a fleet of clusters (1,000 in a full run)",
+        (
+            Column("engage_all_s", "engage all (s)", 1),
+            Column("rss_per_cluster_mib", "RSS MiB / cluster", 3),
+            Column("anon_per_cluster_mib", "anon RSS MiB / cluster", 3),
+            Column("heap_per_cluster_mib", "heap MiB / cluster", 3),
+            Column("fds", "fds", 0),
+            Column("idle_cpu_ms_per_s", "idle CPU ms/s", 1),
+            Column("idle_cpu_us_per_s_per_cluster", "idle CPU µs/s per cluster", 1),
+            Column("cpu_s", "CPU s", 1),
+        ),
+        "engage_all_s",
+        "lower",
+    ),
+    Section(
+        "s10",
+        "S10 garbage collection with a large cache",
+        (
+            Column("p50_ms", "p50 ms", 1),
+            Column("p99_ms", "p99 ms", 1),
+            Column("max_ms", "max ms", 1),
+            Column("matched", "writes seen", 0),
+            Column("cpu_ms_per_1000", "CPU ms / 1,000 events", 0),
+            Column("heap", "heap MiB", 0),
+            Column("rss", "RSS MiB", 0),
+        ),
+        "p99_ms",
+        "lower",
+    ),
+    Section(
+        "s11",
+        "S11 one hung cluster of three",
+        (
+            Column("p50_ms", "healthy p50 ms", 1),
+            Column("p99_ms", "healthy p99 ms", 1),
+            Column("max_ms", "healthy max ms", 1),
+            Column("matched", "healthy writes reconciled", 0),
+            Column("writes", "healthy writes", 0),
+            Column("hang_s", "hang (s)", 1),
+            Column("hung_pending_at_stop", "hung cluster's writes not done when it stopped", 0),
+            Column("recovery_s", "hung cluster's work done after SIGCONT (s)", 1),
+            Column("cpu_s", "CPU s", 2),
+        ),
+        "p99_ms",
+        "lower",
+    ),
+)
+
+INTRO = {
+    "s7": (
+        "{objects:,} ConfigMaps over the planes, each reconciled once by a reconcile that reads it from",
+        "the cache and merge-patches `data.observed` (ConfigMaps have no status subresource; the",
+        "patch is the status write), {workers} workers; the patch's own watch event is reconciled",
+        "too and writes nothing. CPU per reconcile counts the whole process (start and sync too).",
+    ),
+    "s8": (
+        "After the initial sync, a writer patches ConfigMaps at {rate:g} events/s for {seconds:g} s;",
+        "CPU is the peer's `utime + stime` from the first write until every write's reconcile was",
+        "seen, per 1,000 reconciled events.",
+    ),
+    "s9": (
+        "{clusters:,} kubeconfig files, each with a token user of its own (a ServiceAccount",
+        "token, `ControlPlane.add_token_user`), over {planes} API servers; one informer per cluster",
+        "({objects} ConfigMaps each). Engage all: spawn until every cluster reconciled its objects.",
+        "Per-cluster memory: (RSS with the fleet - RSS of the same peer over an empty directory) / N.",
+        "Idle CPU over a quiet period after the sync. Go's file provider as shipped is left out: it",
+        "engages one cluster at a time.",
+    ),
+    "s10": (
+        "{cached:,} ConfigMaps cached; after the sync a writer patches them at {rate:g} writes/s",
+        "for {seconds:g} s; write -> reconcile-start latency. *mcruntime gc.freeze* calls",
+        "`gc.collect(); gc.freeze()` once after the sync, so the cached objects leave the",
+        "collector's generations.",
+    ),
+    "s11": (
+        "Three clusters; the reconcile reads live (`client.get`; Go: the API reader), default",
+        "controller options. While the peer is paused (SIGSTOP), a burst of writes lands in the third",
+        "cluster and its kube-apiserver is stopped (SIGSTOP: it hangs, it does not refuse); the",
+        "peer resumes with those events in its sockets, so its reconciles of that cluster read",
+        "from a server that no longer answers (the table counts them); the writer then patches",
+        "the two healthy clusters at {rate:g} writes/s for {seconds:g} s; SIGCONT afterwards, always.",
+        "Latencies count the healthy writes reconciled during the hang or within 10 s after the",
+        "writer stopped; *-* means none was.",
+    ),
+}
+
+
+def _f(value: Any, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def spread_text(stats: dict[str, dict[str, float]], key: str, digits: int) -> str:
+    """``median (min-max)``, or the median alone when there was one run."""
+    figure = stats.get(key)
+    if figure is None or any(math.isnan(figure[end]) for end in ("min", "median", "max")):
+        return "-" if figure is None or math.isnan(figure["median"]) else _f(figure["median"], digits)
+    if figure["min"] == figure["max"]:
+        return _f(figure["median"], digits)
+    return f"{_f(figure['median'], digits)} ({_f(figure['min'], digits)}-{_f(figure['max'], digits)})"
+
+
+def median(scenario: dict[str, Any], peer: str, key: str) -> float:
+    """A peer's median of one figure, NaN when missing."""
+    try:
+        return float(scenario["peers"][peer]["stats"][key]["median"])
+    except (KeyError, TypeError):
+        return float("nan")
+
+
+def ratio(a: float, b: float) -> float:
+    """``a / b``, NaN when either is missing or ``b`` is zero."""
+    if math.isnan(a) or math.isnan(b) or b == 0:
+        return float("nan")
+    return a / b
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return [*lines, *("| " + " | ".join(row) + " |" for row in rows), ""]
+
+
+def section(results: dict[str, Any], spec: Section, load_line: str) -> list[str]:
+    """One scenario's heading, description, table and profile (if any)."""
+    scenario = results.get(spec.key, {})
+    if "error" in scenario:
+        return [f"## {spec.title}", "", load_line, f"Failed: `{scenario['error']}`", ""]
+    if "peers" not in scenario:
+        return []
+    facts = {key: value for key, value in scenario.items() if not isinstance(value, dict)}
+    lines = [f"## {spec.title}", "", load_line]
+    lines += [line.format(**facts) for line in INTRO[spec.key]]
+    lines += ["", "Figures: median (min-max) over the runs.", ""]
+    header = ["", *(column.title for column in spec.columns), f"{spec.headline} ÷ {BASELINE}"]
+    rows = []
+    baseline = median(scenario, BASELINE, spec.headline)
+    for name, data in scenario["peers"].items():
+        stats = data.get("stats", {})
+        rows.append(
+            [
+                name,
+                *(spread_text(stats, column.key, column.digits) for column in spec.columns),
+                _f(ratio(median(scenario, name, spec.headline), baseline), 2),
+            ]
+        )
+    lines += _table(header, rows)
+    lines += [f"*{spec.headline}: {spec.better} is better.*", ""]
+    lines += profile_lines(scenario)
+    return lines
+
+
+def profile_lines(scenario: dict[str, Any]) -> list[str]:
+    """The cProfile summary of an extra mcruntime run, when the scenario has one."""
+    profile = scenario.get("profile")
+    if not profile:
+        return []
+    return [
+        "### Where mcruntime's time goes (cProfile, one extra run; cProfile slows Python down)",
+        "",
+        "Top functions by own time:",
+        "",
+        "```",
+        profile["top"]["tottime"],
+        "```",
+        "",
+        "By cumulative time:",
+        "",
+        "```",
+        profile["top"]["cumulative"],
+        "```",
+        "",
+    ]
+
+
+def _goal(met: bool | None, text: str) -> str:
+    mark = "n/a" if met is None else ("**met**" if met else "**not met**")
+    return f"- {mark}: {text}"
+
+
+def _check(value: float, limit: float, below: bool) -> bool | None:
+    if math.isnan(value):
+        return None
+    return value <= limit if below else value >= limit
+
+
+IDLE_NEAR_ZERO_MS_PER_S = 20.0  # "near zero": under 2 % of one core for the whole 1,000-cluster fleet
+
+
+def goals(results: dict[str, Any]) -> list[str]:
+    """The issue's targets against the concurrent Go variant, each met, not met or n/a."""
+    lines = []
+    s1 = results.get("s1", {})
+    if "peers" in s1:
+        mc = s1["peers"].get("mcruntime", {}).get("per_second", float("nan"))
+        go = s1["peers"].get(BASELINE, {}).get("per_second", float("nan"))
+        share = ratio(mc, go)
+        text = f"S1 ≥ 0.5x {BASELINE}'s reconciles/s: {share:.2f}x"
+        lines.append(_goal(_check(share, 0.5, below=False), text))
+    s7 = results.get("s7", {})
+    if "peers" in s7:
+        share = ratio(median(s7, "mcruntime", "per_second"), median(s7, BASELINE, "per_second"))
+        text = f"S7 ≥ 0.5x {BASELINE}'s patches/s: {share:.2f}x"
+        lines.append(_goal(_check(share, 0.5, below=False), text))
+    s8 = results.get("s8", {})
+    if "peers" in s8:
+        times = ratio(median(s8, "mcruntime", "cpu_ms_per_1000"), median(s8, BASELINE, "cpu_ms_per_1000"))
+        text = f"S8 CPU per event ≤ 3x {BASELINE}'s: {times:.2f}x"
+        lines.append(_goal(_check(times, 3.0, below=True), text))
+    s9 = results.get("s9", {})
+    if "peers" in s9:
+        engage = median(s9, "mcruntime", "engage_all_s")
+        lines.append(
+            _goal(
+                _check(engage, 10.0, below=True),
+                f"S9 engage all {s9.get('clusters')} under 10 s: {engage:.1f} s",
+            )
+        )
+        mine = median(s9, "mcruntime", "rss_per_cluster_mib")
+        theirs = median(s9, BASELINE, "rss_per_cluster_mib")
+        lines.append(
+            _goal(
+                None if math.isnan(mine) or math.isnan(theirs) else mine <= theirs,
+                f"S9 RSS per cluster no more than {BASELINE}'s: {mine:.3f} vs {theirs:.3f} MiB",
+            )
+        )
+        idle = median(s9, "mcruntime", "idle_cpu_ms_per_s")
+        lines.append(
+            _goal(
+                _check(idle, IDLE_NEAR_ZERO_MS_PER_S, below=True),
+                f"S9 idle CPU near zero (under {IDLE_NEAR_ZERO_MS_PER_S:g} CPU ms/s for the fleet): "
+                f"{idle:.1f} ms/s",
+            )
+        )
+    s10 = results.get("s10", {})
+    if "peers" in s10:
+        go = median(s10, BASELINE, "p99_ms")
+        for name in ("mcruntime", "mcruntime gc.freeze"):
+            times = ratio(median(s10, name, "p99_ms"), go)
+            text = f"S10 p99 ≤ 2x {BASELINE}'s, {name}: {times:.2f}x"
+            lines.append(_goal(_check(times, 2.0, below=True), text))
+        plain, frozen = median(s10, "mcruntime", "p99_ms"), median(s10, "mcruntime gc.freeze", "p99_ms")
+        if not (math.isnan(plain) or math.isnan(frozen)):
+            winner = "gc.freeze" if frozen < plain else "no freeze"
+            lines.append(f"- S10 winner: **{winner}** (p99 {frozen:.1f} ms frozen vs {plain:.1f} ms not)")
+    s11 = results.get("s11", {})
+    if "peers" in s11:
+        p99 = median(s11, "mcruntime", "p99_ms")
+        seen, sent = median(s11, "mcruntime", "matched"), median(s11, "mcruntime", "writes")
+        every = None if math.isnan(seen) else seen >= sent
+        text = f"S11 every healthy write reconciled during the hang: {seen:.0f}/{sent:.0f}"
+        if median(s11, "mcruntime", "hung_pending_at_stop") == 0:
+            text += " (but none of the hung cluster's work was pending when it stopped: isolation untested)"
+        lines.append(_goal(every, text))
+        lines.append(_goal(_check(p99, 1000.0, below=True), f"S11 healthy p99 under 1 s: {p99:.0f} ms"))
+    return lines
+
+
+def losing(results: dict[str, Any]) -> list[str]:
+    """Scenarios whose goal against Go mcruntime misses: they get a profile."""
+    lost = []
+    for line in goals(results):
+        if "**not met**" in line:
+            name = line.split(": ", 1)[1].split(" ", 1)[0].lower()
+            if name not in lost:
+                lost.append(name)
+    return lost

@@ -1,0 +1,355 @@
+"""Scenarios S7-S11: writes, CPU per event, 1,000 clusters, the garbage collector, a hung cluster.
+
+Like ``scenarios.py``, each runs its peers one at a time, in an order drawn
+from the bench's seeded generator, and returns plain JSON-able data with
+``runs`` per peer (every figure of every run) and ``stats`` (min / median /
+max), which ``report.py`` turns into tables, ratios and goals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness import BenchError, Peer, percentile, running, write_kubeconfig, write_load
+from scenarios import (
+    BULK,
+    SMALL,
+    Bench,
+    _all_reconciled,
+    _completed_at,
+    _matched,
+    _profile_summary,
+    _reconciled,
+    _TolerateTimeout,
+    spread,
+    write_run,
+)
+
+from mcruntime.testing import ControlPlane
+
+WRITES = "writes"  # namespace of the S7 objects
+FLEET = "fleet"  # namespace of the S9 objects
+GC = "gc"  # namespace of the S10 objects
+
+
+def _at_least(peer: Peer, total: int) -> Callable[[], bool]:
+    """A wait condition: ``total`` distinct objects reconciled."""
+    return lambda: _reconciled(peer) >= total
+
+
+def _summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    return {
+        kind: {"runs": done, "stats": spread([_numbers(run) for run in done])}
+        for kind, done in runs.items()
+        if done
+    }
+
+
+def _numbers(run: dict[str, Any]) -> dict[str, float]:
+    return {key: value for key, value in run.items() if isinstance(value, (int, float))}
+
+
+# --- S7 writes ------------------------------------------------------------------------------
+
+
+async def _s7_run(bench: Bench, kind: str, label: str, extra: Sequence[str] = ()) -> dict[str, Any]:
+    sizes = bench.sizes
+    total = len(bench.planes) * sizes.writes_objects
+    directory = bench.directory(label)
+    for plane in bench.planes:
+        write_kubeconfig(directory / f"{plane.name}.kubeconfig", [(f"s7-{plane.name}", plane)])
+    workers = str(sizes.writes_workers)
+    argv = ["--mode", "write", "--workers", workers, "--run-id", label, *extra]
+    async with running(bench.peer(kind, directory, WRITES, argv)) as peer:
+        await peer.wait_until(_at_least(peer, total), sizes.timeout, f"{total} patching reconciles")
+        end = _completed_at(peer)
+        first = min(at for _, _, at, _ in peer.records)
+        cpu = peer.cpu_seconds()
+        sample = await peer.sample()
+    return {
+        "spawn_to_all": end - peer.spawned,
+        "per_second": total / (end - peer.spawned),
+        "per_second_after_first": total / (end - first) if end > first else float("nan"),
+        "cpu_s": cpu,
+        "cpu_ms_per_reconcile": cpu * 1000 / total,
+        "rss": sample["rss"],
+        "heap": sample["heap"],
+    }
+
+
+async def profile(bench: Bench, scenario: str, path: Path) -> dict[str, Any] | None:
+    """One extra mcruntime run of ``scenario`` under cProfile; its summary, or None if not profiled."""
+    sizes = bench.sizes
+    extra = ["--profile", str(path)]
+    if scenario == "s1":
+        return None  # S1 profiles itself in full runs
+    if scenario == "s2":
+        rate, seconds = sizes.s2_rate, sizes.s2_seconds
+        await write_run(bench, "mcruntime", BULK, sizes.bulk_objects, rate, seconds, "s2p", extra)
+    elif scenario == "s9" and "s9_documents" in bench.notes:
+        await _fleet_run(bench, "mcruntime", bench.notes["s9_documents"], "s9p", extra)
+    elif scenario == "s7":
+        await _s7_run(bench, "mcruntime", "s7-profile", extra)
+    elif scenario == "s8":
+        rate, seconds = sizes.cpu_rate, sizes.cpu_seconds
+        await write_run(bench, "mcruntime", BULK, sizes.bulk_objects, rate, seconds, "s8p", extra)
+    elif scenario == "s10":
+        rate, seconds = sizes.gc_rate, sizes.gc_seconds
+        await write_run(bench, "mcruntime", GC, sizes.gc_objects, rate, seconds, "s10p", extra)
+    else:
+        return None
+    return {"top": _profile_summary(path)}
+
+
+async def s7_writes(bench: Bench) -> dict[str, Any]:
+    """Every object of every plane reconciled once by a reconcile that patches it; 4 workers."""
+    sizes = bench.sizes
+    total = len(bench.planes) * sizes.writes_objects
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in bench.multicluster()}
+    for repeat in range(sizes.writes_repeats):
+        for kind in bench.multicluster():
+            runs[kind].append(await _s7_run(bench, kind, f"s7-{kind.replace(' ', '-')}-{repeat}"))
+            data = runs[kind][-1]
+            bench.log(f"S7 {kind}: {data['per_second']:.0f} patches/s, {data['cpu_s']:.1f} CPU s")
+    return {"objects": total, "workers": sizes.writes_workers, "peers": _summary(runs)}
+
+
+# --- S8 CPU per event -----------------------------------------------------------------------
+
+
+async def s8_steady_cpu(bench: Bench) -> dict[str, Any]:
+    """CPU seconds per 1,000 watch events at a fixed event rate, after the initial sync."""
+    sizes = bench.sizes
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for kind in bench.multicluster(shipped=False):
+        data = await write_run(bench, kind, BULK, sizes.bulk_objects, sizes.cpu_rate, sizes.cpu_seconds, "s8")
+        data.pop("latencies_ms")
+        runs[kind] = [data]
+        bench.log(
+            f"S8 {kind}: {data['cpu_ms_per_1000']:.0f} CPU ms per 1,000 events "
+            f"({data['matched']}/{data['writes']} at {data['achieved_rate']:.0f}/s)"
+        )
+    return {"rate": sizes.cpu_rate, "seconds": sizes.cpu_seconds, "peers": _summary(runs)}
+
+
+# --- S9 1,000 clusters ----------------------------------------------------------------------
+
+
+async def _token_users(planes: Sequence[ControlPlane], count: int) -> list[tuple[str, dict[str, Any]]]:
+    """``count`` kubeconfig documents, each for a token user of its own, spread over ``planes``."""
+    limit = asyncio.Semaphore(8)
+
+    async def one(index: int) -> tuple[str, dict[str, Any]]:
+        plane = planes[index % len(planes)]
+        context = f"fleet-{index:04d}"
+        async with limit:
+            user = await asyncio.to_thread(plane.add_token_user, f"bench-{context}")
+        document = plane.kubeconfig(user)
+        document["contexts"][0]["name"] = context
+        document["current-context"] = context
+        return context, document
+
+    return list(await asyncio.gather(*(one(index) for index in range(count))))
+
+
+async def _fleet_run(
+    bench: Bench,
+    kind: str,
+    documents: list[tuple[str, dict[str, Any]]],
+    label: str,
+    extra: Sequence[str] = (),
+) -> tuple[float, float, dict[str, float]]:
+    """One peer over every document's file from the start: (engage-all s, idle CPU s, sample)."""
+    sizes = bench.sizes
+    directory = bench.directory(label)
+    for context, document in documents:
+        write_kubeconfig(directory / f"{context}.kubeconfig", [], document)
+    names = [context for context, _ in documents]
+    async with running(bench.peer(kind, directory, FLEET, extra)) as peer:
+        await peer.wait_until(
+            _all_reconciled(peer, names, sizes.fleet_objects), sizes.timeout, f"{len(names)} clusters"
+        )
+        engage = _completed_at(peer) - peer.spawned
+        await asyncio.sleep(2.0)
+        idle_before = peer.cpu_seconds()
+        await asyncio.sleep(sizes.fleet_idle_seconds)
+        idle = peer.cpu_seconds() - idle_before
+        sample = await peer.sample()
+    return engage, idle, sample
+
+
+async def s9_fleet(bench: Bench) -> dict[str, Any]:
+    """N distinct kubeconfig files (a token user each) over every plane: engage, memory, fds, idle CPU.
+
+    Each peer first runs over an empty directory for its baseline, then over
+    all N files present at start (so no peer rescans N times); RSS per cluster
+    is the difference over N. Go's file provider as shipped engages one cluster
+    at a time and is left out (it would take minutes for reasons of design).
+    """
+    sizes = bench.sizes
+    count = sizes.fleet_clusters
+    started = time.monotonic()
+    documents = await _token_users(bench.planes, count)
+    bench.notes["s9_documents"] = documents
+    bench.log(f"S9: {count} token users in {time.monotonic() - started:.0f}s")
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for kind in bench.multicluster(shipped=False):
+        empty = bench.directory(f"s9-{kind}-empty")
+        async with running(bench.peer(kind, empty, FLEET)) as peer:
+            await peer.wait_until(lambda: peer.started is not None, sizes.timeout, "start")
+            await asyncio.sleep(1.0)
+            base = await peer.sample()
+        engage, idle, sample = await _fleet_run(bench, kind, documents, f"s9-{kind}")
+        runs[kind] = [
+            {
+                "engage_all_s": engage,
+                "rss_base": base["rss"],
+                "rss": sample["rss"],
+                "rss_per_cluster_mib": (sample["rss"] - base["rss"]) / count,
+                "heap_per_cluster_mib": (sample["heap"] - base["heap"]) / count,
+                "anon_per_cluster_mib": (sample["rss_anon"] - base["rss_anon"]) / count,
+                "fds": sample["fds"],
+                "idle_cpu_ms_per_s": idle * 1000 / sizes.fleet_idle_seconds,
+                "idle_cpu_us_per_s_per_cluster": idle * 1e6 / sizes.fleet_idle_seconds / count,
+                "cpu_s": sample["cpu_s"],
+            }
+        ]
+        bench.log(
+            f"S9 {kind}: {count} clusters engaged in {engage:.1f}s, "
+            f"{runs[kind][0]['rss_per_cluster_mib']:.2f} MiB/cluster, {sample['fds']:.0f} fds, "
+            f"idle {runs[kind][0]['idle_cpu_ms_per_s']:.1f} CPU ms/s"
+        )
+    return {
+        "clusters": count,
+        "planes": len(bench.planes),
+        "objects": sizes.fleet_objects,
+        "peers": _summary(runs),
+    }
+
+
+# --- S10 the garbage collector --------------------------------------------------------------
+
+
+async def s10_gc(bench: Bench) -> dict[str, Any]:
+    """p99 write -> reconcile latency with a large cache, mcruntime with and without ``gc.freeze()``."""
+    sizes = bench.sizes
+    kinds = bench.multicluster(shipped=False)
+    variants: list[tuple[str, str, bool]] = [(kind, kind, False) for kind in kinds]
+    if "mcruntime" in bench.kinds:
+        variants.append(("mcruntime gc.freeze", "mcruntime", True))
+    bench.rng.shuffle(variants)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for label, kind, freeze in variants:
+        data = await write_run(
+            bench, kind, GC, sizes.gc_objects, sizes.gc_rate, sizes.gc_seconds, "s10", freeze=freeze
+        )
+        data.pop("latencies_ms")
+        runs[label] = [data]
+        bench.log(f"S10 {label}: p50 {data['p50_ms']:.1f} ms, p99 {data['p99_ms']:.1f} ms")
+    return {
+        "cached": len(bench.planes) * sizes.gc_objects,
+        "rate": sizes.gc_rate,
+        "seconds": sizes.gc_seconds,
+        "peers": _summary(runs),
+    }
+
+
+# --- S11 a hung cluster ---------------------------------------------------------------------
+
+
+async def s11_hung(bench: Bench) -> dict[str, Any]:
+    """Healthy clusters' latency while one of three kube-apiservers is stopped (SIGSTOP).
+
+    The reconcile reads live (``client.get`` / Go's API reader), with each
+    runtime's default controller options. While the peer is paused, a burst of
+    writes lands in the third cluster and its server stops, so once the peer
+    resumes its reconciles of that cluster read from a server that no longer
+    answers; then the writer patches the two healthy clusters for
+    ``hung_seconds``. The server always gets SIGCONT again.
+    """
+    sizes = bench.sizes
+    if len(bench.planes) < 3:
+        raise BenchError("S11 needs at least three planes")
+    planes = bench.planes[:3]
+    hung = planes[2]
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for kind in bench.multicluster(shipped=False):
+        directory = bench.directory(f"s11-{kind}")
+        targets = [(f"s11-{plane.name}", plane) for plane in planes]
+        for context, plane in targets:
+            write_kubeconfig(directory / f"{plane.name}.kubeconfig", [(context, plane)])
+        total = len(planes) * sizes.small_objects
+        async with running(bench.peer(kind, directory, SMALL, ["--mode", "live"])) as peer:
+            await peer.wait_until(_at_least(peer, total), sizes.timeout, "the initial sync")
+            await asyncio.sleep(1.0)
+            peer.reset()
+            runs[kind] = [await _hang_and_write(bench, peer, targets, hung)]
+        data = runs[kind][0]
+        bench.log(
+            f"S11 {kind}: healthy p50 {data['p50_ms']:.0f} ms, p99 {data['p99_ms']:.0f} ms, "
+            f"{data['matched']}/{data['writes']} reconciled during the hang"
+        )
+    return {"rate": sizes.hung_rate, "seconds": sizes.hung_seconds, "peers": _summary(runs)}
+
+
+async def _hang_and_write(
+    bench: Bench, peer: Peer, targets: list[tuple[str, ControlPlane]], hung: ControlPlane
+) -> dict[str, Any]:
+    sizes = bench.sizes
+    process = hung.apiserver.process
+    if process is None or process.pid is None:
+        raise BenchError(f"S11: {hung.name} has no running kube-apiserver")
+    pid = process.pid
+    cpu_before = peer.cpu_seconds()
+    # Work for the soon-hung cluster, made certain: the peer is paused while a burst of
+    # writes lands there and the server sends their watch events (they wait in the peer's
+    # sockets); then the server stops and the peer resumes, so each of those reconciles
+    # reads live from a server that no longer answers.
+    os.kill(peer.pid, signal.SIGSTOP)
+    try:
+        burst = await write_load([targets[2]], SMALL, sizes.small_objects, 2000.0, sizes.small_objects / 2000)
+        await asyncio.sleep(0.5)
+        os.kill(pid, signal.SIGSTOP)
+    finally:
+        os.kill(peer.pid, signal.SIGCONT)
+    stopped = time.monotonic()
+    hung_wanted = {(context, name, stamp) for context, name, stamp in burst}
+    try:
+        rate, seconds = sizes.hung_rate, sizes.hung_seconds
+        writes = await write_load(targets[:2], SMALL, sizes.small_objects, rate, seconds)
+        wanted = {(context, name, stamp) for context, name, stamp in writes}
+        with _TolerateTimeout():
+            await peer.wait_until(
+                lambda: len(_matched(peer.records, wanted)) >= len(wanted), 10.0, "the healthy reconciles"
+            )
+        found = _matched(peer.records, wanted)
+        before_resume = len(_matched(peer.records, hung_wanted))
+        hang = time.monotonic() - stopped
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    resumed = time.monotonic()
+    with _TolerateTimeout():
+        await peer.wait_until(
+            lambda: len(_matched(peer.records, hung_wanted)) >= len(hung_wanted), 60.0, "the hung cluster"
+        )
+    recovered = len(_matched(peer.records, hung_wanted))
+    latencies = [(at - key[2]) * 1000 for key, at in found.items()]
+    return {
+        "writes": len(writes),
+        "matched": len(found),
+        "hung_writes": len(burst),
+        "hung_pending_at_stop": len(burst) - before_resume,
+        "hung_done_after_resume": recovered,
+        "recovery_s": time.monotonic() - resumed if recovered >= len(burst) else float("nan"),
+        "hang_s": hang,
+        "p50_ms": percentile(latencies, 0.5),
+        "p99_ms": percentile(latencies, 0.99),
+        "max_ms": max(latencies) if latencies else float("nan"),
+        "cpu_s": peer.cpu_seconds() - cpu_before,
+    }
