@@ -24,8 +24,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 import mcruntime as mcr
 
 log = logging.getLogger("mcruntime_capi")
@@ -327,11 +325,13 @@ class ClusterAPIProvider:
                     f"Secret {secret_key} key 'value' is {len(raw)} bytes, more than the limit "
                     f"of {limit}; not parsed"
                 )
-            document = yaml.safe_load(raw.decode("utf-8"))
+            text = raw.decode("utf-8")
         except (binascii.Error, ValueError):
             return None, f"Secret {secret_key} key 'value' is not base64-encoded UTF-8 text"
-        except yaml.YAMLError:
-            return None, f"Secret {secret_key} key 'value' is not valid YAML"
+        try:
+            document = mcr.parse_kubeconfig(text, origin=f"Secret {secret_key} key 'value'", max_bytes=limit)
+        except mcr.KubeconfigError as error:  # no aliases, bounded depth and size; secret-free
+            return None, str(error)
         try:
             return mcr.kubeconfig_from_dict(document, trust=self._trust, origin=f"Secret {secret_key}"), None
         except mcr.KubeconfigError as error:

@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 import mcruntime as mcr
 
 from ._naming import current_context_only
@@ -306,14 +304,11 @@ def _parse(content: bytes) -> tuple[dict[str, Any], str | None]:
     if not text.strip():
         return {}, "the file is empty"
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        return {}, f"not valid YAML{f' at line {mark.line + 1}' if mark is not None else ''}"
-    if data is None:
-        return {}, "the file is empty"
-    if not isinstance(data, dict):
-        return {}, "not a kubeconfig: the top level is not a mapping"
+        # The core's bounded parser: no aliases, bounded depth and values (the
+        # provider has already refused files over its size limit, unread).
+        data = mcr.parse_kubeconfig(text, origin="", max_bytes=len(content))
+    except mcr.KubeconfigError as error:
+        return {}, str(error)
     return data, None
 
 

@@ -24,8 +24,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 import mcruntime as mcr
 
 from ._cli import KindCLI, KindCommandError
@@ -314,14 +312,7 @@ class KindProvider:
     def _parse(self, name: str, text: str) -> mcr.ClusterConfig:
         """Kind's kubeconfig as a config; errors say where, never quote what."""
         origin = f"kubeconfig of kind cluster {name!r}"
-        try:
-            document = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark is not None else ""
-            raise mcr.KubeconfigError(f"not valid YAML{where}", origin=origin) from None
-        if not isinstance(document, Mapping):
-            raise mcr.KubeconfigError("not a kubeconfig: the top level is not a mapping", origin=origin)
+        document = mcr.parse_kubeconfig(text, origin=origin)  # bounded: no aliases, depth, size
         try:
             return mcr.kubeconfig_from_dict(document, context_name(name), trust=self._trust, origin=origin)
         except mcr.KubeconfigError:
