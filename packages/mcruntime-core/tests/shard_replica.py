@@ -10,6 +10,12 @@ replica's identity and a counter on it and comes back every ``period``
 seconds, so a second writer would show up in the ConfigMap's history. The
 process prints one JSON line whenever the set of clusters it owns changes, and
 stops gracefully on SIGTERM.
+
+With ``"lean": true`` (the fleet-scale tests: hundreds of clusters per
+process on two cores) the replica keeps no informer on the member clusters:
+it stamps a cluster when it gains it (fed through a channel) and then every
+``period`` seconds, reading and writing the ConfigMap live. Health probes of
+the members are slowed to ``probe_interval``.
 """
 
 from __future__ import annotations
@@ -42,10 +48,15 @@ def sharded_manager(
             lease_duration=spec["lease_duration"],
             renew_deadline=spec["renew_deadline"],
             retry_period=spec["retry_period"],
+            peer_gc_after=float(spec.get("peer_gc_after", 300.0)),
         )
     )
+    loaded: dict[str, mcr.ClusterConfig] = {}
+    for path in set(spec["clusters"].values()):
+        loaded[path] = mcr.load_kubeconfig(path)
     provider = mcr.StaticProvider(
-        {name: mcr.load_kubeconfig(path) for name, path in spec["clusters"].items()}
+        {name: loaded[path] for name, path in spec["clusters"].items()},
+        probe_interval=float(spec.get("probe_interval", 10.0)),
     )
     manager = mcr.Manager(
         provider,
@@ -75,6 +86,17 @@ def sharded_manager(
         labels = event.object.get("metadata", {}).get("labels") or {}
         return labels.get(CLUSTER_LABEL) == event.cluster
 
+    if spec.get("lean"):
+        gained: asyncio.Queue[mcr.Request | mcr.Event] = asyncio.Queue()
+        (
+            mcr.controller_managed_by(manager)
+            .named("stamp")
+            .watches_channel(gained)
+            .with_options(max_concurrent_reconciles=8)
+            .complete(stamp)
+        )
+        manager.add(_OwnershipReporter(coordinator, gained, namespace))
+        return manager
     (
         mcr.controller_managed_by(manager)
         .named("stamp")
@@ -86,16 +108,27 @@ def sharded_manager(
 
 
 class _OwnershipReporter:
-    """Prints the owned set whenever it changes (what the test follows)."""
+    """Prints the owned set whenever it changes (what the test follows); feeds gained clusters to ``gained``."""
 
-    def __init__(self, coordinator: mcr.ShardedCoordinator) -> None:
+    def __init__(
+        self,
+        coordinator: mcr.ShardedCoordinator,
+        gained: asyncio.Queue[mcr.Request | mcr.Event] | None = None,
+        namespace: str = "",
+    ) -> None:
         self._coordinator = coordinator
+        self._gained = gained
+        self._namespace = namespace
 
     async def start(self) -> None:
         reported: frozenset[str] | None = None
         while True:
             owned = self._coordinator.owned
             if owned != reported:
+                if self._gained is not None:
+                    for cluster in sorted(owned - (reported or frozenset())):
+                        if cluster:  # the hub's own shard has no ConfigMap to stamp
+                            self._gained.put_nowait(mcr.Request(cluster, self._namespace, cluster))
                 reported = owned
                 print(json.dumps({"owned": sorted(owned), "time": time.time()}), flush=True)
             await asyncio.sleep(0.05)

@@ -194,7 +194,7 @@ class LeaderElector:
                 return False
             self.transitions = 0
             return True
-        if not isinstance(lease.get("metadata"), dict):
+        if not isinstance(lease, dict) or not isinstance(lease.get("metadata"), dict):
             raise ValueError(f"the hub answered a Lease without metadata: {str(lease)[:200]!r}")
         spec = spec_of(lease)
         holder = str(spec.get("holderIdentity") or "")

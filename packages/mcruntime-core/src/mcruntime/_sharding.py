@@ -82,6 +82,7 @@ WRITE_PURPOSES = ("peer-renew", "peer-leave", "peer-gc", "fence-acquire", "fence
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 _API_ERRORS = (APIError, Unreachable, OSError, TimeoutError)
 _CONCURRENT_WRITES = 16
+_ANSWERS_A_LEASE = frozenset({"peer-renew", "fence-acquire", "fence-release"})
 
 
 @dataclass(frozen=True)
@@ -321,7 +322,14 @@ class ShardedCoordinator:
         assert self.metrics is not None
         async with self._writes:
             self.metrics.hub_writes.labels(purpose).inc()
-            return await request()
+            answer = await request()
+        if purpose in _ANSWERS_A_LEASE and not (
+            isinstance(answer, dict) and isinstance(answer.get("metadata"), dict)
+        ):
+            raise ValueError(
+                f"the hub answered a Lease write ({purpose}) with no Lease: {str(answer)[:120]!r}"
+            )
+        return answer
 
     # --- what the informer tells us -------------------------------------------------------
 
@@ -713,7 +721,7 @@ class ShardedCoordinator:
                 return False
         except NotFound:
             return True
-        except _API_ERRORS as error:
+        except Exception as error:  # the next round tries again; a garbled answer is no reason to die
             log.warning(
                 "sharding %s: could not release the fence of %r: %s", self.config.name, cluster, error
             )
@@ -756,4 +764,3 @@ class ShardedCoordinator:
             self.identity,
             released_count,
         )
-
