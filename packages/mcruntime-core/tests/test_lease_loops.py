@@ -175,13 +175,15 @@ async def test_the_coordinator_survives_a_missing_lease_kind_and_garbage_and_sha
             backoff=mcr.Backoff(0.01, 0.05),
         )
         seat = Seat(hub, ["", "x"])
-        async with coordinating(coordinator, seat) as task:
-            await wait_for(lambda: coordinator.owned == {"", "x"}, timeout=30)
-            assert seat.work.opened == {"", "x"}
-            assert coordinator.metrics is not None
-            assert (seat.registry.get_sample_value("mcruntime_shard_loop_failures_total") or 0) >= 6
-            assert "KindNotFound" in caplog.text
-            assert not task.done()
+        try:
+            async with coordinating(coordinator, seat) as task:
+                await wait_for(lambda: coordinator.owned == {"", "x"}, timeout=30)
+                assert seat.work.opened == {"", "x"}
+                assert (seat.registry.get_sample_value("mcruntime_shard_loop_failures_total") or 0) >= 6
+                assert "KindNotFound" in caplog.text
+                assert not task.done()
+        finally:
+            hub.client = real
         leases = await real.list(LEASE, namespace=namespace)
         assert {item["spec"].get("holderIdentity") for item in leases.items} == {""}
 
