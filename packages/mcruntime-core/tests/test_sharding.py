@@ -206,6 +206,7 @@ async def shard_group(
         "period": 1.0,
         **(extra or {}),
     }
+    tmp_path.mkdir(parents=True, exist_ok=True)
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
     writes = Writes()
@@ -216,6 +217,7 @@ async def shard_group(
             await cluster.client.create(
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
             )
+
             async def create(name: str, client: mcr.Client = cluster.client) -> None:
                 async with creating:
                     await client.create(

@@ -222,7 +222,7 @@ class ShardedCoordinator:
         self._fence_names: dict[str, str] = {}  # fence Lease name → cluster
         self._fences: dict[str, JSON] = {}  # clusters whose fence we hold → the object we wrote
         self._leaving: dict[str, asyncio.Task[None]] = {}
-        self._confirmed: dict[str, bool] = {}  # per round: holder → confirmed silent
+        self._confirmed: dict[str, asyncio.Future[bool]] = {}  # per round: holder → confirmed silent
         self._peer_lease: JSON | None = None
         self._peer_renewed_at: float | None = None
         self._desired: set[str] = set()
@@ -424,8 +424,12 @@ class ShardedCoordinator:
         """
         if now - self._last_sign_of_life(holder, fence) <= self.config.lease_duration:
             return False
-        if holder in self._confirmed:
-            return self._confirmed[holder]
+        if holder not in self._confirmed:
+            # Every cluster of a dead holder asks at once: one read answers them all.
+            self._confirmed[holder] = asyncio.ensure_future(self._confirm_silent(holder, now))
+        return await asyncio.shield(self._confirmed[holder])
+
+    async def _confirm_silent(self, holder: str, now: float) -> bool:
         assert self._client is not None
         silent = False
         try:
@@ -433,7 +437,12 @@ class ShardedCoordinator:
                 current = await self._client.get(
                     LEASE, self.config.peer_lease(holder), namespace=self.config.namespace
                 )
-        except NotFound:
+        except _API_ERRORS as error:
+            if not isinstance(error, NotFound):
+                log.warning(
+                    "sharding %s: could not read the peer Lease of %r: %s", self.config.name, holder, error
+                )
+                return False
             if holder in self._gone:
                 silent = True  # its deletion was watched a full term ago
             else:
@@ -444,7 +453,6 @@ class ShardedCoordinator:
                 self._peers[holder] = _Peer(Observed(holder, renew_time_of(current), now), current)
             else:
                 silent = not peer.observed.see(holder_of(current) or holder, renew_time_of(current))
-        self._confirmed[holder] = silent
         return silent
 
     async def _watchdog(self) -> None:
@@ -476,7 +484,11 @@ class ShardedCoordinator:
     async def _round(self) -> None:
         assert self._seat is not None and self.metrics is not None
         self._confirmed = {}
-        await self._renew_peer()
+        renewed = self._peer_renewed_at
+        if renewed is None or time.monotonic() - renewed >= self.config.retry_period * 0.9:
+            # Rounds woken early (a peer came, a fence was released) do not renew again:
+            # the peer Lease is written once per retry_period, whatever happens.
+            await self._renew_peer()
         now = time.monotonic()
         peers = self._live_peers(now)
         self.metrics.peers.set(len(peers))
