@@ -95,7 +95,7 @@ def sharded_manager(
             .with_options(max_concurrent_reconciles=8)
             .complete(stamp)
         )
-        manager.add(_OwnershipReporter(coordinator, gained, namespace))
+        manager.add(_OwnershipReporter(coordinator, gained, namespace, manager.work))
         return manager
     (
         mcr.controller_managed_by(manager)
@@ -115,20 +115,26 @@ class _OwnershipReporter:
         coordinator: mcr.ShardedCoordinator,
         gained: asyncio.Queue[mcr.Request | mcr.Event] | None = None,
         namespace: str = "",
+        gate: mcr.WorkGate | None = None,
     ) -> None:
         self._coordinator = coordinator
         self._gained = gained
         self._namespace = namespace
+        self._gate = gate
 
     async def start(self) -> None:
         reported: frozenset[str] | None = None
+        opened: frozenset[str] = frozenset()
         while True:
+            if self._gained is not None and self._gate is not None:
+                # Fed once the gate admits the cluster: a request before that is dropped.
+                now_open = self._gate.opened
+                for cluster in sorted(now_open - opened):
+                    if cluster:  # the hub's own shard has no ConfigMap to stamp
+                        self._gained.put_nowait(mcr.Request(cluster, self._namespace, cluster))
+                opened = now_open
             owned = self._coordinator.owned
             if owned != reported:
-                if self._gained is not None:
-                    for cluster in sorted(owned - (reported or frozenset())):
-                        if cluster:  # the hub's own shard has no ConfigMap to stamp
-                            self._gained.put_nowait(mcr.Request(cluster, self._namespace, cluster))
                 reported = owned
                 print(json.dumps({"owned": sorted(owned), "time": time.time()}), flush=True)
             await asyncio.sleep(0.05)

@@ -228,9 +228,11 @@ class ShardedCoordinator:
         self._desired: set[str] = set()
         self._wake = asyncio.Event()
         self._renewed = asyncio.Event()
-        self._writes = asyncio.Semaphore(_CONCURRENT_WRITES)
         self._seat: Seat | None = None
         self._client: Client | None = None
+        # A request may take longer than a retry period on a busy hub; half the renew
+        # deadline still leaves a second attempt before the watchdog stops the work.
+        self._request_timeout = max(self.config.retry_period, self.config.renew_deadline / 2)
         self.metrics: ShardMetrics | None = None
 
     @property
@@ -318,11 +320,10 @@ class ShardedCoordinator:
         self._wake.set()
 
     async def _write(self, purpose: str, request: Callable[[], Awaitable[JSON | None]]) -> JSON | None:
-        """One Lease write, counted by purpose, at most ``_CONCURRENT_WRITES`` at a time."""
+        """One Lease write, counted by purpose; a garbled answer raises ``ValueError``."""
         assert self.metrics is not None
-        async with self._writes:
-            self.metrics.hub_writes.labels(purpose).inc()
-            answer = await request()
+        self.metrics.hub_writes.labels(purpose).inc()
+        answer = await request()
         if purpose in _ANSWERS_A_LEASE and not (
             isinstance(answer, dict) and isinstance(answer.get("metadata"), dict)
         ):
@@ -433,7 +434,7 @@ class ShardedCoordinator:
         assert self._client is not None
         silent = False
         try:
-            async with asyncio.timeout(self.config.retry_period):
+            async with asyncio.timeout(self._request_timeout):
                 current = await self._client.get(
                     LEASE, self.config.peer_lease(holder), namespace=self.config.namespace
                 )
@@ -507,8 +508,12 @@ class ShardedCoordinator:
         ]
         wanted = sorted(name for name in desired if name not in self._fences and name not in self._leaving)
         if self._alive(now):
-            results = await asyncio.gather(*(self._acquire_fence(name, now) for name in wanted))
-            acquired = [name for name, won in zip(wanted, results, strict=True) if won]
+            acquired: list[str] = []
+            # In batches: a cold start or a failover asks for hundreds of fences at once.
+            for start in range(0, len(wanted), _CONCURRENT_WRITES):
+                batch = wanted[start : start + _CONCURRENT_WRITES]
+                results = await asyncio.gather(*(self._acquire_fence(name, now) for name in batch))
+                acquired.extend(name for name, won in zip(batch, results, strict=True) if won)
         else:
             acquired, reopen = [], []
         if acquired or reopen:
@@ -526,7 +531,7 @@ class ShardedCoordinator:
         client = self._client
         started = time.monotonic()
         try:
-            async with asyncio.timeout(self.config.retry_period):
+            async with asyncio.timeout(self._request_timeout):
                 if self._peer_lease is None:
                     self._peer_lease = await self._create_or_take_peer(client)
                 else:
@@ -579,7 +584,7 @@ class ShardedCoordinator:
             if not name or not version:
                 continue
             try:
-                async with asyncio.timeout(self.config.retry_period):
+                async with asyncio.timeout(self._request_timeout):
                     await self._write(
                         "peer-gc",
                         functools.partial(
@@ -616,7 +621,7 @@ class ShardedCoordinator:
         client = self._client
         seen = self._fence_seen.get(cluster)
         try:
-            async with asyncio.timeout(self.config.retry_period):
+            async with asyncio.timeout(self._request_timeout):
                 if seen is None:
                     fresh = lease_object(
                         self.config.fence_lease(cluster),
@@ -706,7 +711,7 @@ class ShardedCoordinator:
         client = self._client
         name = self.config.fence_lease(cluster)
         try:
-            async with asyncio.timeout(self.config.retry_period):
+            async with asyncio.timeout(self._request_timeout):
                 current = fence
                 for _attempt in range(2):
                     try:
@@ -759,7 +764,7 @@ class ShardedCoordinator:
             self.metrics.owned.set(0)
         if self._peer_lease is not None:
             try:
-                async with asyncio.timeout(self.config.retry_period):
+                async with asyncio.timeout(self._request_timeout):
                     await self._write(
                         "peer-leave",
                         lambda: client.delete(
