@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -140,8 +141,15 @@ class _OwnershipReporter:
             await asyncio.sleep(0.05)
 
 
+def _dump_tasks() -> None:
+    """On SIGUSR2, every task's stack to stderr: what a stuck replica is waiting for."""
+    for task in asyncio.all_tasks():
+        task.print_stack(limit=6, file=sys.stderr)
+
+
 async def main(spec_path: str, identity: str, weight: str = "1") -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks)
     spec = json.loads(Path(spec_path).read_text())
     await sharded_manager(spec, identity, float(weight)).start()
     print(json.dumps({"stopped": True, "time": time.time()}), flush=True)

@@ -216,7 +216,7 @@ async def test_the_coordinator_survives_5000_consecutive_failures_at_its_cap() -
         async with coordinating(coordinator, Seat(Hub(), ["a"])) as task:
             await wait_for(lambda: len(backoff.delays) >= 5000, timeout=60)  # type: ignore[attr-defined]
             assert not task.done()
-            assert coordinator.failures >= 5000
+            assert coordinator.renew_failures >= 5000
     finally:
         logging.getLogger("mcruntime.sharding").disabled = False
     delays: list[float] = backoff.delays  # type: ignore[attr-defined]

@@ -31,8 +31,15 @@ from mcruntime.testing import Fleet
 
 LEASE = mcr.Kind("coordination.k8s.io/v1", "Lease")
 SCALE = int(os.environ.get("MCRUNTIME_SHARD_SCALE_CLUSTERS", "200"))
-RETRY = 0.5
-LEAN = {"lean": True, "period": 10.0, "probe_interval": 300.0, "retry_period": RETRY, "peer_gc_after": 6.0}
+RETRY = 1.0
+LEASE_DURATION = 5.0
+LEAN = {
+    "lean": True,
+    "period": 10.0,
+    "probe_interval": 300.0,
+    "retry_period": RETRY,
+    "peer_gc_after": 8.0,
+}
 FIVE = {f"replica-{index}": 1.0 for index in range(1, 6)}
 
 
@@ -91,7 +98,14 @@ async def test_hub_writes_follow_replicas_not_clusters_and_failover_moves_only_t
     async with running_cluster(fleet["cluster-1"], "lease-watch") as hub:
         # A hundred clusters: settle, measure, stop.
         small = [f"s{index:03d}" for index in range(100)]
-        async with shard_group(fleet, tmp_path / "small", names=small, extra=LEAN) as shards:
+        async with shard_group(
+            fleet,
+            tmp_path / "small",
+            names=small,
+            extra=LEAN,
+            lease_duration=LEASE_DURATION,
+            renew_deadline=3.5,
+        ) as shards:
             writes = await watch_leases(hub, shards.spec["namespace"])
             settle = await start_all(shards, FIVE)
             rates[len(small)] = await steady_rate(shards, writes)
@@ -104,7 +118,14 @@ async def test_hub_writes_follow_replicas_not_clusters_and_failover_moves_only_t
 
         # The fleet-scale run: the same five replicas over SCALE clusters.
         names = [f"c{index:04d}" for index in range(SCALE)]
-        async with shard_group(fleet, tmp_path / "large", names=names, extra=LEAN) as shards:
+        async with shard_group(
+            fleet,
+            tmp_path / "large",
+            names=names,
+            extra=LEAN,
+            lease_duration=LEASE_DURATION,
+            renew_deadline=3.5,
+        ) as shards:
             writes = await watch_leases(hub, shards.spec["namespace"])
             began = time.monotonic()
             settle = await start_all(shards, FIVE)

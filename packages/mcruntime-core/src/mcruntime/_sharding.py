@@ -215,6 +215,8 @@ class ShardedCoordinator:
         self.backoff = backoff
         self.failures = 0
         """Consecutive rounds that failed unexpectedly (0 after a good round)."""
+        self.renew_failures = 0
+        """Consecutive peer renewals that failed unexpectedly (API errors are expected and not counted)."""
         self._peers: dict[str, _Peer] = {}
         self._peer_names: dict[str, str] = {}  # peer Lease name → identity
         self._gone: dict[str, float] = {}  # identity → when its peer Lease was seen deleted
@@ -277,31 +279,22 @@ class ShardedCoordinator:
         seat.engage_listeners.append(self._cluster_changed)
         seat.disengage_listeners.append(self._cluster_changed)
         watchdog = asyncio.create_task(self._watchdog(), name=f"sharding {self.config.name} watchdog")
+        keep_alive: asyncio.Task[None] | None = None
         try:
             while not await informer.wait_for_sync(self.config.lease_duration):
                 log.warning("sharding %s: the Lease cache on the hub has not synced yet", self.config.name)
-            announced = False
+            # Liveness has its own task: a long round (hundreds of acquisitions on a slow
+            # hub) never delays a renewal. Announce first and let replicas that start
+            # together see each other before anyone acquires fences.
+            keep_alive = asyncio.create_task(self._keep_alive(), name=f"sharding {self.config.name} peer")
+            await asyncio.sleep(self.config.retry_period)
             while True:
                 try:
-                    if not announced:
-                        # Announce first and let replicas that start together see each other
-                        # before anyone acquires fences, so a cold start moves nothing twice.
-                        await self._renew_peer()
-                        await asyncio.sleep(self.config.retry_period)
-                        announced = True
                     await self._round()
                     self.failures = 0
                 except Exception as error:  # the campaign must outlive any failure
                     self.failures += 1
-                    self.metrics.loop_failures.inc()
-                    log.warning(
-                        "sharding %s: round failed (%d in a row), retrying: %s",
-                        self.config.name,
-                        self.failures,
-                        f"{type(error).__name__}: {error}",
-                        exc_info=not isinstance(error, _API_ERRORS),
-                    )
-                    await self.backoff.sleep(self.failures)
+                    await self._failed("round", error, self.failures)
                     continue
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
@@ -309,12 +302,43 @@ class ShardedCoordinator:
                         await self._wake.wait()
         finally:
             watchdog.cancel()
+            if keep_alive is not None:
+                keep_alive.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(asyncio.gather(keep_alive, return_exceptions=True))
             registration.remove()
             with contextlib.suppress(ValueError):
                 seat.engage_listeners.remove(self._cluster_changed)
             with contextlib.suppress(ValueError):
                 seat.disengage_listeners.remove(self._cluster_changed)
             await asyncio.shield(self._leave_group())
+
+    async def _failed(self, what: str, error: Exception, failures: int) -> None:
+        """Log and count the ``failures``-th unexpected failure of ``what``, then wait out the backoff."""
+        assert self.metrics is not None
+        self.metrics.loop_failures.inc()
+        log.warning(
+            "sharding %s: %s failed (%d in a row), retrying: %s",
+            self.config.name,
+            what,
+            failures,
+            f"{type(error).__name__}: {error}",
+            exc_info=not isinstance(error, _API_ERRORS),
+        )
+        await self.backoff.sleep(failures)
+
+    async def _keep_alive(self) -> None:
+        """Renew the peer Lease every ``retry_period``, forever."""
+        while True:
+            try:
+                await self._renew_peer()
+                self.renew_failures = 0
+            except Exception as error:  # a garbled answer: log, back off, go on
+                self.renew_failures += 1
+                await self._failed("peer renewal", error, self.renew_failures)
+                continue
+            self._wake.set()  # a round right after each renewal
+            await asyncio.sleep(self.config.retry_period)
 
     def _cluster_changed(self, _name: str, _cluster: Cluster) -> None:
         self._wake.set()
@@ -485,11 +509,6 @@ class ShardedCoordinator:
     async def _round(self) -> None:
         assert self._seat is not None and self.metrics is not None
         self._confirmed = {}
-        renewed = self._peer_renewed_at
-        if renewed is None or time.monotonic() - renewed >= self.config.retry_period * 0.9:
-            # Rounds woken early (a peer came, a fence was released) do not renew again:
-            # the peer Lease is written once per retry_period, whatever happens.
-            await self._renew_peer()
         now = time.monotonic()
         peers = self._live_peers(now)
         self.metrics.peers.set(len(peers))
@@ -501,6 +520,18 @@ class ShardedCoordinator:
         for name in list(self._fences):
             if name not in desired and name not in self._leaving:
                 self._leaving[name] = asyncio.create_task(self._hand_over(name))
+        if self._alive(now):
+            # Fences that still name us on the hub though we dropped them (the watchdog
+            # stopped our work, or this identity restarted): nobody else may take them
+            # while we live, so give back those we do not want.
+            for name, seen in list(self._fence_seen.items()):
+                if (
+                    seen.observed.holder == self.identity
+                    and name not in self._fences
+                    and name not in self._leaving
+                    and name not in desired
+                ):
+                    self._leaving[name] = asyncio.create_task(self._give_back(name, seen.lease))
         reopen = [
             name
             for name in desired
@@ -703,6 +734,20 @@ class ShardedCoordinator:
         finally:
             self._leaving.pop(cluster, None)
             self.metrics.owned.set(len(self._fences))
+            self._wake.set()
+
+    async def _give_back(self, cluster: str, fence: JSON) -> None:
+        """Release a fence that names us but that we do not work on (our work there is closed)."""
+        try:
+            assert self._seat is not None and self.metrics is not None
+            gone = cluster not in self._seat.clusters()
+            if await self._release(cluster, fence, delete=gone):
+                self.metrics.fence_releases.inc()
+                log.info(
+                    "sharding %s: %s gave back the fence of %r", self.config.name, self.identity, cluster
+                )
+        finally:
+            self._leaving.pop(cluster, None)
             self._wake.set()
 
     async def _release(self, cluster: str, fence: JSON, *, delete: bool = False) -> bool:
