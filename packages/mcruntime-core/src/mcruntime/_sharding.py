@@ -798,6 +798,12 @@ class ShardedCoordinator:
             task.cancel()
         await asyncio.gather(*self._leaving.values(), return_exceptions=True)
         held = list(self._fences.items())
+        # Fences that still name us though we dropped them: give them back too.
+        held += [
+            (name, seen.lease)
+            for name, seen in self._fence_seen.items()
+            if seen.observed.holder == self.identity and name not in self._fences
+        ]
         self._fences.clear()
         await asyncio.gather(*(self._seat.work.close(cluster) for cluster, _ in held), return_exceptions=True)
         results = await asyncio.gather(
