@@ -392,6 +392,17 @@ async def test_sharded_manager_in_process_reports_metrics_and_releases_on_stop(
             assert sample("mcruntime_shard_peers") == 1
             assert sample("mcruntime_shard_fence_acquisitions_total") == 3
             assert sample("mcruntime_shard_fence_losses_total") == 0
+            # Hub writes by purpose: three fence acquisitions, then only peer renewals.
+            assert sample("mcruntime_shard_hub_writes_total", {"purpose": "fence-acquire"}) == 3
+            renewals = sample("mcruntime_shard_hub_writes_total", {"purpose": "peer-renew"}) or 0
+            await wait_for(
+                lambda: (
+                    (sample("mcruntime_shard_hub_writes_total", {"purpose": "peer-renew"}) or 0)
+                    >= renewals + 2
+                ),
+                timeout=10,
+            )
+            assert sample("mcruntime_shard_hub_writes_total", {"purpose": "fence-acquire"}) == 3
         finally:
             manager.stop()
             await runner
