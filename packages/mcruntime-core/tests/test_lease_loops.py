@@ -262,3 +262,53 @@ async def test_losing_one_fence_blocks_nothing_else(fleet: Fleet) -> None:
             seat.names.add("late")
             await wait_for(lambda: coordinator.owned == {"fine", "late"}, timeout=10)
             assert seat.work.admits("fine") and seat.work.admits("late") and not seat.work.admits("stuck")
+
+
+class Partitionable:
+    """The real hub client, until ``cut`` is set: then every call fails as unreachable."""
+
+    def __init__(self, real: mcr.Client) -> None:
+        self._real = real
+        self.cut = False
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._real, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if self.cut:
+                raise mcr.Unreachable("connection refused (test partition)", cluster="hub")
+            return await method(*args, **kwargs)
+
+        return call
+
+
+async def test_a_partitioned_replica_stops_within_the_renew_deadline_and_resumes(fleet: Fleet) -> None:
+    namespace = unique("cut-shards")
+    async with running_cluster(fleet["cluster-1"], "hub") as hub:
+        await hub.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        real = hub.client
+        link = Partitionable(real)
+        hub.client = link  # type: ignore[assignment]
+        config = mcr.ShardingConfig(name="cut", namespace=namespace, identity="me", **FAST)
+        coordinator = mcr.ShardedCoordinator(config)
+        seat = Seat(hub, ["x", "y"])
+        try:
+            async with coordinating(coordinator, seat):
+                await wait_for(lambda: coordinator.owned == {"x", "y"}, timeout=30)
+                fence = await real.get(LEASE, config.fence_lease("x"), namespace=namespace)
+                cut_at = asyncio.get_running_loop().time()
+                link.cut = True
+                await wait_for(lambda: not seat.work.opened and not coordinator.owned, timeout=10)
+                stopped = asyncio.get_running_loop().time() - cut_at
+                # Stopped before anyone else could take its fences (lease_duration after the last renewal).
+                assert stopped < config.lease_duration, stopped
+                assert coordinator.metrics is not None
+                assert seat.registry.get_sample_value("mcruntime_shard_fence_losses_total") == 2
+                link.cut = False
+                await wait_for(lambda: seat.work.opened == {"x", "y"}, timeout=15)
+                again = await real.get(LEASE, config.fence_lease("x"), namespace=namespace)
+                # Resumed through a fresh write of its fence, not by trusting the old one.
+                assert again["metadata"]["resourceVersion"] != fence["metadata"]["resourceVersion"]
+                assert again["spec"]["holderIdentity"] == "me"
+        finally:
+            hub.client = real

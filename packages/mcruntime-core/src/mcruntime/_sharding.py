@@ -224,6 +224,7 @@ class ShardedCoordinator:
         self._fence_names: dict[str, str] = {}  # fence Lease name → cluster
         self._fences: dict[str, JSON] = {}  # clusters whose fence we hold → the object we wrote
         self._leaving: dict[str, asyncio.Task[None]] = {}
+        self._cuts: set[asyncio.Task[None]] = set()
         self._confirmed: dict[str, asyncio.Future[bool]] = {}  # per round: holder → confirmed silent
         self._peer_lease: JSON | None = None
         self._peer_renewed_at: float | None = None
@@ -387,6 +388,8 @@ class ShardedCoordinator:
                 peer.lease = lease
         elif role == "fence":
             cluster = str(annotations.get(CLUSTER_ANNOTATION, ""))
+            if name != self.config.fence_lease(cluster):
+                return  # its annotation names another cluster than its name: not a fence of ours
             self._fence_names[name] = cluster
             seen = self._fence_seen.get(cluster)
             if seen is None:
@@ -495,12 +498,19 @@ class ShardedCoordinator:
                     async with asyncio.timeout(remaining):
                         await self._renewed.wait()
                 continue
+            assert self._seat is not None
             for cluster in list(self._fences):
                 if cluster not in self._leaving:
                     self._lose(
                         cluster,
                         f"this replica could not renew its peer Lease within {self.config.renew_deadline:g}s",
                     )
+                else:
+                    # A handover in its grace period: no more grace, cancel its reconciles now.
+                    # (Not awaited here: a reconcile that ignores cancellation must not stall the watchdog.)
+                    cut = asyncio.create_task(self._seat.work.close(cluster))
+                    self._cuts.add(cut)
+                    cut.add_done_callback(self._cuts.discard)
             self._renewed.clear()
             await self._renewed.wait()
 
@@ -512,8 +522,13 @@ class ShardedCoordinator:
         now = time.monotonic()
         peers = self._live_peers(now)
         self.metrics.peers.set(len(peers))
+        if not self._alive(now):
+            # Our peer Lease may have expired elsewhere: the watchdog has stopped (or is
+            # stopping) our work, and nothing is written until a renewal succeeds.
+            self.metrics.owned.set(len(self._fences))
+            return
         clusters = self._seat.clusters()
-        desired = {name for name in clusters if owner(name, peers) == self.identity} if peers else set()
+        desired = {name for name in clusters if owner(name, peers) == self.identity}
         self.metrics.ownership_changes.labels("gained").inc(len(desired - self._desired))
         self.metrics.ownership_changes.labels("lost").inc(len(self._desired - desired))
         self._desired = desired
@@ -547,9 +562,14 @@ class ShardedCoordinator:
                 acquired.extend(name for name, won in zip(batch, results, strict=True) if won)
         else:
             acquired, reopen = [], []
-        if acquired or reopen:
+        # Open only what is still ours and only while we are alive: the watchdog may have
+        # dropped everything while the acquisitions ran.
+        opening = [
+            name for name in (*acquired, *reopen) if name in self._fences and name not in self._leaving
+        ]
+        if opening and self._alive(time.monotonic()):
             # One replay for everything won this round, not one per cluster.
-            self._seat.work.open(*acquired, *reopen)
+            self._seat.work.open(*opening)
         self.metrics.owned.set(len(self._fences))
         if self._alive(time.monotonic()):
             await self._collect_dead_peers(peers, time.monotonic())
@@ -651,6 +671,8 @@ class ShardedCoordinator:
         assert self._seat is not None and self.metrics is not None and self._client is not None
         client = self._client
         seen = self._fence_seen.get(cluster)
+        if not self._alive(time.monotonic()):
+            return False  # never take a fence while our own peer Lease may have expired
         try:
             async with asyncio.timeout(self._request_timeout):
                 if seen is None:
