@@ -8,8 +8,8 @@ carry the run. The test counts every Lease write on the hub through a watch
 (each added, modified or deleted Lease is one write), so the rate measured is
 the hub's, not the replicas' own account.
 
-The default run uses 100 then 200 clusters (about 2 to 2.5 minutes on two
-shared cores); ``MCRUNTIME_SHARD_SCALE_CLUSTERS=1000`` asks for the full
+The default run uses 100 then 200 clusters (80 to 165 seconds on two
+shared cores, depending on their load); ``MCRUNTIME_SHARD_SCALE_CLUSTERS=1000`` asks for the full
 fleet-scale run, which needs more than two cores: each replica engages every
 cluster (one TLS session and health probe each), and five replicas engaging
 1,000 clusters against three local API servers starve before sharding starts.
