@@ -10,6 +10,12 @@ replica's identity and a counter on it and comes back every ``period``
 seconds, so a second writer would show up in the ConfigMap's history. The
 process prints one JSON line whenever the set of clusters it owns changes, and
 stops gracefully on SIGTERM.
+
+With ``"lean": true`` (the fleet-scale tests: hundreds of clusters per
+process on two cores) the replica keeps no informer on the member clusters:
+it stamps a cluster when it gains it (fed through a channel) and then every
+``period`` seconds, reading and writing the ConfigMap live. Health probes of
+the members are slowed to ``probe_interval``.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -42,10 +49,15 @@ def sharded_manager(
             lease_duration=spec["lease_duration"],
             renew_deadline=spec["renew_deadline"],
             retry_period=spec["retry_period"],
+            peer_gc_after=float(spec.get("peer_gc_after", 300.0)),
         )
     )
+    loaded: dict[str, mcr.ClusterConfig] = {}
+    for path in set(spec["clusters"].values()):
+        loaded[path] = mcr.load_kubeconfig(path)
     provider = mcr.StaticProvider(
-        {name: mcr.load_kubeconfig(path) for name, path in spec["clusters"].items()}
+        {name: loaded[path] for name, path in spec["clusters"].items()},
+        probe_interval=float(spec.get("probe_interval", 10.0)),
     )
     manager = mcr.Manager(
         provider,
@@ -75,6 +87,17 @@ def sharded_manager(
         labels = event.object.get("metadata", {}).get("labels") or {}
         return labels.get(CLUSTER_LABEL) == event.cluster
 
+    if spec.get("lean"):
+        gained: asyncio.Queue[mcr.Request | mcr.Event] = asyncio.Queue()
+        (
+            mcr.controller_managed_by(manager)
+            .named("stamp")
+            .watches_channel(gained)
+            .with_options(max_concurrent_reconciles=8)
+            .complete(stamp)
+        )
+        manager.add(_OwnershipReporter(coordinator, gained, namespace, manager.work))
+        return manager
     (
         mcr.controller_managed_by(manager)
         .named("stamp")
@@ -86,14 +109,31 @@ def sharded_manager(
 
 
 class _OwnershipReporter:
-    """Prints the owned set whenever it changes (what the test follows)."""
+    """Prints the owned set whenever it changes (what the test follows); feeds gained clusters to ``gained``."""
 
-    def __init__(self, coordinator: mcr.ShardedCoordinator) -> None:
+    def __init__(
+        self,
+        coordinator: mcr.ShardedCoordinator,
+        gained: asyncio.Queue[mcr.Request | mcr.Event] | None = None,
+        namespace: str = "",
+        gate: mcr.WorkGate | None = None,
+    ) -> None:
         self._coordinator = coordinator
+        self._gained = gained
+        self._namespace = namespace
+        self._gate = gate
 
     async def start(self) -> None:
         reported: frozenset[str] | None = None
+        opened: frozenset[str] = frozenset()
         while True:
+            if self._gained is not None and self._gate is not None:
+                # Fed once the gate admits the cluster: a request before that is dropped.
+                now_open = self._gate.opened
+                for cluster in sorted(now_open - opened):
+                    if cluster:  # the hub's own shard has no ConfigMap to stamp
+                        self._gained.put_nowait(mcr.Request(cluster, self._namespace, cluster))
+                opened = now_open
             owned = self._coordinator.owned
             if owned != reported:
                 reported = owned
@@ -101,8 +141,15 @@ class _OwnershipReporter:
             await asyncio.sleep(0.05)
 
 
+def _dump_tasks() -> None:
+    """On SIGUSR2, every task's stack to stderr: what a stuck replica is waiting for."""
+    for task in asyncio.all_tasks():
+        task.print_stack(limit=6, file=sys.stderr)
+
+
 async def main(spec_path: str, identity: str, weight: str = "1") -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _dump_tasks)
     spec = json.loads(Path(spec_path).read_text())
     await sharded_manager(spec, identity, float(weight)).start()
     print(json.dumps({"stopped": True, "time": time.time()}), flush=True)

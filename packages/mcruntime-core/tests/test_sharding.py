@@ -103,6 +103,7 @@ class Shards:
     writes: Writes
     replicas: dict[str, Replica] = field(default_factory=dict)
     gone: dict[str, float] = field(default_factory=dict)
+    clusters: list[str] = field(default_factory=lambda: list(CLUSTERS))
 
     async def start(self, identity: str, weight: float = 1.0) -> Replica:
         with (self.spec_path.parent / f"{identity}.log").open("ab") as log_file:
@@ -127,7 +128,7 @@ class Shards:
 
     def expected(self, weights: dict[str, float]) -> dict[str, set[str]]:
         result: dict[str, set[str]] = {name: set() for name in weights}
-        for cluster in [*CLUSTERS, mcr.LOCAL_CLUSTER]:  # the hub's own work is a shard too
+        for cluster in [*self.clusters, mcr.LOCAL_CLUSTER]:  # the hub's own work is a shard too
             chosen = mcr.rendezvous_owner(cluster, weights)
             assert chosen is not None
             result[chosen].add(cluster)
@@ -149,7 +150,7 @@ class Shards:
             return True
 
         try:
-            await wait_for(done, timeout=timeout)
+            await wait_for(done, timeout=timeout, interval=0.05 if len(self.clusters) <= 100 else 0.5)
         except AssertionError as error:
             raise AssertionError(f"{error}\n{self.describe(expected, since)}") from None
 
@@ -181,12 +182,19 @@ class Shards:
 
 @contextlib.asynccontextmanager
 async def shard_group(
-    fleet: Fleet, tmp_path: Path, *, lease_duration: float = 3.0, renew_deadline: float = 2.0
+    fleet: Fleet,
+    tmp_path: Path,
+    *,
+    lease_duration: float = 3.0,
+    renew_deadline: float = 2.0,
+    names: list[str] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> AsyncIterator[Shards]:
-    """30 clusters over the fleet's three API servers, one ConfigMap each, and a watch on them."""
+    """Clusters (30 unless ``names``) over the fleet's three API servers, one ConfigMap each, and a watch on them."""
+    names = names or list(CLUSTERS)
     namespace = unique("shards")
     planes = [fleet["cluster-1"], fleet["cluster-2"], fleet["cluster-3"]]
-    clusters = {name: str(planes[index % 3].kubeconfig_path()) for index, name in enumerate(CLUSTERS)}
+    clusters = {name: str(planes[index % 3].kubeconfig_path()) for index, name in enumerate(names)}
     spec = {
         "hub": str(planes[0].kubeconfig_path()),
         "clusters": clusters,
@@ -196,29 +204,40 @@ async def shard_group(
         "renew_deadline": renew_deadline,
         "retry_period": 0.5,
         "period": 1.0,
+        **(extra or {}),
     }
+    tmp_path.mkdir(parents=True, exist_ok=True)
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
     writes = Writes()
+    creating = asyncio.Semaphore(16)
     async with contextlib.AsyncExitStack() as stack:
         for index, plane in enumerate(planes):
             cluster = await stack.enter_async_context(running_cluster(plane, f"watch-{index}"))
             await cluster.client.create(
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
             )
-            for name in CLUSTERS[index::3]:
-                await cluster.client.create(
-                    {
-                        "apiVersion": "v1",
-                        "kind": "ConfigMap",
-                        "metadata": {"name": name, "namespace": namespace, "labels": {CLUSTER_LABEL: name}},
-                        "data": {"count": "0"},
-                    }
-                )
+
+            async def create(name: str, client: mcr.Client = cluster.client) -> None:
+                async with creating:
+                    await client.create(
+                        {
+                            "apiVersion": "v1",
+                            "kind": "ConfigMap",
+                            "metadata": {
+                                "name": name,
+                                "namespace": namespace,
+                                "labels": {CLUSTER_LABEL: name},
+                            },
+                            "data": {"count": "0"},
+                        }
+                    )
+
+            await asyncio.gather(*(create(name) for name in names[index::3]))
             informer = cluster.cache.informer(CONFIGMAP, namespace=namespace)
             informer.add_handler(mcr.ResourceEventHandler(on_update=lambda _old, new: writes.record(new)))
             assert await informer.wait_for_sync(30)
-        shards = Shards(fleet, spec_path, spec, writes)
+        shards = Shards(fleet, spec_path, spec, writes, clusters=names)
         try:
             yield shards
         finally:
@@ -373,6 +392,17 @@ async def test_sharded_manager_in_process_reports_metrics_and_releases_on_stop(
             assert sample("mcruntime_shard_peers") == 1
             assert sample("mcruntime_shard_fence_acquisitions_total") == 3
             assert sample("mcruntime_shard_fence_losses_total") == 0
+            # Hub writes by purpose: three fence acquisitions, then only peer renewals.
+            assert sample("mcruntime_shard_hub_writes_total", {"purpose": "fence-acquire"}) == 3
+            renewals = sample("mcruntime_shard_hub_writes_total", {"purpose": "peer-renew"}) or 0
+            await wait_for(
+                lambda: (
+                    (sample("mcruntime_shard_hub_writes_total", {"purpose": "peer-renew"}) or 0)
+                    >= renewals + 2
+                ),
+                timeout=10,
+            )
+            assert sample("mcruntime_shard_hub_writes_total", {"purpose": "fence-acquire"}) == 3
         finally:
             manager.stop()
             await runner

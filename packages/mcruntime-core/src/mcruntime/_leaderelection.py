@@ -12,32 +12,21 @@ graceful shutdown releases the Lease so a standby takes over at once.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
-import socket
 import time
-import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ._backoff import DEFAULT_BACKOFF, Backoff
 from ._errors import AlreadyExists, APIError, Conflict, NotFound, Unreachable
-from ._kind import Kind
+from ._lease import LEASE, default_identity, lease_object, released, spec_of, take, transitions_of
 
 if TYPE_CHECKING:
     from ._cluster import Cluster
 
+__all__ = ["LEASE", "LeaderElectionConfig", "LeaderElector", "default_identity"]
+
 log = logging.getLogger("mcruntime.leaderelection")
-LEASE = Kind("coordination.k8s.io/v1", "Lease")
-
-
-def _micro_time(moment: datetime.datetime | None = None) -> str:
-    value = moment or datetime.datetime.now(datetime.UTC)
-    return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def default_identity() -> str:
-    """Host name plus a random suffix: unique per process, readable in ``kubectl get lease``."""
-    return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
 
 @dataclass(frozen=True)
@@ -60,17 +49,26 @@ class LeaderElectionConfig:
 
 
 class LeaderElector:
-    """Campaigns for the Lease while running; ``leading`` is set while this replica leads."""
+    """Campaigns for the Lease while running; ``leading`` is set while this replica leads.
 
-    def __init__(self, config: LeaderElectionConfig) -> None:
+    ``backoff`` paces retries after unexpected failures (a Lease kind the hub
+    does not serve, a garbled answer): the campaign logs them and goes on, so a
+    replica that could not campaign for a while leads again once the hub is
+    sane. Tests inject a zero-delay backoff.
+    """
+
+    def __init__(self, config: LeaderElectionConfig, *, backoff: Backoff = DEFAULT_BACKOFF) -> None:
         self._cluster: Cluster | None = None
         self.config = config
+        self.backoff = backoff
         self.leading = asyncio.Event()
         self._lost = asyncio.Event()
         self._observed: tuple[str, str] | None = None
         self._observed_at = 0.0
         self.transitions = 0
         self.last_reason: str | None = None
+        self.failures = 0
+        """Consecutive unexpected failures of the campaign (0 once an attempt got an answer)."""
 
     @property
     def identity(self) -> str:
@@ -88,22 +86,50 @@ class LeaderElector:
     async def run(self, cluster: Cluster) -> None:
         """Campaign on ``cluster`` (the local one): acquire, renew, and on cancellation release.
 
-        Never raises for API trouble; it keeps trying.
+        Never returns or raises until cancelled: every failure is logged and
+        retried with the backoff, and a leader that fails steps down first.
         """
         self._cluster = cluster
         try:
             while True:
-                await self._acquire()
-                await self._renew_until_lost()
+                try:
+                    await self._acquire()
+                    await self._renew_until_lost()
+                except Exception as error:  # the campaign must outlive any failure
+                    self._failed(error)
+                    self._step_down(f"the campaign failed: {self.last_reason}")
+                    await self.backoff.sleep(self.failures)
         finally:
             if self.leading.is_set():
                 await asyncio.shield(self._release())
                 self._step_down("released on shutdown")
 
+    def _failed(self, error: BaseException) -> None:
+        self.failures += 1
+        self.last_reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        log.warning(
+            "leader election %s/%s: attempt failed (%d in a row): %s",
+            self.config.namespace,
+            self.config.name,
+            self.failures,
+            self.last_reason,
+            exc_info=not isinstance(error, APIError | OSError | TimeoutError | Unreachable),
+        )
+
     async def _acquire(self) -> None:
         while True:
             try:
-                if await self._try_acquire_or_renew():
+                won = await self._try_acquire_or_renew()
+            except (APIError, OSError, TimeoutError) as error:
+                log.debug("leader election: %s", error)
+                self.failures = 0
+            except Exception as error:  # KindNotFound, a garbled Lease: keep campaigning
+                self._failed(error)
+                await self.backoff.sleep(self.failures)
+                continue
+            else:
+                self.failures = 0
+                if won:
                     self.leading.set()
                     self._lost = asyncio.Event()
                     log.info(
@@ -113,8 +139,6 @@ class LeaderElector:
                         self.config.name,
                     )
                     return
-            except (APIError, OSError) as error:
-                log.debug("leader election: %s", error)
             await asyncio.sleep(self.config.retry_period)
 
     async def _renew_until_lost(self) -> None:
@@ -127,7 +151,11 @@ class LeaderElector:
             except (APIError, OSError, TimeoutError) as error:
                 renewed = False
                 self.last_reason = str(error) or type(error).__name__
+            except Exception as error:  # a failed renewal, whatever the cause
+                renewed = False
+                self._failed(error)
             if renewed:
+                self.failures = 0
                 last_renewal = time.monotonic()
                 continue
             if time.monotonic() - last_renewal >= self.config.renew_deadline - self.config.retry_period:
@@ -154,45 +182,30 @@ class LeaderElector:
     async def _try_acquire_or_renew(self) -> bool:
         assert self._cluster is not None
         client = self._cluster.client
-        now = _micro_time()
-        duration = int(self.config.lease_duration)
         try:
             lease = await client.get(LEASE, self.config.name, namespace=self.config.namespace)
         except NotFound:
-            fresh = {
-                "holderIdentity": self.identity,
-                "leaseDurationSeconds": duration,
-                "acquireTime": now,
-                "renewTime": now,
-                "leaseTransitions": 0,
-            }
+            fresh = lease_object(
+                self.config.name, self.config.namespace, self.identity, self.config.lease_duration
+            )
             try:
-                await client.create(
-                    {
-                        "apiVersion": "coordination.k8s.io/v1",
-                        "kind": "Lease",
-                        "metadata": {"name": self.config.name, "namespace": self.config.namespace},
-                        "spec": fresh,
-                    }
-                )
+                await client.create(fresh)
             except AlreadyExists:
                 return False
             self.transitions = 0
             return True
-        spec: dict[str, Any] = dict(lease.get("spec") or {})
+        if not isinstance(lease, dict) or not isinstance(lease.get("metadata"), dict):
+            raise ValueError(f"the hub answered a Lease without metadata: {str(lease)[:200]!r}")
+        spec = spec_of(lease)
         holder = str(spec.get("holderIdentity") or "")
         if holder and holder != self.identity and not self._expired(holder, str(spec.get("renewTime", ""))):
             return False
-        if holder != self.identity:
-            spec["leaseTransitions"] = int(str(spec.get("leaseTransitions") or 0)) + 1
-            spec["acquireTime"] = now
-        spec.update(holderIdentity=self.identity, leaseDurationSeconds=duration, renewTime=now)
-        lease["spec"] = spec
+        written = take(lease, self.identity, self.config.lease_duration)
         try:
-            await client.update(lease)  # resourceVersion in lease: optimistic concurrency
+            await client.update(written)  # resourceVersion in lease: optimistic concurrency
         except Conflict:
             return False
-        self.transitions = int(str(spec.get("leaseTransitions") or 0))
+        self.transitions = transitions_of(spec_of(written))
         return True
 
     async def _release(self) -> None:
@@ -200,12 +213,11 @@ class LeaderElector:
         client = self._cluster.client
         try:
             lease = await client.get(LEASE, self.config.name, namespace=self.config.namespace)
-            spec = dict(lease.get("spec") or {})
-            if spec.get("holderIdentity") != self.identity:
+            if spec_of(lease).get("holderIdentity") != self.identity:
                 return
-            spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=_micro_time())
-            lease["spec"] = spec
-            await client.update(lease)
+            await client.update(released(lease))
             log.info("%s released the lease %s/%s", self.identity, self.config.namespace, self.config.name)
         except (APIError, Unreachable, OSError) as error:
             log.warning("%s could not release the lease: %s", self.identity, error)
+        except Exception as error:  # shutdown goes on; the Lease expires by itself
+            log.warning("%s could not release the lease: %r", self.identity, error)

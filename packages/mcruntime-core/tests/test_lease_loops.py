@@ -1,0 +1,314 @@
+"""The Lease loops (leader election, the sharding coordinator) never die.
+
+A hub that does not serve the Lease kind, or answers with garbage, is logged
+and retried with the loop's backoff; once the hub is sane again the loop
+recovers (shown against a real API server, with the hub's client wrapped so
+its first answers are broken). 5,000 consecutive failures go through each loop
+with a zero-delay backoff, and the delay it asks for stays at its cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kube_helpers import running_cluster, unique, wait_for
+from prometheus_client import CollectorRegistry
+
+import mcruntime as mcr
+from mcruntime.testing import Fleet
+
+LEASE = mcr.Kind("coordination.k8s.io/v1", "Lease")
+FAST: Any = {"lease_duration": 3.0, "renew_deadline": 2.0, "retry_period": 0.5}
+
+
+class Broken:
+    """A hub client whose first answers are broken, then the real client's.
+
+    ``missing`` calls raise ``KindNotFound`` (the hub serves no Lease kind),
+    the next ``garbage`` calls return a body that is no Lease at all.
+    """
+
+    def __init__(self, real: mcr.Client, *, missing: int = 0, garbage: int = 0) -> None:
+        self._real = real
+        self.missing = missing
+        self.garbage = garbage
+
+    def _broken(self) -> Any:
+        if self.missing > 0:
+            self.missing -= 1
+            raise mcr.KindNotFound("hub", "coordination.k8s.io/v1", "Lease")
+        if self.garbage > 0:
+            self.garbage -= 1
+            return ["<html>502 Bad Gateway</html>"]
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._real, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            broken = self._broken()
+            if broken is not None:
+                return broken
+            return await method(*args, **kwargs)
+
+        return call
+
+
+class Recording(mcr.Backoff):
+    """The default backoff's delays, recorded and not slept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        object.__setattr__(self, "delays", [])
+
+    def delay(self, failures: int) -> float:
+        chosen = mcr.Backoff(base=0.2, cap=30.0).delay(failures)
+        self.delays.append(chosen)  # type: ignore[attr-defined]
+        return 0.0
+
+
+class AlwaysFailing:
+    """A hub client that fails every call with an error no loop expects."""
+
+    def __getattr__(self, name: str) -> Any:
+        async def call(*_args: Any, **_kwargs: Any) -> Any:
+            raise ValueError("the hub answered something that is not JSON")
+
+        return call
+
+
+class Seat:
+    """A coordinator's seat over a real hub, without a manager: clusters are just names."""
+
+    def __init__(self, hub: Any, names: list[str], gate: mcr.WorkGate | None = None) -> None:
+        self.local = hub
+        self.work: Any = gate or mcr.WorkGate(list)
+        self.names = set(names)
+        self.engage_listeners: list[Any] = []
+        self.disengage_listeners: list[Any] = []
+        self.registry = CollectorRegistry()
+
+    def clusters(self) -> dict[str, Any]:
+        return dict.fromkeys(self.names, None)
+
+
+async def test_leader_election_survives_a_missing_lease_kind_and_garbage_and_leads(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "mcruntime.leaderelection")
+    async with running_cluster(fleet["cluster-1"], "elector") as cluster:
+        real = cluster.client
+        cluster.client = Broken(real, missing=3, garbage=3)  # type: ignore[assignment]
+        name = unique("broken-lease")
+        elector = mcr.LeaderElector(
+            mcr.LeaderElectionConfig(name=name, identity="survivor", **FAST), backoff=mcr.Backoff(0.01, 0.05)
+        )
+        task = asyncio.create_task(elector.run(cluster))
+        try:
+            await asyncio.wait_for(elector.leading.wait(), 20)
+            lease = await real.get(LEASE, name, namespace="default")
+            assert lease["spec"]["holderIdentity"] == "survivor"
+            assert "KindNotFound" in caplog.text and "6 in a row" in caplog.text
+            # Broken again while leading: it steps down within the renew deadline, then leads again.
+            cluster.client = Broken(real, garbage=10**6)  # type: ignore[assignment]
+            await wait_for(lambda: not elector.leading.is_set(), timeout=10)
+            assert "lost leadership" in caplog.text
+            cluster.client = real
+            await asyncio.wait_for(elector.leading.wait(), 20)
+            assert not task.done()
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def test_leader_election_survives_5000_consecutive_failures_at_its_cap() -> None:
+    backoff = Recording()
+    elector = mcr.LeaderElector(mcr.LeaderElectionConfig(name="x", identity="me", **FAST), backoff=backoff)
+
+    class Hub:
+        client = AlwaysFailing()
+
+    logging.getLogger("mcruntime.leaderelection").disabled = True
+    task = asyncio.create_task(elector.run(Hub()))  # type: ignore[arg-type]
+    try:
+        await wait_for(lambda: len(backoff.delays) >= 5000, timeout=60)  # type: ignore[attr-defined]
+        assert not task.done()
+        assert elector.failures >= 5000
+    finally:
+        logging.getLogger("mcruntime.leaderelection").disabled = False
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    delays: list[float] = backoff.delays  # type: ignore[attr-defined]
+    assert max(delays) <= 30.0 and min(delays[-100:]) >= 15.0  # at its cap, jittered
+
+
+@contextlib.asynccontextmanager
+async def coordinating(coordinator: mcr.ShardedCoordinator, seat: Seat) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(coordinator.run(seat))
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_the_coordinator_survives_a_missing_lease_kind_and_garbage_and_shards(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "mcruntime.sharding")
+    namespace = unique("broken-shards")
+    async with running_cluster(fleet["cluster-1"], "hub") as hub:
+        await hub.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        real = hub.client
+        hub.client = Broken(real, missing=3, garbage=3)  # type: ignore[assignment]
+        coordinator = mcr.ShardedCoordinator(
+            mcr.ShardingConfig(name="broken", namespace=namespace, identity="survivor", **FAST),
+            backoff=mcr.Backoff(0.01, 0.05),
+        )
+        seat = Seat(hub, ["", "x"])
+        try:
+            async with coordinating(coordinator, seat) as task:
+                await wait_for(lambda: coordinator.owned == {"", "x"}, timeout=30)
+                assert seat.work.opened == {"", "x"}
+                assert (seat.registry.get_sample_value("mcruntime_shard_loop_failures_total") or 0) >= 6
+                assert "KindNotFound" in caplog.text
+                assert not task.done()
+        finally:
+            hub.client = real
+        leases = await real.list(LEASE, namespace=namespace)
+        assert {item["spec"].get("holderIdentity") for item in leases.items} == {""}
+
+
+async def test_the_coordinator_survives_5000_consecutive_failures_at_its_cap() -> None:
+    backoff = Recording()
+    coordinator = mcr.ShardedCoordinator(mcr.ShardingConfig(identity="me", **FAST), backoff=backoff)
+
+    class Informer:
+        async def wait_for_sync(self, _timeout: float) -> bool:
+            return True
+
+        def add_handler(self, _handler: object) -> Any:
+            class Registration:
+                def remove(self) -> None:
+                    pass
+
+            return Registration()
+
+    class Cache:
+        def informer(self, *_args: Any, **_kwargs: Any) -> Informer:
+            return Informer()
+
+    class Hub:
+        client = AlwaysFailing()
+        cache = Cache()
+
+    logging.getLogger("mcruntime.sharding").disabled = True
+    try:
+        async with coordinating(coordinator, Seat(Hub(), ["a"])) as task:
+            await wait_for(lambda: len(backoff.delays) >= 5000, timeout=60)  # type: ignore[attr-defined]
+            assert not task.done()
+            assert coordinator.renew_failures >= 5000
+    finally:
+        logging.getLogger("mcruntime.sharding").disabled = False
+    delays: list[float] = backoff.delays  # type: ignore[attr-defined]
+    assert max(delays) <= 30.0 and min(delays[-100:]) >= 15.0
+
+
+class StuckGate(mcr.WorkGate):
+    """A gate whose close of ``stuck`` never finishes (a reconcile that ignores cancellation)."""
+
+    def __init__(self) -> None:
+        super().__init__(list)
+        self.closing: set[str] = set()
+
+    async def close(self, cluster: str, *, grace: float = 0.0) -> None:
+        self.closing.add(cluster)
+        await super().close(cluster, grace=grace)
+        if cluster == "stuck":
+            await asyncio.Event().wait()
+
+
+async def test_losing_one_fence_blocks_nothing_else(fleet: Fleet) -> None:
+    namespace = unique("stuck-shards")
+    async with running_cluster(fleet["cluster-1"], "hub") as hub:
+        await hub.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        config = mcr.ShardingConfig(name="stuck", namespace=namespace, identity="me", **FAST)
+        coordinator = mcr.ShardedCoordinator(config)
+        seat = Seat(hub, ["stuck", "fine"], gate=StuckGate())
+        async with coordinating(coordinator, seat):
+            await wait_for(lambda: coordinator.owned == {"stuck", "fine"}, timeout=30)
+            # Another writer takes the fence of "stuck" on the hub: this replica must stop there.
+            fence = await hub.client.get(LEASE, config.fence_lease("stuck"), namespace=namespace)
+            fence["spec"]["holderIdentity"] = "intruder"
+            await hub.client.update(fence)
+            await wait_for(lambda: "stuck" in seat.work.closing and "stuck" not in coordinator.owned)
+            # Its close hangs; renewals and acquisitions go on regardless.
+            peer = config.peer_lease("me")
+            first = (await hub.client.get(LEASE, peer, namespace=namespace))["spec"]["renewTime"]
+
+            async def renewed() -> bool:
+                found = await hub.client.get(LEASE, peer, namespace=namespace)
+                return bool(found["spec"]["renewTime"] != first)
+
+            await wait_for(renewed, timeout=5)
+            seat.names.add("late")
+            await wait_for(lambda: coordinator.owned == {"fine", "late"}, timeout=10)
+            assert seat.work.admits("fine") and seat.work.admits("late") and not seat.work.admits("stuck")
+
+
+class Partitionable:
+    """The real hub client, until ``cut`` is set: then every call fails as unreachable."""
+
+    def __init__(self, real: mcr.Client) -> None:
+        self._real = real
+        self.cut = False
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._real, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if self.cut:
+                raise mcr.Unreachable("connection refused (test partition)", cluster="hub")
+            return await method(*args, **kwargs)
+
+        return call
+
+
+async def test_a_partitioned_replica_stops_within_the_renew_deadline_and_resumes(fleet: Fleet) -> None:
+    namespace = unique("cut-shards")
+    async with running_cluster(fleet["cluster-1"], "hub") as hub:
+        await hub.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        real = hub.client
+        link = Partitionable(real)
+        hub.client = link  # type: ignore[assignment]
+        config = mcr.ShardingConfig(name="cut", namespace=namespace, identity="me", **FAST)
+        coordinator = mcr.ShardedCoordinator(config)
+        seat = Seat(hub, ["x", "y"])
+        try:
+            async with coordinating(coordinator, seat):
+                await wait_for(lambda: coordinator.owned == {"x", "y"}, timeout=30)
+                fence = await real.get(LEASE, config.fence_lease("x"), namespace=namespace)
+                cut_at = asyncio.get_running_loop().time()
+                link.cut = True
+                await wait_for(lambda: not seat.work.opened and not coordinator.owned, timeout=10)
+                stopped = asyncio.get_running_loop().time() - cut_at
+                # Stopped before anyone else could take its fences (lease_duration after the last renewal).
+                assert stopped < config.lease_duration, stopped
+                assert coordinator.metrics is not None
+                assert seat.registry.get_sample_value("mcruntime_shard_fence_losses_total") == 2
+                link.cut = False
+                await wait_for(lambda: seat.work.opened == {"x", "y"}, timeout=15)
+                again = await real.get(LEASE, config.fence_lease("x"), namespace=namespace)
+                # Resumed through a fresh write of its fence, not by trusting the old one.
+                assert again["metadata"]["resourceVersion"] != fence["metadata"]["resourceVersion"]
+                assert again["spec"]["holderIdentity"] == "me"
+        finally:
+            hub.client = real
