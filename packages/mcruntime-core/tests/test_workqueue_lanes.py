@@ -26,7 +26,7 @@ async def _take(queue: WorkQueue[Key], timeout: float = 1.0) -> Key:
 
 
 def test_a_limit_below_one_is_refused_with_its_value() -> None:
-    with pytest.raises(ValueError, match="group_limit must be at least 1.*not 0"):
+    with pytest.raises(ValueError, match=r"group_limit must be at least 1 \(or None\), not 0"):
         WorkQueue[Key](group_limit=0)
 
 

@@ -53,10 +53,14 @@ class ManagerSettings(BaseSettings):
         default=1, ge=1, description="default concurrent reconciles per cluster (lane width) per controller"
     )
     max_total_reconciles: int = Field(
-        default=256, ge=1, description="default bound on a controller's concurrent reconciles over all clusters"
+        default=256,
+        ge=1,
+        description="default bound on a controller's concurrent reconciles over all clusters",
     )
     cache_sync_timeout: float = Field(
-        default=60.0, gt=0, description="seconds a cluster's caches may take to sync (every cluster, every controller)"
+        default=60.0,
+        gt=0,
+        description="seconds a cluster's caches may take to sync (every cluster, every controller)",
     )
     graceful_shutdown_timeout: float = Field(
         default=30.0, ge=0, description="seconds in-flight reconciles get"
