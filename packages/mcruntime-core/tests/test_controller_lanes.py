@@ -13,11 +13,15 @@ import mcruntime as mcr
 
 
 def _controller(
-    reconcile: mcr.ReconcileFunction, **options: int
+    reconcile: mcr.ReconcileFunction, *, lane: int = 1, total: int = 256
 ) -> tuple[mcr.Controller, asyncio.Queue[mcr.Request | mcr.Event]]:
     channel: asyncio.Queue[mcr.Request | mcr.Event] = asyncio.Queue()
     controller = mcr.Controller(
-        "lanes", reconcile, rate_limiter=mcr.ExponentialBackoff(base=0.001, cap=0.05), **options
+        "lanes",
+        reconcile,
+        rate_limiter=mcr.ExponentialBackoff(base=0.001, cap=0.05),
+        max_concurrent_reconciles=lane,
+        max_total_reconciles=total,
     )
     controller.watch(mcr.ChannelSource(channel))
     return controller, channel
@@ -62,7 +66,7 @@ async def test_lane_width_and_global_bound_both_hold() -> None:
         await gate.wait()
         running[request.cluster] -= 1
 
-    controller, channel = _controller(reconcile, max_concurrent_reconciles=3, max_total_reconciles=5)
+    controller, channel = _controller(reconcile, lane=3, total=5)
     runner = asyncio.create_task(controller.start())
     for index in range(6):
         await channel.put(mcr.Request("a", "ns", str(index)))
@@ -79,11 +83,11 @@ async def test_lane_width_and_global_bound_both_hold() -> None:
     await runner
 
 
-@pytest.mark.parametrize("options", [{"max_total_reconciles": 0}, {"max_concurrent_reconciles": 0}])
-def test_bounds_below_one_are_refused_by_name(options: dict[str, int]) -> None:
-    (knob,) = options
-    with pytest.raises(ValueError, match=f"{knob} must be at least 1, not 0"):
-        mcr.Controller("bad", _noop, **options)
+def test_bounds_below_one_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="max_total_reconciles must be at least 1, not 0"):
+        mcr.Controller("bad", _noop, max_total_reconciles=0)
+    with pytest.raises(ValueError, match="max_concurrent_reconciles must be at least 1, not 0"):
+        mcr.Controller("bad", _noop, max_concurrent_reconciles=0)
 
 
 async def _noop(_request: mcr.Request) -> None:

@@ -18,9 +18,9 @@ def test_builder_defaults_come_from_the_managers_settings(monkeypatch: pytest.Mo
     monkeypatch.setenv("MCRUNTIME_MAX_TOTAL_RECONCILES", "40")
     monkeypatch.setenv("MCRUNTIME_CACHE_SYNC_TIMEOUT", "7")
     provider = mcr.StaticProvider()
-    manager = mcr.Manager.from_settings(provider, settings=mcr.ManagerSettings.load(
-        metrics_bind_address="", health_probe_bind_address=""
-    ))
+    manager = mcr.Manager.from_settings(
+        provider, settings=mcr.ManagerSettings.load(metrics_bind_address="", health_probe_bind_address="")
+    )
     defaulted = mcr.controller_managed_by(manager).named("defaulted").for_(CONFIGMAP).complete(_noop)
     assert (defaulted.max_concurrent_reconciles, defaulted.max_total_reconciles) == (3, 40)
     assert defaulted.queue.group_limit == 3
@@ -61,7 +61,9 @@ def test_without_settings_the_builder_uses_lanes_of_one_under_256() -> None:
 def test_a_bad_total_is_named_by_the_builder_and_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     manager = mcr.Manager(mcr.StaticProvider())
     with pytest.raises(mcr.BuilderError, match="max_total_reconciles must be at least 1, not 0"):
-        mcr.controller_managed_by(manager).for_(CONFIGMAP).with_options(max_total_reconciles=0).complete(_noop)
+        mcr.controller_managed_by(manager).for_(CONFIGMAP).with_options(max_total_reconciles=0).complete(
+            _noop
+        )
     monkeypatch.setenv("MCRUNTIME_MAX_TOTAL_RECONCILES", "-2")
     with pytest.raises(mcr.SettingsError, match="MCRUNTIME_MAX_TOTAL_RECONCILES"):
         mcr.ManagerSettings.load()

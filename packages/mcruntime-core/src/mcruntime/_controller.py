@@ -195,6 +195,9 @@ class Controller:
         for source in sources:
             if not source.clusters.includes(name, has_provider=self.has_provider):
                 continue
+            bind = getattr(source.handler, "bind_cluster", None)
+            if bind is not None:
+                bind(name, engagement.cluster)  # handlers that need the cluster's discovery (owner scope)
             attachment = source.attach(name, engagement.cluster, self._sink(source))
             engagement.attachments.append((source, attachment))
             fresh.append(attachment)
