@@ -92,7 +92,7 @@ async def test_a_sigstopped_cluster_costs_the_healthy_ones_no_reconcile_latency(
                     await trigger.put(mcr.Request(hung, namespace, f"pending-{index}"))
                 await wait_for(lambda: controller.queue.processing_by_group().get(hung) == 1)
                 index = 0
-                stop_creating_at = hang_began + HANG_SECONDS - 3  # leave time to see the last ones through
+                stop_creating_at = hang_began + HANG_SECONDS
                 while time.monotonic() < stop_creating_at:
                     target = healthy[index % 2]
                     cm_name = f"cm-{index}"
@@ -100,9 +100,9 @@ async def test_a_sigstopped_cluster_costs_the_healthy_ones_no_reconcile_latency(
                     await writers[target].client.create(configmap(cm_name, namespace))
                     index += 1
                     await asyncio.sleep(CREATE_INTERVAL)  # the creation rate, not a synchronisation
-                await wait_for(lambda: set(created) <= set(reconciled_at), timeout=3)
+                await wait_for(lambda: set(created) <= set(reconciled_at), timeout=2)
                 still_hung = time.monotonic() - hang_began
-                assert still_hung < HANG_SECONDS + 3
+                assert still_hung >= HANG_SECONDS
                 assert controller.queue.processing_by_group().get(hung) == 1, "the hung lane was released"
                 assert pending_done == set(), "a reconcile of the stopped cluster completed"
             finally:
