@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from ._controller import Controller
+from ._controller import DEFAULT_MAX_TOTAL_RECONCILES, Controller
 from ._handler import EventHandler, enqueue_for_object, enqueue_for_owner
 from ._kind import Kind
 from ._predicate import Event, Predicate
@@ -50,9 +50,12 @@ class Builder:
         self._owns: list[_Owns] = []
         self._watches: list[KindSource | ChannelSource] = []
         self._filters: tuple[Predicate, ...] = ()
-        self._max_concurrent: int = 1
+        # Defaults come from the manager's MCRUNTIME_* settings when it was built from them.
+        settings = getattr(manager, "settings", None)
+        self._max_concurrent: int = settings.max_concurrent_reconciles if settings else 1
+        self._max_total: int = settings.max_total_reconciles if settings else DEFAULT_MAX_TOTAL_RECONCILES
         self._rate_limiter: RateLimiter | None = None
-        self._cache_sync_timeout: float = 60.0
+        self._cache_sync_timeout: float = settings.cache_sync_timeout if settings else 60.0
         self._problems: list[str] = []
 
     def named(self, name: str) -> Builder:
@@ -135,19 +138,33 @@ class Builder:
         self,
         *,
         max_concurrent_reconciles: int | None = None,
+        max_total_reconciles: int | None = None,
         rate_limiter: RateLimiter | None = None,
         cache_sync_timeout: float | None = None,
     ) -> Builder:
-        """Concurrency, retry pacing and how long a cluster's cache may take to sync."""
+        """Concurrency, retry pacing and how long a cluster's cache may take to sync.
+
+        ``max_concurrent_reconciles`` is the width of each cluster's lane (how
+        many reconciles of one cluster run at once), so a hung cluster can
+        only ever hold that many; ``max_total_reconciles`` bounds them over all
+        clusters together. Unset options take the manager's ``MCRUNTIME_*``
+        settings when it was built with ``Manager.from_settings``.
+        """
         if max_concurrent_reconciles is not None:
             if max_concurrent_reconciles < 1:
                 self._problems.append(
                     f"max_concurrent_reconciles must be at least 1, not {max_concurrent_reconciles}"
                 )
             self._max_concurrent = max_concurrent_reconciles
+        if max_total_reconciles is not None:
+            if max_total_reconciles < 1:
+                self._problems.append(f"max_total_reconciles must be at least 1, not {max_total_reconciles}")
+            self._max_total = max_total_reconciles
         if rate_limiter is not None:
             self._rate_limiter = rate_limiter
         if cache_sync_timeout is not None:
+            if not cache_sync_timeout > 0:
+                self._problems.append(f"cache_sync_timeout must be above 0 seconds, not {cache_sync_timeout}")
             self._cache_sync_timeout = cache_sync_timeout
         return self
 
@@ -187,6 +204,7 @@ class Builder:
             name,
             reconcile,
             max_concurrent_reconciles=self._max_concurrent,
+            max_total_reconciles=self._max_total,
             rate_limiter=self._rate_limiter,
             cache_sync_timeout=self._cache_sync_timeout,
             event_filters=self._filters,

@@ -1,4 +1,9 @@
-"""Controllers: one work queue, its workers, and watches in every engaged cluster.
+"""Controllers: one work queue, per-cluster lanes of reconciles, and watches in every engaged cluster.
+
+Work is isolated per cluster: each cluster gets a lane of at most
+``max_concurrent_reconciles`` reconciles at once, and all lanes together share
+at most ``max_total_reconciles``. A cluster whose API server hangs fills its
+own lane and nothing else; the queue serves the other clusters in turn.
 
 ``engage`` attaches the controller's sources to a cluster's shared informers and
 returns at once: cache sync is waited for in the background, in a task owned by
@@ -18,12 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ._backoff import DEFAULT_BACKOFF, Backoff
 from ._context import _enter, _leave
 from ._errors import ClusterNotFound, Conflict
 from ._predicate import Event, Predicate, matches
 from ._ratelimit import RateLimiter, default_rate_limiter
 from ._reconcile import ReconcileFunction, Request, Result, TerminalError
 from ._source import Attachment, ChannelSource, KindSource
+from ._tasks import TaskSet
 from ._workqueue import QueueMetrics, QueueShutDown, WorkQueue
 
 if TYPE_CHECKING:
@@ -70,8 +77,23 @@ class LeaderGate(Protocol):
     async def wait_lost(self) -> None: ...
 
 
+DEFAULT_MAX_TOTAL_RECONCILES = 256
+"""The default bound on one controller's concurrent reconciles across all its clusters."""
+
+
 class Controller:
-    """Reconciles requests from its sources with up to ``max_concurrent_reconciles`` workers."""
+    """Reconciles requests from its sources in one lane per cluster, under a global bound.
+
+    ``max_concurrent_reconciles`` is the width of each cluster's lane: with the
+    default 1, every cluster is reconciled as a single-cluster
+    controller-runtime controller with one worker would reconcile it, and a
+    cluster whose reconciles hang (its API server stopped answering) holds its
+    own lane only. ``max_total_reconciles`` caps the reconciles running at
+    once over all clusters, so a large fleet does not open thousands of
+    requests together; when it is reached, clusters take turns for the free
+    slots. Keep it above the number of clusters you expect to hang at once,
+    or hung lanes can use it all up.
+    """
 
     def __init__(
         self,
@@ -79,6 +101,7 @@ class Controller:
         reconcile: ReconcileFunction,
         *,
         max_concurrent_reconciles: int = 1,
+        max_total_reconciles: int = DEFAULT_MAX_TOTAL_RECONCILES,
         rate_limiter: RateLimiter | None = None,
         cache_sync_timeout: float = 60.0,
         event_filters: tuple[Predicate, ...] = (),
@@ -86,20 +109,35 @@ class Controller:
         queue_metrics: QueueMetrics | None = None,
     ) -> None:
         if max_concurrent_reconciles < 1:
-            raise ValueError(f"controller {name!r}: max_concurrent_reconciles must be at least 1")
+            raise ValueError(
+                f"controller {name!r}: max_concurrent_reconciles must be at least 1, "
+                f"not {max_concurrent_reconciles}"
+            )
+        if max_total_reconciles < 1:
+            raise ValueError(
+                f"controller {name!r}: max_total_reconciles must be at least 1, not {max_total_reconciles}"
+            )
         self.name = name
         self._reconcile = reconcile
         self.max_concurrent_reconciles = max_concurrent_reconciles
+        self.max_total_reconciles = max_total_reconciles
         self.queue: WorkQueue[Request] = WorkQueue(
-            rate_limiter=rate_limiter or default_rate_limiter(), metrics=queue_metrics
+            rate_limiter=rate_limiter or default_rate_limiter(),
+            metrics=queue_metrics,
+            group_limit=max_concurrent_reconciles,
         )
+        self._slots = asyncio.Semaphore(max_total_reconciles)
+        self.tasks = TaskSet(f"controller:{name}")
+        self.dispatcher_backoff: Backoff = DEFAULT_BACKOFF
+        """How long the dispatcher waits before it is restarted after dying (a test may shorten it)."""
         self._cache_sync_timeout = cache_sync_timeout
         self._event_filters = event_filters
         self.has_provider = has_provider
         self._sources: list[KindSource] = []
         self._channels: list[ChannelSource] = []
         self._engaged: dict[str, _Engagement] = {}
-        self._workers: list[asyncio.Task[None]] = []
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
         self._readers: list[asyncio.Task[None]] = []
         self._started = False
         self.stats = ReconcileStats()
@@ -121,7 +159,7 @@ class Controller:
         if isinstance(source, ChannelSource):
             self._channels.append(source)
             if self._started:
-                self._readers.append(asyncio.create_task(self._read_channel(source)))
+                self._readers.append(self._supervise_reader(source))
             return
         self._sources.append(source)
         for cluster_name, engagement in self._engaged.items():
@@ -157,6 +195,9 @@ class Controller:
         for source in sources:
             if not source.clusters.includes(name, has_provider=self.has_provider):
                 continue
+            bind = getattr(source.handler, "bind_cluster", None)
+            if bind is not None:
+                bind(name, engagement.cluster)  # handlers that need the cluster's discovery (owner scope)
             attachment = source.attach(name, engagement.cluster, self._sink(source))
             engagement.attachments.append((source, attachment))
             fresh.append(attachment)
@@ -217,6 +258,12 @@ class Controller:
     def _add(self, request: Request) -> None:
         if self.gate is None or self.gate.admits(request.cluster):
             self.queue.add(request)
+
+    def _supervise_reader(self, source: ChannelSource) -> asyncio.Task[None]:
+        index = self._channels.index(source)
+        return self.tasks.supervise(
+            lambda: self._read_channel(source), f"channel-{index}", backoff=self.dispatcher_backoff
+        )
 
     async def _read_channel(self, source: ChannelSource) -> None:
         while True:
@@ -288,60 +335,66 @@ class Controller:
     # --- workers ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Run the workers until :meth:`shutdown` (or cancellation).
+        """Run the dispatcher until :meth:`shutdown` (or cancellation).
 
-        With a leader gate, workers run only while this replica leads: losing
-        leadership cancels them at once (in-flight requests go back to the
-        queue) and they start again when leadership returns; the caches stay
-        warm throughout.
+        The dispatcher takes a global slot, then the next request the queue
+        gives (round robin over clusters whose lanes have room), and runs the
+        reconcile in a task of its own. It is a supervised loop: should it ever
+        die, that is logged and it is started again.
+
+        With a leader gate, reconciles run only while this replica leads:
+        losing leadership cancels them at once (in-flight requests go back to
+        the queue) and they start again when leadership returns; the caches
+        stay warm throughout.
         """
         if self._started:
             raise RuntimeError(f"controller {self.name!r} is already running")
         self._started = True
-        self._readers = [asyncio.create_task(self._read_channel(source)) for source in self._channels]
+        self._readers = [self._supervise_reader(source) for source in self._channels]
         try:
             while not self._stopping():
                 if self.leader is not None:
                     await self.leader.wait_elected()
                 if self._stopping():
                     break
-                self._workers = [
-                    asyncio.create_task(self._work(), name=f"controller:{self.name}:worker-{index}")
-                    for index in range(self.max_concurrent_reconciles)
-                ]
-                # Workers end on shutdown (queue shut down) or when shutdown cancels them.
-                finished: asyncio.Future[list[object]] = asyncio.ensure_future(
-                    asyncio.gather(*self._workers, return_exceptions=True)
+                dispatcher = self._dispatcher = self.tasks.supervise(
+                    self._dispatch_loop, "dispatcher", backoff=self.dispatcher_backoff
                 )
                 if self.leader is None:
-                    await finished
+                    await asyncio.wait([dispatcher])  # shutdown may cancel it: that is an end too
+                    await self._wait_inflight()
                     break
                 lost: asyncio.Future[None] = asyncio.ensure_future(self.leader.wait_lost())
-                either: list[asyncio.Future[Any]] = [finished, lost]
+                either: list[asyncio.Future[Any]] = [dispatcher, lost]
                 await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-                if finished.done():
+                if dispatcher.done():
                     lost.cancel()
+                    await self._wait_inflight()
                     break
                 log.warning(
-                    "controller %s: lost leadership; stopping its workers until it leads again", self.name
+                    "controller %s: lost leadership; stopping its reconciles until it leads again", self.name
                 )
-                for worker in self._workers:
-                    worker.cancel()
-                await finished
+                await self._cancel_all(readers=False)
         finally:
             await self._cancel_all()
 
     def _stopping(self) -> bool:
         return self.queue.shutting_down
 
-    async def _cancel_all(self) -> None:
-        tasks = [*self._workers, *self._readers]
+    async def _wait_inflight(self) -> None:
+        while self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+
+    async def _cancel_all(self, *, readers: bool = True) -> None:
+        tasks = [*self._inflight, *self._readers] if readers else [*self._inflight]
+        if self._dispatcher is not None:
+            tasks.append(self._dispatcher)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def shutdown(self, grace: float = 30.0) -> bool:
-        """Stop intake, let in-flight reconciles finish within ``grace``, then stop workers.
+        """Stop intake, let in-flight reconciles finish within ``grace``, then stop the rest.
 
         Returns whether everything in flight finished in time.
         """
@@ -352,37 +405,62 @@ class Controller:
         await self._cancel_all()
         return drained
 
-    async def _work(self) -> None:
+    async def _dispatch_loop(self) -> None:
+        """Take a global slot, then a request, and start its reconcile; until the queue shuts down."""
+        while True:
+            await self._slots.acquire()
+            request: Request | None = None
+            started = False
+            try:
+                try:
+                    request = await self.queue.get()
+                except QueueShutDown:
+                    return
+                if self.gate is not None and not self.gate.admits(request.cluster):
+                    self.queue.forget(request)  # queued before its cluster moved to another replica
+                    continue
+                task = asyncio.create_task(
+                    self._run(request), name=f"controller:{self.name}:reconcile:{request}"
+                )
+                self._current[task] = request
+                self._inflight.add(task)
+                self.active_workers += 1
+                started = True
+            except Exception:
+                if request is not None:  # never lose a request we took, whatever failed
+                    self.queue.add_rate_limited(request)
+                raise
+            finally:
+                if not started:
+                    self._slots.release()
+                    if request is not None:
+                        self.queue.done(request)
+
+    async def _run(self, request: Request) -> None:
+        """One reconcile in its own task; always gives back its request and its slot."""
         worker = asyncio.current_task()
         assert worker is not None
-        while True:
-            try:
-                request = await self.queue.get()
-            except QueueShutDown:
-                return
-            if self.gate is not None and not self.gate.admits(request.cluster):
-                self.queue.forget(request)  # queued before its cluster moved to another replica
-                self.queue.done(request)
-                continue
-            self.active_workers += 1
-            self._current[worker] = request
-            try:
-                await self._reconcile_one(request)
-            except asyncio.CancelledError:
-                if worker not in self._revoked:
-                    self.queue.add(request)  # interrupted (leadership lost): do it again later
-                    raise
-                # Its cluster was released: drop the request and keep working for the others.
-                self.queue.forget(request)
-            finally:
-                if worker in self._revoked:  # also when the reconcile swallowed the cancellation
-                    self._revoked.discard(worker)
-                    worker.uncancel()
-                del self._current[worker]
-                self.active_workers -= 1
-                self.queue.done(request)
-                if self._released:
-                    self._notify_released()
+        try:
+            await self._reconcile_one(request)
+        except asyncio.CancelledError:
+            if worker not in self._revoked:
+                self.queue.add(request)  # interrupted (leadership lost, shutdown): do it again later
+                raise
+            # Its cluster was released: drop the request; the lanes of the others go on.
+            self.queue.forget(request)
+        except Exception:
+            # _reconcile_one handles the reconciler's own errors; this is a bug in ours.
+            log.exception("controller %s: handling %s failed; retrying it", self.name, request)
+            self.queue.add_rate_limited(request)
+        finally:
+            self._revoked.discard(worker)
+            self._inflight.discard(worker)
+            self._current.pop(worker, None)
+            self.active_workers -= 1
+            self._slots.release()
+            self.queue.done(request)
+            if self._released:
+                self._notify_released()
 
     async def _reconcile_one(self, request: Request) -> None:
         token = _enter(self.name, request)
@@ -423,9 +501,25 @@ class Controller:
             _leave(token)
         elapsed = time.monotonic() - started
         for observer in self.observers:
-            observer(self.name, request, outcome, elapsed)
+            try:
+                observer(self.name, request, outcome, elapsed)
+            except Exception:
+                log.exception("controller %s: reconcile observer %r failed", self.name, observer)
 
-    def _apply_result(self, request: Request, result: Result | None) -> str:
+    def _apply_result(self, request: Request, result: object) -> str:
+        if result is not None and not isinstance(result, Result):
+            # A reconciler bug, but a worker must not die of it: treat it as a failed reconcile.
+            self.stats.error += 1
+            self.queue.add_rate_limited(request)
+            log.error(
+                "controller %s: reconcile of %s returned a %s; expected Result or None; "
+                "counted as an error and retried (retry %d)",
+                self.name,
+                request,
+                type(result).__name__,
+                self.queue.num_requeues(request),
+            )
+            return "error"
         if result is not None and result.requeue_after:
             self.stats.requeue_after += 1
             self.queue.forget(request)

@@ -9,12 +9,15 @@ controller watches members and reconciles a hub object, or the reverse.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ._kind import Kind
 from ._objects import JSON, metadata
 from ._predicate import Event
 from ._reconcile import Request
+
+if TYPE_CHECKING:
+    from ._cluster import Cluster
 
 
 class EventHandler(Protocol):
@@ -44,13 +47,40 @@ def enqueue_for_object() -> EventHandler:
 class _ForOwner:
     same_cluster = True
 
-    def __init__(self, owner: Kind, only_controller: bool) -> None:
+    def __init__(self, owner: Kind, only_controller: bool, namespaced: bool | None) -> None:
         self._owner = owner
         self._only_controller = only_controller
+        self._namespaced = namespaced
+        self._clusters: dict[str, Cluster] = {}
+        self._scope: dict[str, bool] = {}  # learnt per cluster from its discovery
+
+    def bind_cluster(self, name: str, cluster: Cluster) -> None:
+        """Called by the controller when it attaches this handler to a cluster (for scope lookups)."""
+        if self._clusters.get(name) is not cluster:
+            self._clusters[name] = cluster
+            self._scope.pop(name, None)
+
+    def _owner_namespaced(self, cluster: str) -> bool | None:
+        if self._namespaced is not None:
+            return self._namespaced
+        known = self._scope.get(cluster)
+        if known is not None:
+            return known
+        bound = self._clusters.get(cluster)
+        if bound is None:
+            return None
+        for resource in bound.client.discovery.resources():
+            if resource.kind == self._owner.kind and resource.group == self._owner.group:
+                self._scope[cluster] = resource.namespaced
+                return resource.namespaced
+        return None
 
     def _owners(self, cluster: str, obj: JSON) -> set[Request]:
         meta = metadata(obj)
-        namespace = meta.get("namespace") or ""
+        namespaced = self._owner_namespaced(cluster)
+        # Unknown scope (the owner kind is not served there): a namespaced child's owner is
+        # looked for in its namespace, the only place a namespaced owner may live.
+        namespace = "" if namespaced is False else meta.get("namespace") or ""
         found = set()
         for reference in meta.get("ownerReferences") or []:
             if reference.get("kind") != self._owner.kind:
@@ -72,14 +102,24 @@ class _ForOwner:
         return f"enqueue_for_owner({self._owner}, only_controller={self._only_controller})"
 
 
-def enqueue_for_owner(owner: Kind, *, only_controller: bool = True) -> EventHandler:
+def enqueue_for_owner(
+    owner: Kind, *, only_controller: bool = True, namespaced: bool | None = None
+) -> EventHandler:
     """Reconcile the owner(s) of the object, found through its ownerReferences.
 
-    Owner references never cross clusters or namespaces, so the owner is looked
-    for in the object's own cluster and namespace (cluster-scoped owners get an
-    empty namespace when the object is cluster-scoped).
+    Owner references never cross clusters, and a namespaced owner is always in
+    its dependent's namespace; but a cluster-scoped owner (a Namespace, a
+    ClusterRole, a cluster-scoped custom resource) has no namespace at all, and
+    its request must not borrow the child's, or the owner looks deleted. An
+    owner reference does not say which scope its kind has, so the handler asks:
+    ``namespaced`` states it outright; left ``None``, the scope is read from
+    each cluster's discovery cache, which a controller hands the handler when
+    it attaches it to a cluster (``bind_cluster``). That costs no request: the
+    informers feeding the handler have loaded discovery before any event
+    arrives. Discovery rather than a flag by default because the same kind's
+    scope is a fact of the cluster, so users of ``owns(...)`` need not repeat it.
     """
-    return _ForOwner(owner, only_controller)
+    return _ForOwner(owner, only_controller, namespaced)
 
 
 MapFunction = Callable[[str, JSON], Iterable[Request]]

@@ -147,8 +147,17 @@ class Manager:
     ) -> Manager:
         """A manager configured from ``MCRUNTIME_*`` (or the given settings).
 
+        The settings reach every cluster and controller, not only the local
+        cluster: controllers built for this manager take their default lane
+        width, global bound and cache-sync timeout from them, and a provider
+        whose clusters use the default cache-sync timeout gets the configured
+        one (a timeout chosen explicitly in the provider's options stays).
+
         Raises :class:`SettingsError` naming every invalid variable.
         """
+        import dataclasses
+
+        from ._clusterset import ClusterSet
         from ._settings import ManagerSettings  # pydantic loads only for managers built from settings
 
         values = settings or ManagerSettings.load()
@@ -162,6 +171,14 @@ class Manager:
                 retry_period=values.retry_period,
             )
         options = cluster_options or ClusterOptions(cache_sync_timeout=values.cache_sync_timeout)
+        # Provider clusters too, unless the provider chose its own timeout.
+        provider_clusters = getattr(provider, "clusters", None)
+        if isinstance(provider_clusters, ClusterSet) and (
+            provider_clusters.options.cache_sync_timeout == ClusterOptions().cache_sync_timeout
+        ):
+            provider_clusters.options = dataclasses.replace(
+                provider_clusters.options, cache_sync_timeout=values.cache_sync_timeout
+            )
         coordinator = None
         if values.sharding:
             coordinator = ShardedCoordinator(

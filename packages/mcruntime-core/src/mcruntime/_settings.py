@@ -49,9 +49,18 @@ class ManagerSettings(BaseSettings):
     shard_group: str = Field(default="mcruntime", description="the shard group: Lease name prefix and label")
     shard_namespace: str = Field(default="default", description="where the shard Leases live")
     shard_weight: float = Field(default=1.0, gt=0, description="this replica's relative share of clusters")
-    max_concurrent_reconciles: int = Field(default=1, ge=1, description="default workers per controller")
+    max_concurrent_reconciles: int = Field(
+        default=1, ge=1, description="default concurrent reconciles per cluster (lane width) per controller"
+    )
+    max_total_reconciles: int = Field(
+        default=256,
+        ge=1,
+        description="default bound on a controller's concurrent reconciles over all clusters",
+    )
     cache_sync_timeout: float = Field(
-        default=60.0, gt=0, description="seconds a cluster's caches may take to sync"
+        default=60.0,
+        gt=0,
+        description="seconds a cluster's caches may take to sync (every cluster, every controller)",
     )
     graceful_shutdown_timeout: float = Field(
         default=30.0, ge=0, description="seconds in-flight reconciles get"

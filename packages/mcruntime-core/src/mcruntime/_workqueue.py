@@ -11,6 +11,9 @@ reconcile, and call ``done``. The queue guarantees what a controller relies on:
 * clusters share the workers fairly: keys are grouped (by the key's ``cluster``
   by default) and groups take turns, so a cluster with ten thousand pending
   keys does not starve one with ten;
+* a group can be held to a limit of keys in processing (``group_limit``): a
+  group at its limit is passed over by ``get`` until one of its keys is done,
+  so a cluster whose reconciles hang occupies its own lane and no other;
 * when a cluster leaves the fleet, ``purge`` drops its keys instead of retrying
   them forever.
 
@@ -99,7 +102,9 @@ class WorkQueue(Generic[K]):
 
     Ready keys wait in one first-in, first-out line per group, and ``get`` serves
     the groups that have ready keys in turn, one key each. Within a group keys
-    come out in the order they became ready.
+    come out in the order they became ready. With ``group_limit``, a group that
+    holds that many keys in processing sits out (its ready keys wait) until a
+    worker calls ``done`` for one of them; it then rejoins the back of the turns.
 
     Delayed keys (``add_after``, ``add_rate_limited``) wait on the event loop's
     timers and are added when their time comes; waiting for a delay is separate
@@ -111,6 +116,9 @@ class WorkQueue(Generic[K]):
         rate_limiter: decides the delay of ``add_rate_limited``; by default
             ``default_rate_limiter()``.
         metrics: receives add/get/done/retry events; by default nothing does.
+        group_limit: the most keys of one group in processing at once; ``None``
+            (the default) sets no limit. This is what keeps one hung cluster
+            from taking every worker: its reconciles fill its own lane only.
         clock: monotonic seconds used to time waits and processing for
             ``metrics`` and ``longest_processing_seconds``. Delays always run on
             the event loop's own clock.
@@ -122,16 +130,25 @@ class WorkQueue(Generic[K]):
         group: Callable[[K], Hashable] = _cluster_of,
         rate_limiter: RateLimiter | None = None,
         metrics: QueueMetrics | None = None,
+        group_limit: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if group_limit is not None and group_limit < 1:
+            raise ValueError(f"WorkQueue group_limit must be at least 1 (or None), not {group_limit}")
         self._group_of = group
+        self._group_limit = group_limit
         self._rate_limiter: RateLimiter = default_rate_limiter() if rate_limiter is None else rate_limiter
         self._metrics: QueueMetrics = NoMetrics() if metrics is None else metrics
         self._clock = clock
         # Ready keys, one FIFO of (key, time it became ready) per group with ready keys.
         self._ready: dict[Hashable, deque[tuple[K, float]]] = {}
-        # The groups with ready keys, in the order they will be served.
+        # The groups with ready keys that may be served now, in the order they will be.
         self._turns: deque[Hashable] = deque()
+        # Groups with ready keys that sit out: they hold ``group_limit`` keys in processing.
+        # Every group in ``_ready`` is in exactly one of ``_turns`` and ``_parked``.
+        self._parked: set[Hashable] = set()
+        # Keys in processing per group (only groups with any).
+        self._busy: dict[Hashable, int] = {}
         self._ready_count = 0
         # Keys that must be processed: every ready key, plus processing keys added again.
         self._needs_processing: set[K] = set()
@@ -211,14 +228,15 @@ class WorkQueue(Generic[K]):
     async def get(self) -> K:
         """Wait for a ready key and hand it to the caller, who must call ``done`` with it.
 
-        Groups with ready keys take turns. After shutdown the keys still ready
-        are handed out first.
+        Groups with ready keys take turns; a group at its ``group_limit`` is
+        passed over. After shutdown the keys still ready are handed out first
+        (a parked group's keys once its held keys are done).
 
         Raises:
             QueueShutDown: the queue is shut down and no key is ready.
         """
         while not self._turns:
-            if self._shutting_down:
+            if self._shutting_down and not self._ready_count:
                 raise QueueShutDown("the work queue is shut down")
             woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._getters.append(woken)
@@ -247,11 +265,20 @@ class WorkQueue(Generic[K]):
         if taken is None:
             raise ValueError(f"done({key!r}) but no worker holds that key")
         started, group = taken
+        busy = self._busy[group] - 1
+        if busy:
+            self._busy[group] = busy
+        else:
+            del self._busy[group]
         self._metrics.on_done(key, group, self._clock() - started)
         if key in self._purged_processing:
             self._purged_processing.discard(key)
         elif key in self._needs_processing:
             self._make_ready(key, group)
+        if group in self._parked and not self._at_limit(group):
+            self._parked.discard(group)
+            self._turns.append(group)
+            self._wake_one_getter()
         if not self._processing:
             for waiter in self._drain_waiters:
                 if not waiter.done():
@@ -274,7 +301,10 @@ class WorkQueue(Generic[K]):
         dropped: set[K] = set()
         line = self._ready.pop(group, None)
         if line is not None:
-            self._turns.remove(group)
+            if group in self._parked:
+                self._parked.discard(group)
+            else:
+                self._turns.remove(group)
             self._ready_count -= len(line)
             dropped.update(key for key, _ in line)
         for key in [key for key in self._delayed if self._group_of(key) == group]:
@@ -342,6 +372,15 @@ class WorkQueue(Generic[K]):
         """The number of keys workers hold."""
         return len(self._processing)
 
+    def processing_by_group(self) -> dict[Hashable, int]:
+        """Keys workers hold per group, for groups that hold any."""
+        return dict(self._busy)
+
+    @property
+    def group_limit(self) -> int | None:
+        """The most keys of one group in processing at once (``None``: no limit)."""
+        return self._group_limit
+
     @property
     def delayed_count(self) -> int:
         """The number of keys waiting for a delay (``add_after``, ``add_rate_limited``)."""
@@ -363,23 +402,33 @@ class WorkQueue(Generic[K]):
 
     # -- internals ------------------------------------------------------------------
 
+    def _at_limit(self, group: Hashable) -> bool:
+        return self._group_limit is not None and self._busy.get(group, 0) >= self._group_limit
+
     def _make_ready(self, key: K, group: Hashable) -> None:
         line = self._ready.get(group)
         if line is None:
             line = self._ready[group] = deque()
-            self._turns.append(group)
+            if self._at_limit(group):
+                self._parked.add(group)
+            else:
+                self._turns.append(group)
         line.append((key, self._clock()))
         self._ready_count += 1
-        self._wake_one_getter()
+        if group not in self._parked:
+            self._wake_one_getter()
 
     def _take_next(self) -> K:
         group = self._turns.popleft()
         line = self._ready[group]
         key, ready_since = line.popleft()
-        if line:
-            self._turns.append(group)
-        else:
+        self._busy[group] = self._busy.get(group, 0) + 1
+        if not line:
             del self._ready[group]
+        elif self._at_limit(group):
+            self._parked.add(group)
+        else:
+            self._turns.append(group)
         self._ready_count -= 1
         self._needs_processing.discard(key)
         now = self._clock()
