@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ._backoff import DEFAULT_BACKOFF, Backoff
 from ._context import _enter, _leave
-from ._errors import ClusterNotFound, Conflict
+from ._errors import ClusterNotFound, Conflict, Unreachable
 from ._predicate import Event, Predicate, matches
 from ._ratelimit import RateLimiter, default_rate_limiter
 from ._reconcile import ReconcileFunction, Request, Result, TerminalError
@@ -148,6 +148,9 @@ class Controller:
         self._current: dict[asyncio.Task[None], Request] = {}
         self._revoked: set[asyncio.Task[None]] = set()
         self._released: list[tuple[str, asyncio.Future[None]]] = []
+        # Requests that failed because a cluster does not answer, by that cluster: they
+        # wait for its health probe to get an answer instead of burning their backoff.
+        self._parked: dict[str, set[Request]] = {}
 
     def __repr__(self) -> str:
         return f"<Controller {self.name!r} clusters={sorted(self._engaged)}>"
@@ -233,6 +236,7 @@ class Controller:
         if engagement.unregister is not None:
             engagement.unregister()
         purged = self.queue.purge(name)
+        self._drop_parked(name)
         log.info("controller %s: disengaged cluster %r (%d queued requests dropped)", self.name, name, purged)
 
     def engaged(self) -> dict[str, Cluster]:
@@ -307,6 +311,7 @@ class Controller:
         already have shut the gate for ``cluster``, or requests come back.
         """
         self.queue.purge(cluster)
+        self._drop_parked(cluster)
         if not self._running_in(cluster):
             return
         finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -480,6 +485,26 @@ class Controller:
             self.stats.error += 1
             self.queue.add_rate_limited(request)
             log.info("controller %s: %s hit a conflict, retrying: %s", self.name, request, conflict)
+        except Unreachable as error:
+            outcome = "error"
+            self.stats.error += 1
+            if self._park(request, error):
+                log.info(
+                    "controller %s: %s waits until cluster %r answers again: %s",
+                    self.name,
+                    request,
+                    error.cluster,
+                    error,
+                )
+            else:
+                self.queue.add_rate_limited(request)
+                log.warning(
+                    "controller %s: reconcile of %s failed (retry %d): %s",
+                    self.name,
+                    request,
+                    self.queue.num_requeues(request),
+                    error,
+                )
         except TerminalError:
             outcome = "terminal"
             self.stats.terminal += 1
@@ -505,6 +530,42 @@ class Controller:
                 observer(self.name, request, outcome, elapsed)
             except Exception:
                 log.exception("controller %s: reconcile observer %r failed", self.name, observer)
+
+    def _park(self, request: Request, error: Unreachable) -> bool:
+        """Hold ``request`` until the cluster that did not answer answers again.
+
+        Only while that cluster's circuit is open (its probe gets no answer):
+        retrying sooner would fail at once, and retrying on the rate limiter
+        would leave the request minutes behind once the cluster is back. The
+        request goes back to the queue, its backoff forgotten, when the probe
+        gets an answer. Returns False when the cluster is not known unreachable.
+        """
+        engagement = self._engaged.get(error.cluster) or self._engaged.get(request.cluster)
+        if engagement is None:
+            return False
+        name = error.cluster if error.cluster in self._engaged else request.cluster
+        recovered = engagement.cluster.transport.health.recovery()
+        if recovered is None:
+            return False
+        parked = self._parked.get(name)
+        if parked is None:
+            parked = self._parked[name] = set()
+            engagement.cluster.tasks.spawn(self._unpark(name, recovered), f"parked:{self.name}")
+        parked.add(request)
+        self.queue.forget(request)
+        return True
+
+    async def _unpark(self, name: str, recovered: asyncio.Event) -> None:
+        await recovered.wait()
+        for request in self._parked.pop(name, set()):
+            self._add(request)
+
+    def _drop_parked(self, name: str) -> None:
+        self._parked.pop(name, None)
+        for cluster, parked in list(self._parked.items()):
+            parked.difference_update({request for request in parked if request.cluster == name})
+            if not parked:
+                del self._parked[cluster]
 
     def _apply_result(self, request: Request, result: object) -> str:
         if result is not None and not isinstance(result, Result):

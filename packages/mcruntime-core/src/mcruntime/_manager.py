@@ -260,6 +260,8 @@ class Manager:
 
     def _loops_alive(self) -> str | None:
         failing = self._loops.failing()
+        for controller in self.controllers.values():  # their dispatchers and channel readers
+            failing.extend(controller.tasks.failing())
         if not failing:
             return None
         return "; ".join(f"{loop.name} died ({loop.last_error}); restarting" for loop in failing)
@@ -312,6 +314,7 @@ class Manager:
             self.controllers[component.name] = component
             component.queue.set_metrics(self.metrics.queue_metrics(component.name))
             component.observers.append(self.metrics.observe_reconcile)
+            component.tasks.crash_listeners.append(self._count_crash)
             if self.elector is not None:
                 component.leader = self.elector
             if self.coordinator is not None:

@@ -247,7 +247,9 @@ class _LiveCollector(Collector):
             "controller_runtime_active_workers", "Workers busy now.", labels=["controller"]
         )
         limit = GaugeMetricFamily(
-            "controller_runtime_max_concurrent_reconciles", "Worker count.", labels=["controller"]
+            "controller_runtime_max_concurrent_reconciles",
+            "Concurrent reconciles allowed per cluster (the lane width).",
+            labels=["controller"],
         )
         depth = GaugeMetricFamily(
             "workqueue_depth", "Requests waiting.", labels=["name", "controller", "cluster"]
