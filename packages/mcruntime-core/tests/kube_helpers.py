@@ -69,11 +69,9 @@ async def new_namespace(cluster: mcr.Cluster, prefix: str = "test") -> str:
     return name
 
 
-async def install_widget_crd(cluster: mcr.Cluster) -> mcr.Kind:
-    """Install a namespaced CRD of a group of its own (with a status subresource)
-    and wait until it is established; returns its Kind."""
-    group = f"{unique('g')}.test.mcruntime.dev"
-    crd = {
+def widget_crd(group: str) -> dict[str, Any]:
+    """A namespaced CRD ``widgets.<group>`` (kind Widget, v1, with a status subresource)."""
+    return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {"name": f"widgets.{group}"},
@@ -97,6 +95,13 @@ async def install_widget_crd(cluster: mcr.Cluster) -> mcr.Kind:
             ],
         },
     }
+
+
+async def install_widget_crd(cluster: mcr.Cluster) -> mcr.Kind:
+    """Install a namespaced CRD of a group of its own (with a status subresource)
+    and wait until it is established; returns its Kind."""
+    group = f"{unique('g')}.test.mcruntime.dev"
+    crd = widget_crd(group)
     kind = mcr.Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
     await cluster.client.create(crd)
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
 
-from kube_helpers import CONFIGMAP, unique
+from kube_helpers import CONFIGMAP, unique, widget_crd
 
 import mcruntime as mcr
 from mcruntime.testing import ControlPlane, Fleet, wait_until
@@ -63,29 +62,6 @@ async def test_a_pass_that_fails_five_thousand_times_is_retried_until_it_works(f
     assert calls == failing + 1
 
 
-def _crd(group: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"widgets.{group}"},
-        "spec": {
-            "group": group,
-            "scope": "Namespaced",
-            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                    },
-                }
-            ],
-        },
-    }
-
-
 async def test_wait_for_kind_reports_the_wait_and_returns_once_the_crd_is_installed(fleet: Fleet) -> None:
     group = f"{unique('wait')}.example.com"
     kinds = [mcr.Kind(f"{group}/v2", "Widget"), mcr.Kind(f"{group}/v1", "Widget")]
@@ -106,7 +82,7 @@ async def test_wait_for_kind_reports_the_wait_and_returns_once_the_crd_is_instal
             assert not waiting.done()
             assert reports[0] is not None and reports[0].startswith("Widgets not installed")
             assert f"Widget ({group}/v2)" in reports[0]
-            await hub.client.create(_crd(group))
+            await hub.client.create(widget_crd(group))
             async with asyncio.timeout(30):
                 found = await waiting
         finally:
