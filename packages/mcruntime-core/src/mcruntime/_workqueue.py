@@ -279,6 +279,7 @@ class WorkQueue(Generic[K]):
             self._parked.discard(group)
             self._turns.append(group)
             self._wake_one_getter()
+        self._release_idle_getters()
         if not self._processing:
             for waiter in self._drain_waiters:
                 if not waiter.done():
@@ -316,6 +317,7 @@ class WorkQueue(Generic[K]):
         for key in [*dropped, *held]:
             self._needs_processing.discard(key)
             self._rate_limiter.forget(key)
+        self._release_idle_getters()
         return len(dropped)
 
     def shut_down(self) -> None:
@@ -434,7 +436,20 @@ class WorkQueue(Generic[K]):
         now = self._clock()
         self._processing[key] = (now, group)
         self._metrics.on_get(key, group, now - ready_since)
+        self._release_idle_getters()
         return key
+
+    def _release_idle_getters(self) -> None:
+        """After shutdown, once nothing is ready, wake every waiting getter so it stops.
+
+        Getters that waited behind a full lane after ``shut_down`` woke them
+        would otherwise wait forever once the last ready key was handed out.
+        """
+        if self._shutting_down and not self._ready_count:
+            while self._getters:
+                getter = self._getters.popleft()
+                if not getter.done():
+                    getter.set_result(None)
 
     def _wake_one_getter(self) -> None:
         while self._getters:
