@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import asyncio
+from collections.abc import Hashable, Iterator, MutableMapping, Sequence
+from typing import Any
+
+from mcruntime._workqueue import WorkQueue
 
 
 class FakeClock:
@@ -34,3 +38,27 @@ class FixedDelay:
 
     def retries(self, item: Hashable) -> int:
         return self.calls.get(item, 0)
+
+
+async def play(
+    queue: WorkQueue[Any],
+    steps: Sequence[tuple[str, object]],
+    adds: MutableMapping[Any, int],
+    last_added: dict[Any, int],
+    ticks: Iterator[int],
+) -> None:
+    """Apply hypothesis-drawn steps to ``queue``: ``("add", key)`` or ``("yield", n)``; then shut it down.
+
+    Records how often each key was added and at which tick it was last added,
+    for the property checks that follow.
+    """
+    for operation, argument in steps:
+        if operation == "add":
+            queue.add(argument)
+            adds[argument] += 1
+            last_added[argument] = next(ticks)
+        else:
+            assert isinstance(argument, int)
+            for _ in range(argument):
+                await asyncio.sleep(0)
+    queue.shut_down()

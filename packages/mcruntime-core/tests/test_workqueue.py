@@ -20,7 +20,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from queue_helpers import FakeClock, FixedDelay
+from queue_helpers import FakeClock, FixedDelay, play
 
 from mcruntime._ratelimit import ExponentialBackoff
 from mcruntime._workqueue import NoMetrics, QueueMetrics, QueueShutDown, WorkQueue
@@ -618,17 +618,7 @@ async def _run_workers(steps: list[tuple[str, object]], workers: int, work_yield
             queue.done(key)
 
     tasks = [asyncio.create_task(worker()) for _ in range(workers)]
-    for operation, argument in steps:
-        if operation == "add":
-            assert isinstance(argument, Request)
-            queue.add(argument)
-            adds[argument] += 1
-            last_added[argument] = next(ticks)
-        else:
-            assert isinstance(argument, int)
-            for _ in range(argument):
-                await asyncio.sleep(0)
-    queue.shut_down()
+    await play(queue, steps, adds, last_added, ticks)
     async with asyncio.timeout(5):
         await asyncio.gather(*tasks)
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from queue_helpers import play
 
 from mcruntime._workqueue import QueueShutDown, WorkQueue
 
@@ -158,17 +159,7 @@ async def _run(steps: list[tuple[str, object]], workers: int, limit: int, slow: 
             queue.done(key)
 
     tasks = [asyncio.create_task(worker()) for _ in range(workers)]
-    for operation, argument in steps:
-        if operation == "add":
-            assert isinstance(argument, Key)
-            queue.add(argument)
-            adds[argument] += 1
-            last_added[argument] = next(ticks)
-        else:
-            assert isinstance(argument, int)
-            for _ in range(argument):
-                await asyncio.sleep(0)
-    queue.shut_down()
+    await play(queue, steps, adds, last_added, ticks)
     async with asyncio.timeout(5):
         await asyncio.gather(*tasks)
 
