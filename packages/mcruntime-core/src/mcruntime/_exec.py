@@ -59,6 +59,10 @@ class ExecCredential:
         return f"<ExecCredential {kind} expires={self.expires.isoformat() if self.expires else None}>"
 
 
+_REAP_TIMEOUT = 5.0
+"""Seconds to wait for a SIGKILLed plugin's exit status."""
+
+
 def _resolve_command(command: str, base_dir: str | None) -> str:
     """Kubectl's rule: a relative command with a slash is relative to the kubeconfig's directory."""
     if os.sep in command and not os.path.isabs(command) and base_dir:
@@ -74,6 +78,22 @@ def _kill_group(process: asyncio.subprocess.Process) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
         process.kill()
+
+
+async def _reap(process: asyncio.subprocess.Process) -> None:
+    """Collect a killed plugin's exit so its transport is closed by us, not by the collector.
+
+    Shielded: a second cancellation leaves the wait running, and SIGKILL makes it short. A
+    transport collected while its process still runs raises from ``__del__`` once the loop
+    is closed, which is the noise (and the zombie) this prevents.
+    """
+    if process.returncode is None:
+        with contextlib.suppress(TimeoutError, ProcessLookupError):
+            async with asyncio.timeout(_REAP_TIMEOUT):
+                await asyncio.shield(process.wait())
+    transport = getattr(process, "_transport", None)
+    if transport is not None:
+        transport.close()
 
 
 def _parse_time(value: Any) -> datetime.datetime | None:
@@ -163,6 +183,7 @@ class ExecPlugin:
             raise self._error(f"did not finish within {self._timeout:g} s and was killed") from None
         finally:
             _kill_group(process)  # also on cancellation: nothing it started outlives the call
+            await _reap(process)
         if code != 0:
             shown = stderr.decode("utf-8", "replace").strip()[-_STDERR_SHOWN:]
             raise self._error(f"exited with status {code}" + (f": {shown}" if shown else ""))
