@@ -62,3 +62,57 @@ def test_the_core_imports_no_provider() -> None:
         if name.split(".")[0].startswith("mcruntime_")
     ]
     assert offenders == []
+
+
+# The core's layers, bottom to top. A module may import its own layer and the layers
+# below it, never one above: that keeps the client usable without the cache, the
+# cache without clusters, clusters without controllers, and so on up to the manager.
+CORE_LAYERS = ["_base", "_config", "_client", "_cache", "_fleet", "_control", "_manager"]
+PACKAGE = CORE / "mcruntime"
+
+
+def _layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "mcruntime" and parts[1] in CORE_LAYERS else None
+
+
+def _core_imports(path: Path) -> Iterator[tuple[int, str]]:
+    """Every mcruntime module ``path`` imports, relative imports resolved, TYPE_CHECKING ones included."""
+    package = ["mcruntime", *path.relative_to(PACKAGE).parent.parts]
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            for alias in node.names:  # `from . import x` names a module
+                yield node.lineno, module if node.module else f"{module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+
+
+def test_every_private_core_module_sits_in_a_layer() -> None:
+    flat = sorted(
+        path.name for path in PACKAGE.glob("_*.py") if path.name not in ("__init__.py", "__main__.py")
+    )
+    assert flat == [], "put each private module in the layer package it belongs to"
+    layers = sorted(path.name for path in PACKAGE.iterdir() if path.is_dir() and path.name.startswith("_"))
+    assert layers == sorted(name for name in CORE_LAYERS)
+
+
+@pytest.mark.parametrize("layer", CORE_LAYERS)
+def test_a_core_layer_imports_only_itself_and_the_layers_below(layer: str) -> None:
+    rank = CORE_LAYERS.index(layer)
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: imports {module} (layer {target}, above {layer})"
+        for path in sorted((PACKAGE / layer).rglob("*.py"))
+        for line, module in _core_imports(path)
+        if (target := _layer_of(module)) is not None and CORE_LAYERS.index(target) > rank
+    ]
+    assert offenders == []
+    assert any(True for path in (PACKAGE / layer).glob("*.py") if path.name != "__init__.py")
+
+
+def test_the_layer_check_sees_relative_imports() -> None:
+    """Guards the check itself: a known downward import must be resolved, or the test above proves nothing."""
+    found = {module for _, module in _core_imports(PACKAGE / "_fleet" / "cluster.py")}
+    assert "mcruntime._cache.informer" in found and "mcruntime._client.transport" in found

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Hashable, Iterator, MutableMapping, Sequence
 from typing import Any
 
-from mcruntime._workqueue import WorkQueue
+from mcruntime._control.workqueue import WorkQueue
 
 
 class FakeClock:

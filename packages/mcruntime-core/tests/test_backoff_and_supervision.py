@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import mcruntime as mcr
 from mcruntime import Backoff
-from mcruntime._tasks import TaskSet
+from mcruntime._base.tasks import TaskSet
 
 
 def test_backoff_doubles_from_base_and_stays_at_cap() -> None:

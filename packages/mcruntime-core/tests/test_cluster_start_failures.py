@@ -20,7 +20,7 @@ import pytest
 from kube_helpers import wait_for
 
 import mcruntime as mcr
-from mcruntime._transport import Transport
+from mcruntime._client.transport import Transport
 from mcruntime.testing._pki import CertificateAuthority
 
 NOT_A_CERTIFICATE = b"-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n"

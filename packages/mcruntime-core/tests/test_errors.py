@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from mcruntime._errors import (
+from mcruntime._base.errors import (
     AlreadyExists,
     APIError,
     BadRequest,

@@ -19,8 +19,8 @@ import pytest
 from kube_helpers import NAMESPACE
 
 import mcruntime as mcr
-from mcruntime._credentials import _Credentials
-from mcruntime._exec import ExecPlugin, ExecPluginError
+from mcruntime._config.credentials import _Credentials
+from mcruntime._config.exec import ExecPlugin, ExecPluginError
 from mcruntime.testing import ControlPlane, Fleet, wait_until
 
 API = "client.authentication.k8s.io/v1"

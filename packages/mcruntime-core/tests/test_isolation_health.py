@@ -21,8 +21,8 @@ import pytest
 from kube_helpers import CONFIGMAP, configmap, running, running_cluster, unique, wait_for
 
 import mcruntime as mcr
-from mcruntime._backoff import Backoff
-from mcruntime._health import HealthRecord
+from mcruntime._base.backoff import Backoff
+from mcruntime._client.health import HealthRecord
 from mcruntime.testing import ControlPlane, Fleet
 
 # The defaults under test: a probe every 5 s with a 4 s timeout; the promise is 10 s.

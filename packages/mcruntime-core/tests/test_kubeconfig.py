@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from mcruntime._errors import KubeconfigError, MCRuntimeError, TrustPolicyError
-from mcruntime._kubeconfig import (
+from mcruntime._base.errors import KubeconfigError, MCRuntimeError, TrustPolicyError
+from mcruntime._config.kubeconfig import (
     TrustPolicy,
     in_cluster_config,
     kubeconfig_from_dict,

@@ -19,8 +19,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mcruntime._errors import KubeconfigError
-from mcruntime._kubeconfig import (
+from mcruntime._base.errors import KubeconfigError
+from mcruntime._config.kubeconfig import (
     DEFAULT_MAX_BYTES,
     ClusterConfig,
     TrustPolicy,

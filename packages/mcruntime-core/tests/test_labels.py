@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mcruntime._labels import LabelSelector
+from mcruntime._base.labels import LabelSelector
 
 WEB = {"app": "web", "tier": "frontend", "env": "prod"}
 DB = {"app": "db", "tier": "backend"}

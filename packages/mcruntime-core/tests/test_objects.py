@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from mcruntime._objects import json_copy, metadata, object_key, to_json_shape
+from mcruntime._base.objects import json_copy, metadata, object_key, to_json_shape
 
 CREATED = datetime.datetime(2024, 3, 1, 12, 30, 45, tzinfo=datetime.UTC)
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from queue_helpers import FakeClock, FixedDelay
 
-from mcruntime._ratelimit import (
+from mcruntime._control.ratelimit import (
     ExponentialBackoff,
     MaxOf,
     RateLimiter,

@@ -20,7 +20,7 @@ import yaml
 from kube_helpers import CONFIGMAP, configmap, unique, wait_for
 
 import mcruntime as mcr
-from mcruntime._secret_provider import KubeconfigSecretProvider, SecretStatus
+from mcruntime._fleet.secret_provider import KubeconfigSecretProvider, SecretStatus
 from mcruntime.testing import ControlPlane, Fleet
 from mcruntime.testing._harness import EngagementRecorder, running
 from mcruntime.testing.conformance import (
@@ -416,7 +416,7 @@ def test_guide_example_is_the_tested_code() -> None:
         if block["body"] != _region(CORE / block["path"], block["region"])
     ]
     assert mismatched == [], "guide blocks differ from the source; copy the regions over them"
-    provider = "src/mcruntime/_secret_provider.py"
+    provider = "src/mcruntime/_fleet/secret_provider.py"
     regions = set(re.findall(r"# --8<-- \[start:([\w-]+)\]", (CORE / provider).read_text()))
     quoted = {block["region"] for block in blocks if block["path"] == provider}
     assert regions == quoted, "every marked region of the provider is in the guide"

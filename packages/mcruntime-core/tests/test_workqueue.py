@@ -22,8 +22,8 @@ from hypothesis.stateful import (
 )
 from queue_helpers import FakeClock, FixedDelay, play
 
-from mcruntime._ratelimit import ExponentialBackoff
-from mcruntime._workqueue import NoMetrics, QueueMetrics, QueueShutDown, WorkQueue
+from mcruntime._control.ratelimit import ExponentialBackoff
+from mcruntime._control.workqueue import NoMetrics, QueueMetrics, QueueShutDown, WorkQueue
 
 # -- helpers ----------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from queue_helpers import play
 
-from mcruntime._workqueue import QueueShutDown, WorkQueue
+from mcruntime._control.workqueue import QueueShutDown, WorkQueue
 
 
 @dataclass(frozen=True, order=True)

@@ -1,8 +1,12 @@
 """mcruntime: Kubernetes controllers that reconcile across a dynamic fleet of clusters.
 
 The public API is what this module exports; every implementation module is
-private (``mcruntime._*``) so it can change without breaking users. Layers,
-bottom to top: kubeconfig → transport/client → informer/cache → cluster.
+private (``mcruntime._*``) so it can change without breaking users. The private
+packages are the layers, bottom to top: ``_base`` (errors, backoff, tasks),
+``_config`` (kubeconfigs, credentials), ``_client`` (transport, health, client),
+``_cache`` (informers), ``_fleet`` (clusters, providers), ``_control``
+(controllers) and ``_manager``. A layer imports only itself and the layers below
+it; ``tests/test_layer_contract.py`` enforces that.
 ``mcruntime.testing`` holds the testbed its tests and its users' tests run on.
 """
 
@@ -10,18 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._backoff import Backoff
-from ._builder import Builder, BuilderError, controller_managed_by
-from ._cache import Cache, CacheSyncTimeout, field_getter
-from ._client import Client, ObjectList, PatchType, WatchEvent
-from ._clients import FleetClient, FleetResult, RoutedClient
-from ._cluster import Cluster, ClusterOptions
-from ._clusterset import ClusterSet, ClusterState, ClusterStatus
-from ._context import ReconcileContext, current_reconcile, current_request
-from ._controller import Controller, ReconcileStats
-from ._coordinator import Coordinator, Seat, WorkGate
-from ._discovery import Discovery
-from ._errors import (
+from ._base.backoff import Backoff
+from ._base.errors import (
     AlreadyExists,
     APIError,
     BadRequest,
@@ -41,11 +35,11 @@ from ._errors import (
     Unauthorized,
     Unreachable,
 )
-from ._events import EventRecorder
-from ._follow import follow_informers, hub_connection, wait_for_kind
-from ._handler import EventHandler, enqueue_for_object, enqueue_for_owner, enqueue_mapped
-from ._health import ClusterHealth, HealthState
-from ._informer import (
+from ._base.kind import Kind, Resource
+from ._base.labels import LabelSelector
+from ._base.objects import json_copy, object_key, to_json_shape
+from ._cache.cache import Cache, CacheSyncTimeout, field_getter
+from ._cache.informer import (
     HandlerRegistration,
     IndexFunc,
     Informer,
@@ -54,8 +48,11 @@ from ._informer import (
     Store,
     strip_managed_fields,
 )
-from ._kind import Kind, Resource
-from ._kubeconfig import (
+from ._client.client import Client, ObjectList, PatchType, WatchEvent
+from ._client.discovery import Discovery
+from ._client.health import ClusterHealth, HealthState
+from ._client.transport import RetryPolicy
+from ._config.kubeconfig import (
     ClusterConfig,
     TrustPolicy,
     in_cluster_config,
@@ -68,13 +65,10 @@ from ._kubeconfig import (
     load_kubeconfig_env,
     parse_kubeconfig,
 )
-from ._labels import LabelSelector
-from ._leaderelection import LeaderElectionConfig, LeaderElector
-from ._logging import JSONFormatter, ReconcileContextFilter, configure_logging
-from ._manager import Manager, Runnable, run_manager
-from ._metrics import ManagerMetrics
-from ._objects import json_copy, object_key, to_json_shape
-from ._predicate import (
+from ._control.controller import Controller, ReconcileStats
+from ._control.events import EventRecorder
+from ._control.handler import EventHandler, enqueue_for_object, enqueue_for_owner, enqueue_mapped
+from ._control.predicate import (
     Event,
     Predicate,
     all_of,
@@ -88,17 +82,34 @@ from ._predicate import (
     negate,
     resource_version_changed,
 )
-from ._provider import Aware, Provider, ProviderRunnable
-from ._providers import MultiProvider, SingleProvider, StaticProvider
-from ._ratelimit import ExponentialBackoff, MaxOf, RateLimiter, TokenBucket, default_rate_limiter
-from ._reconcile import LOCAL_CLUSTER, ReconcileFunction, Reconciler, Request, Result, TerminalError
-from ._rendezvous import owner as rendezvous_owner
-from ._secret_provider import KubeconfigSecretProvider, SecretStatus
-from ._serving import Check, Checks, Endpoints
-from ._sharding import ShardedCoordinator, ShardingConfig, ShardMetrics
-from ._source import EVERY_CLUSTER, LOCAL_ONLY, PROVIDER_ONLY, ChannelSource, ClusterSelection, KindSource
-from ._transport import RetryPolicy
-from ._workqueue import NoMetrics, QueueMetrics, QueueShutDown, WorkQueue
+from ._control.ratelimit import ExponentialBackoff, MaxOf, RateLimiter, TokenBucket, default_rate_limiter
+from ._control.source import (
+    EVERY_CLUSTER,
+    LOCAL_ONLY,
+    PROVIDER_ONLY,
+    ChannelSource,
+    ClusterSelection,
+    KindSource,
+)
+from ._control.workqueue import NoMetrics, QueueMetrics, QueueShutDown, WorkQueue
+from ._fleet.clients import FleetClient, FleetResult, RoutedClient
+from ._fleet.cluster import Cluster, ClusterOptions
+from ._fleet.clusterset import ClusterSet, ClusterState, ClusterStatus
+from ._fleet.context import ReconcileContext, current_reconcile, current_request
+from ._fleet.follow import follow_informers, hub_connection, wait_for_kind
+from ._fleet.provider import Aware, Provider, ProviderRunnable
+from ._fleet.providers import MultiProvider, SingleProvider, StaticProvider
+from ._fleet.reconcile import LOCAL_CLUSTER, ReconcileFunction, Reconciler, Request, Result, TerminalError
+from ._fleet.secret_provider import KubeconfigSecretProvider, SecretStatus
+from ._manager.builder import Builder, BuilderError, controller_managed_by
+from ._manager.coordinator import Coordinator, Seat, WorkGate
+from ._manager.leaderelection import LeaderElectionConfig, LeaderElector
+from ._manager.logging import JSONFormatter, ReconcileContextFilter, configure_logging
+from ._manager.manager import Manager, Runnable, run_manager
+from ._manager.metrics import ManagerMetrics
+from ._manager.rendezvous import owner as rendezvous_owner
+from ._manager.serving import Check, Checks, Endpoints
+from ._manager.sharding import ShardedCoordinator, ShardingConfig, ShardMetrics
 
 __version__ = "0.1.0"
 
@@ -247,14 +258,14 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from ._settings import ManagerSettings, SettingsError
+    from ._manager.settings import ManagerSettings, SettingsError
 
 
 def __getattr__(name: str) -> Any:
     # The settings pull in pydantic (~0.1 s of import time) and only programs
     # configured from the environment need them.
     if name in ("ManagerSettings", "SettingsError"):
-        from . import _settings
+        from ._manager import settings as _settings
 
         return getattr(_settings, name)
     raise AttributeError(f"module 'mcruntime' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""Foundations every layer uses: errors, the one backoff, supervised tasks, kinds and object helpers."""

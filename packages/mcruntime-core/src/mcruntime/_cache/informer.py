@@ -1,0 +1,382 @@
+"""Informers: a local, always-converging copy of one kind's objects, with events.
+
+The loop is ours rather than kubernetes-asyncio's ``Watch``: list, then watch
+from the list's resourceVersion with bookmarks; when the server says 410 Gone,
+list again and emit the *difference* as add/update/delete events, so handlers
+never miss a deletion that happened while the watch was down. A client-side read
+timeout notices a silent connection; reconnects back off with jitter. After any
+outage the store converges to what a fresh list returns.
+
+Handlers are plain callables run in the informer's task between store updates:
+they must be quick (enqueue a key, no I/O), and may be added or removed at any
+time; a handler added late is first told about every object already stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .._base.backoff import Backoff
+from .._base.errors import Gone, KindNotFound
+from .._base.kind import Kind
+from .._base.labels import LabelSelector
+from .._base.objects import JSON, metadata, object_key
+from .._client.client import Client
+
+log = logging.getLogger("mcruntime.informer")
+
+Transform = Callable[[JSON], JSON]
+IndexFunc = Callable[[JSON], Iterable[str]]
+
+
+def strip_managed_fields(obj: JSON) -> JSON:
+    """The default transform: drop ``metadata.managedFields`` (often half an object's size)."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
+
+
+@dataclass
+class ResourceEventHandler:
+    """Callbacks for one consumer; any may be ``None``.
+
+    ``on_add(obj, is_initial_list)`` — ``is_initial_list`` is true for objects
+    delivered by a list (start, relist, or replay to a late handler), false for
+    live watch events. ``on_update(old, new)``; ``on_delete(last_known)``.
+    """
+
+    on_add: Callable[[JSON, bool], None] | None = None
+    on_update: Callable[[JSON, JSON], None] | None = None
+    on_delete: Callable[[JSON], None] | None = None
+
+
+class HandlerRegistration:
+    """Returned by :meth:`Informer.add_handler`; ``remove()`` detaches the handler."""
+
+    def __init__(self, informer: Informer, handler: ResourceEventHandler) -> None:
+        self._informer = informer
+        self.handler = handler
+
+    def remove(self) -> None:
+        self._informer.remove_handler(self)
+
+    @property
+    def has_synced(self) -> bool:
+        return self._informer.has_synced
+
+
+@dataclass
+class InformerStats:
+    """Counters for metrics and tests: how often the informer listed and re-watched."""
+
+    lists: int = 0
+    relists_after_gone: int = 0
+    watch_restarts: int = 0
+    events: int = 0
+    last_error: str | None = None
+    sync_seconds: float | None = None
+
+
+class Store:
+    """Objects by ``namespace/name`` plus any number of field indexes."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, JSON] = {}
+        self._index_funcs: dict[str, IndexFunc] = {}
+        self._indexes: dict[str, dict[str, set[str]]] = {}
+        self._indexed_values: dict[str, dict[str, tuple[str, ...]]] = {}
+
+    def add_index(self, name: str, extract: IndexFunc) -> None:
+        """Add (or replace) an index and build it over the objects already stored."""
+        self._index_funcs[name] = extract
+        self._indexes[name] = {}
+        self._indexed_values[name] = {}
+        for key, obj in self.objects.items():
+            self._index_one(name, key, obj)
+
+    def has_index(self, name: str) -> bool:
+        return name in self._index_funcs
+
+    def _index_one(self, name: str, key: str, obj: JSON | None) -> None:
+        index = self._indexes[name]
+        for value in self._indexed_values[name].pop(key, ()):
+            keys = index.get(value)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del index[value]
+        if obj is None:
+            return
+        try:
+            values = tuple(dict.fromkeys(self._index_funcs[name](obj)))
+        except Exception:
+            log.exception("index %r failed on %s", name, key)
+            values = ()
+        if values:
+            self._indexed_values[name][key] = values
+            for value in values:
+                index.setdefault(value, set()).add(key)
+
+    def put(self, key: str, obj: JSON) -> JSON | None:
+        old = self.objects.get(key)
+        self.objects[key] = obj
+        for name in self._index_funcs:
+            self._index_one(name, key, obj)
+        return old
+
+    def pop(self, key: str) -> JSON | None:
+        old = self.objects.pop(key, None)
+        if old is not None:
+            for name in self._index_funcs:
+                self._index_one(name, key, None)
+        return old
+
+    def by_index(self, name: str, value: str) -> list[JSON]:
+        if name not in self._indexes:
+            raise KeyError(f"no index named {name!r}")
+        return [self.objects[key] for key in self._indexes[name].get(value, ())]
+
+
+class Informer:
+    """Lists and watches one kind (optionally one namespace and selector) into a :class:`Store`."""
+
+    def __init__(
+        self,
+        client: Client,
+        kind: Kind,
+        *,
+        namespace: str | None = None,
+        label_selector: str | Mapping[str, str] | None = None,
+        field_selector: str | None = None,
+        transform: Transform | None = strip_managed_fields,
+        resync_period: float | None = None,
+        read_timeout: float = 90.0,
+        page_size: int = 500,
+        max_backoff: float = 30.0,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.client = client
+        self.kind = kind
+        self.namespace = namespace
+        self.label_selector = LabelSelector.parse(label_selector)
+        self.field_selector = field_selector
+        self.store = Store()
+        self.stats = InformerStats()
+        self.resource_version = ""
+        self._transform = transform
+        self._resync_period = resync_period
+        self._read_timeout = read_timeout
+        self._page_size = page_size
+        self._backoff = backoff or Backoff(cap=max_backoff)
+        self._handlers: list[HandlerRegistration] = []
+        self._synced = asyncio.Event()
+        self._created = time.monotonic()
+
+    def __repr__(self) -> str:
+        scope = f" namespace={self.namespace!r}" if self.namespace else ""
+        selector = f" selector={self.label_selector}" if not self.label_selector.empty else ""
+        return f"<Informer {self.kind} cluster={self.client.cluster!r}{scope}{selector}>"
+
+    # --- consumers ------------------------------------------------------------------
+
+    @property
+    def has_synced(self) -> bool:
+        return self._synced.is_set()
+
+    async def wait_for_sync(self, timeout: float | None = None) -> bool:
+        """Wait until the first list is in the store; ``False`` if ``timeout`` passed first."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._synced.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def add_handler(self, handler: ResourceEventHandler) -> HandlerRegistration:
+        """Attach a handler; if the store is already filled, replay it as initial adds."""
+        registration = HandlerRegistration(self, handler)
+        self._handlers.append(registration)
+        if handler.on_add is not None:
+            for obj in list(self.store.objects.values()):
+                self._call(handler.on_add, obj, True)
+        return registration
+
+    def remove_handler(self, registration: HandlerRegistration) -> None:
+        if registration in self._handlers:
+            self._handlers.remove(registration)
+
+    @property
+    def handler_count(self) -> int:
+        return len(self._handlers)
+
+    def add_index(self, name: str, extract: IndexFunc) -> None:
+        self.store.add_index(name, extract)
+
+    def list(self, namespace: str | None = None) -> list[JSON]:
+        """Stored objects (no copies: the cache's reader copies for its callers)."""
+        if namespace is None:
+            return list(self.store.objects.values())
+        prefix = f"{namespace}/"
+        return [obj for key, obj in self.store.objects.items() if key.startswith(prefix)]
+
+    def get(self, key: str) -> JSON | None:
+        return self.store.objects.get(key)
+
+    # --- dispatch -------------------------------------------------------------------
+
+    def _call(self, callback: Callable[..., None], *args: Any) -> None:
+        try:
+            callback(*args)
+        except Exception:
+            log.exception("%r: an event handler failed", self)
+
+    def _emit_add(self, obj: JSON, initial: bool) -> None:
+        for registration in list(self._handlers):
+            if registration.handler.on_add is not None:
+                self._call(registration.handler.on_add, obj, initial)
+
+    def _emit_update(self, old: JSON, new: JSON) -> None:
+        for registration in list(self._handlers):
+            if registration.handler.on_update is not None:
+                self._call(registration.handler.on_update, old, new)
+
+    def _emit_delete(self, obj: JSON) -> None:
+        for registration in list(self._handlers):
+            if registration.handler.on_delete is not None:
+                self._call(registration.handler.on_delete, obj)
+
+    def _prepare(self, obj: JSON) -> JSON:
+        obj.setdefault("apiVersion", self.kind.api_version)
+        obj.setdefault("kind", self.kind.kind)
+        return self._transform(obj) if self._transform is not None else obj
+
+    # --- the loop -------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """List and watch until cancelled; never raises for server or network trouble."""
+        resync = None
+        if self._resync_period:
+            resync = asyncio.create_task(self._resync_loop(self._resync_period))
+        try:
+            await self._list_and_watch()
+        finally:
+            if resync is not None:
+                resync.cancel()
+                await asyncio.gather(resync, return_exceptions=True)
+
+    async def _list_and_watch(self) -> None:
+        failures = 0
+        gone_streak = 0
+        health = self.client.transport.health
+        # A resumed informer continues from its last resourceVersion; the server
+        # says 410 if that history is gone, and then the relist emits the difference.
+        need_list = not (self.has_synced and self.resource_version)
+        while True:
+            try:
+                if need_list:
+                    await self._relist()
+                    need_list = False
+                    failures = 0
+                    gone_streak = 0
+                await self._watch()
+                failures = 0
+                self.stats.watch_restarts += 1
+            except Gone as error:
+                # The first 410 relists at once; a relist that keeps expiring (a paged
+                # list whose continue token outlived the server's history) backs off.
+                self.stats.relists_after_gone += 1
+                need_list = True
+                if gone_streak:
+                    self.stats.last_error = str(error)
+                    delay = await self._backoff.sleep(gone_streak - 1)
+                    log.info("%r: %s again; relisting after %.1fs", self, error, delay)
+                gone_streak += 1
+            except Exception as error:  # any failure: back off and try again, never die
+                if isinstance(error, KindNotFound):
+                    need_list = True
+                self.stats.last_error = str(error)
+                self.stats.watch_restarts += 1
+                log.info("%r: %s; retrying with backoff (failure %d)", self, error, failures + 1)
+                # While the cluster is known unreachable, resume as soon as it answers again.
+                await self._backoff.sleep(failures, wake=health.recovery())
+                failures += 1
+
+    async def _relist(self) -> None:
+        listed: dict[str, JSON] = {}
+        result = await self.client.list(
+            self.kind,
+            namespace=self.namespace,
+            label_selector=self.label_selector.text or None,
+            field_selector=self.field_selector,
+            page_size=self._page_size,
+        )
+        for obj in result.items:
+            prepared = self._prepare(obj)
+            listed[object_key(prepared)] = prepared
+        self.stats.lists += 1
+        self._replace(listed, result.resource_version)
+
+    def _replace(self, listed: dict[str, JSON], resource_version: str) -> None:
+        """Make the store equal ``listed`` and emit what changed since the last state."""
+        first = not self.has_synced
+        for key in [key for key in self.store.objects if key not in listed]:
+            gone = self.store.pop(key)
+            if gone is not None:
+                self._emit_delete(gone)
+        for key, obj in listed.items():
+            old = self.store.put(key, obj)
+            if old is None:
+                self._emit_add(obj, True)
+            elif metadata(old).get("resourceVersion") != metadata(obj).get("resourceVersion"):
+                self._emit_update(old, obj)
+        self.resource_version = resource_version
+        if first:
+            self.stats.sync_seconds = time.monotonic() - self._created
+            self._synced.set()
+
+    async def _watch(self) -> None:
+        events = self.client.watch(
+            self.kind,
+            namespace=self.namespace,
+            resource_version=self.resource_version,
+            label_selector=self.label_selector.text or None,
+            field_selector=self.field_selector,
+            allow_bookmarks=True,
+            timeout_seconds=random.randint(300, 600),  # noqa: S311
+            read_timeout=self._read_timeout,
+        )
+        async for event in events:
+            obj = event.object
+            version = metadata(obj).get("resourceVersion")
+            if event.type == "BOOKMARK":
+                if version:
+                    self.resource_version = str(version)
+                continue
+            self.stats.events += 1
+            prepared = self._prepare(obj)
+            key = object_key(prepared)
+            if event.type == "DELETED":
+                self.store.pop(key)
+                self._emit_delete(prepared)
+            elif event.type in ("ADDED", "MODIFIED"):
+                old = self.store.put(key, prepared)
+                if old is None:
+                    self._emit_add(prepared, False)
+                else:
+                    self._emit_update(old, prepared)
+            if version:
+                self.resource_version = str(version)
+
+    async def _resync_loop(self, period: float) -> None:
+        while True:
+            await asyncio.sleep(period)
+            if self.has_synced:
+                for obj in list(self.store.objects.values()):
+                    self._emit_update(obj, obj)

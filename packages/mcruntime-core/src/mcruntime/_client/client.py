@@ -1,0 +1,413 @@
+"""A client for one API server: any kind, JSON-shaped objects, typed errors.
+
+Kinds are resolved through :class:`Discovery`, so the client needs no generated
+code and works for CRDs installed after it started. Reads return dicts; writes
+take dicts or kubernetes-asyncio models. Every failure is one of the typed
+errors in :mod:`mcruntime._base.errors`, naming the cluster and the object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+import aiohttp
+import orjson
+
+from .._base.errors import APIError, Unreachable, error_from_status
+from .._base.kind import Kind, Resource
+from .._base.objects import JSON, to_json_shape
+from .discovery import Discovery
+from .transport import Transport
+
+PatchType = Literal["merge", "json", "strategic"]
+_PATCH_CONTENT_TYPES: dict[str, str] = {
+    "merge": "application/merge-patch+json",
+    "json": "application/json-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+}
+_APPLY = "application/apply-patch+yaml"  # JSON is valid YAML
+# One watch event carries one object; etcd refuses objects over 1.5 MiB. A server
+# streaming far more without a line break is broken or hostile: stop buffering it.
+MAX_WATCH_EVENT_BYTES = 32 * 2**20
+
+
+class WatchEvent(NamedTuple):
+    """One event of a watch: ADDED, MODIFIED, DELETED or BOOKMARK, and the object."""
+
+    type: str
+    object: JSON
+
+
+@dataclass
+class ObjectList:
+    """A list result: the items and the resourceVersion to watch from."""
+
+    items: list[JSON]
+    resource_version: str
+    kind: str = ""
+    api_version: str = ""
+    metadata: JSON = field(default_factory=dict)
+
+
+def _selector(value: str | Mapping[str, str] | None) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    return ",".join(f"{key}={item}" for key, item in value.items())
+
+
+class Client:
+    """Reads and writes objects of any kind in one cluster."""
+
+    def __init__(self, transport: Transport, discovery: Discovery | None = None) -> None:
+        self.transport = transport
+        self.discovery = discovery or Discovery(transport)
+
+    @property
+    def cluster(self) -> str:
+        return self.transport.cluster
+
+    def __repr__(self) -> str:
+        return f"<Client cluster={self.cluster!r}>"
+
+    # --- plumbing ------------------------------------------------------------------
+
+    async def resource(self, kind: Kind) -> Resource:
+        """Discovery's answer for ``kind`` (cached)."""
+        return await self.discovery.resource_for(kind)
+
+    async def _call(
+        self,
+        method: str,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        name: str | None = None,
+        subresource: str | None = None,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        idempotent: bool | None = None,
+    ) -> Any:
+        if resource.namespaced and not namespace and name is not None:
+            raise ValueError(f"{resource.kind} is namespaced: give a namespace for {name!r}")
+        payload = None if body is None else orjson.dumps(body)
+        status, headers, raw = await self.transport.request(
+            method,
+            resource.path(namespace, name, subresource),
+            params=params,
+            body=payload,
+            content_type=content_type if payload is not None else None,
+            idempotent=idempotent,
+        )
+        decoded = _decode(raw)
+        if status >= 300:
+            retry_after = headers.get("Retry-After")
+            raise error_from_status(
+                status,
+                decoded,
+                cluster=self.cluster,
+                kind=resource.kind,
+                namespace=namespace,
+                name=name,
+                retry_after=float(retry_after) if retry_after and retry_after.isdigit() else None,
+            )
+        return decoded
+
+    async def _target(self, obj: Any, namespace: str | None) -> tuple[JSON, Resource, str | None, str | None]:
+        body = to_json_shape(obj)
+        if not isinstance(body, dict):
+            raise TypeError("an object to write must be a mapping or a model")
+        kind = Kind.of(body)
+        resource = await self.resource(kind)
+        meta = body.get("metadata") or {}
+        target_namespace = namespace or meta.get("namespace")
+        if resource.namespaced and not target_namespace:
+            raise ValueError(f"{kind} is namespaced: the object has no metadata.namespace")
+        return body, resource, (target_namespace if resource.namespaced else None), meta.get("name")
+
+    # --- reads -------------------------------------------------------------------------
+
+    async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> JSON:
+        """One object; raises :class:`NotFound` when it does not exist."""
+        resource = await self.resource(kind)
+        result: JSON = await self._call("GET", resource, namespace=namespace, name=name)
+        return result
+
+    async def list_pages(
+        self,
+        kind: Kind,
+        *,
+        namespace: str | None = None,
+        label_selector: str | Mapping[str, str] | None = None,
+        field_selector: str | None = None,
+        page_size: int | None = 500,
+    ) -> AsyncIterator[ObjectList]:
+        """Pages of a list, following ``continue`` tokens; all from one snapshot."""
+        resource = await self.resource(kind)
+        params: dict[str, str] = {}
+        if (selector := _selector(label_selector)) is not None:
+            params["labelSelector"] = selector
+        if field_selector:
+            params["fieldSelector"] = field_selector
+        if page_size:
+            params["limit"] = str(page_size)
+        while True:
+            page = await self._call("GET", resource, namespace=namespace, params=params)
+            meta = page.get("metadata") or {}
+            items = page.get("items") or []
+            item_kind = resource.kind
+            for item in items:
+                # List items omit apiVersion and kind; put them back so each stands alone.
+                item.setdefault("apiVersion", resource.api_version)
+                item.setdefault("kind", item_kind)
+            yield ObjectList(
+                items=items,
+                resource_version=str(meta.get("resourceVersion", "")),
+                kind=str(page.get("kind", "")),
+                api_version=str(page.get("apiVersion", "")),
+                metadata=meta,
+            )
+            token = meta.get("continue")
+            if not token:
+                return
+            params["continue"] = token
+
+    async def list(
+        self,
+        kind: Kind,
+        *,
+        namespace: str | None = None,
+        label_selector: str | Mapping[str, str] | None = None,
+        field_selector: str | None = None,
+        page_size: int | None = 500,
+    ) -> ObjectList:
+        """Every matching object (paged under the hood) and the list's resourceVersion."""
+        items: list[JSON] = []
+        last: ObjectList | None = None
+        async for page in self.list_pages(
+            kind,
+            namespace=namespace,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            page_size=page_size,
+        ):
+            items.extend(page.items)
+            last = page
+        assert last is not None
+        return ObjectList(items, last.resource_version, last.kind, last.api_version, last.metadata)
+
+    async def watch(
+        self,
+        kind: Kind,
+        *,
+        namespace: str | None = None,
+        resource_version: str | None = None,
+        label_selector: str | Mapping[str, str] | None = None,
+        field_selector: str | None = None,
+        allow_bookmarks: bool = True,
+        timeout_seconds: int | None = None,
+        read_timeout: float | None = 90.0,
+    ) -> AsyncIterator[WatchEvent]:
+        """Events from ``resource_version`` on, until the server ends the stream.
+
+        An ERROR event raises its typed error (:class:`Gone` for an expired
+        resourceVersion); a connection silent for ``read_timeout`` seconds raises
+        :class:`Unreachable`. Reconnecting is the caller's decision (the informer
+        makes it).
+        """
+        resource = await self.resource(kind)
+        params: dict[str, str] = {"watch": "true"}
+        if resource_version:
+            params["resourceVersion"] = resource_version
+        if allow_bookmarks:
+            params["allowWatchBookmarks"] = "true"
+        if (selector := _selector(label_selector)) is not None:
+            params["labelSelector"] = selector
+        if field_selector:
+            params["fieldSelector"] = field_selector
+        if timeout_seconds:
+            params["timeoutSeconds"] = str(timeout_seconds)
+        path = resource.path(namespace)
+        try:
+            async with self.transport.stream(path, params=params, read_timeout=read_timeout) as response:
+                if response.status >= 300:
+                    raise error_from_status(
+                        response.status,
+                        _decode(await response.read()),
+                        cluster=self.cluster,
+                        kind=resource.kind,
+                    )
+                # Split lines ourselves: aiohttp's readline caps line length, and one
+                # event carries a whole object (large ConfigMaps, CRDs).
+                buffer = bytearray()
+                async for chunk in response.content.iter_any():
+                    buffer += chunk
+                    if b"\n" not in chunk:
+                        if len(buffer) > MAX_WATCH_EVENT_BYTES:
+                            raise APIError(
+                                f"watch of {resource.plural} sent an event over "
+                                f"{MAX_WATCH_EVENT_BYTES // 2**20} MiB; dropping the connection",
+                                cluster=self.cluster,
+                                kind=resource.kind,
+                            )
+                        continue
+                    *lines, rest = bytes(buffer).split(b"\n")
+                    buffer = bytearray(rest)
+                    for line in lines:
+                        if line.strip():
+                            yield self._event(line, resource)
+                if buffer.strip():
+                    yield self._event(bytes(buffer), resource)
+        except TimeoutError:  # before ClientConnectionError: aiohttp's read timeout is both
+            self.transport.health.failure(f"watch of {resource.kind} silent for {read_timeout}s")
+            raise Unreachable(
+                f"watch of {resource.plural} silent for {read_timeout}s", cluster=self.cluster
+            ) from None
+        except aiohttp.ClientConnectionError as error:  # dropped, reset, or closed by the circuit
+            health = self.transport.health
+            if health.unreachable:
+                message = f"watch of {resource.plural} closed: {health.reason}"
+                raise Unreachable(message, cluster=self.cluster) from None
+            health.failure(f"watch of {resource.kind} interrupted: {type(error).__name__}")
+            raise Unreachable(f"watch of {resource.plural} interrupted", cluster=self.cluster) from None
+
+    def _event(self, line: bytes, resource: Resource) -> WatchEvent:
+        event = orjson.loads(line)
+        kind = event.get("type", "")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            code = int(obj.get("code") or 500)
+            raise error_from_status(code, obj, cluster=self.cluster, kind=resource.kind)
+        return WatchEvent(kind, obj)
+
+    # --- writes -------------------------------------------------------------------------
+
+    async def create(
+        self, obj: Any, *, namespace: str | None = None, field_manager: str | None = None
+    ) -> JSON:
+        """Create ``obj``; raises :class:`AlreadyExists` when its name is taken."""
+        body, resource, target_namespace, _name = await self._target(obj, namespace)
+        params = {"fieldManager": field_manager} if field_manager else None
+        result: JSON = await self._call(
+            "POST", resource, namespace=target_namespace, params=params, body=body
+        )
+        return result
+
+    async def update(self, obj: Any, *, field_manager: str | None = None) -> JSON:
+        """Replace ``obj`` (optimistic concurrency: a stale resourceVersion is a :class:`Conflict`)."""
+        return await self._replace(obj, None, field_manager)
+
+    async def update_status(self, obj: Any, *, field_manager: str | None = None) -> JSON:
+        """Replace the status subresource of ``obj``."""
+        return await self._replace(obj, "status", field_manager)
+
+    async def _replace(self, obj: Any, subresource: str | None, field_manager: str | None) -> JSON:
+        body, resource, namespace, name = await self._target(obj, None)
+        if not name:
+            raise ValueError(f"{resource.kind}: an update needs metadata.name")
+        params = {"fieldManager": field_manager} if field_manager else None
+        result: JSON = await self._call(
+            "PUT", resource, namespace=namespace, name=name, subresource=subresource, params=params, body=body
+        )
+        return result
+
+    async def patch(
+        self,
+        kind: Kind,
+        name: str,
+        patch: Any,
+        *,
+        namespace: str | None = None,
+        patch_type: PatchType = "merge",
+        subresource: str | None = None,
+        field_manager: str | None = None,
+    ) -> JSON:
+        """Patch one object: merge (RFC 7386), JSON (RFC 6902) or strategic merge.
+
+        Strategic merge is for built-in kinds only; the server rejects it for
+        custom resources (a :class:`BadRequest` or 415 error).
+        """
+        resource = await self.resource(kind)
+        params = {"fieldManager": field_manager} if field_manager else None
+        result: JSON = await self._call(
+            "PATCH",
+            resource,
+            namespace=namespace,
+            name=name,
+            subresource=subresource,
+            params=params,
+            body=to_json_shape(patch),
+            content_type=_PATCH_CONTENT_TYPES[patch_type],
+            idempotent=patch_type == "merge",
+        )
+        return result
+
+    async def apply(
+        self, obj: Any, *, field_manager: str, force: bool = False, subresource: str | None = None
+    ) -> JSON:
+        """Server-side apply: declare the fields this manager owns.
+
+        Applying the same manifest twice changes nothing; a field owned by another
+        manager is a :class:`Conflict` unless ``force`` takes it over.
+        """
+        body, resource, namespace, name = await self._target(obj, None)
+        if not name:
+            raise ValueError(f"{resource.kind}: apply needs metadata.name")
+        params = {"fieldManager": field_manager}
+        if force:
+            params["force"] = "true"
+        result: JSON = await self._call(
+            "PATCH",
+            resource,
+            namespace=namespace,
+            name=name,
+            subresource=subresource,
+            params=params,
+            body=body,
+            content_type=_APPLY,
+            idempotent=True,
+        )
+        return result
+
+    async def delete(
+        self,
+        kind: Kind,
+        name: str,
+        *,
+        namespace: str | None = None,
+        propagation_policy: Literal["Foreground", "Background", "Orphan"] | None = None,
+        uid: str | None = None,
+        resource_version: str | None = None,
+        grace_period_seconds: int | None = None,
+    ) -> JSON | None:
+        """Delete one object, optionally only if its uid / resourceVersion still match.
+
+        Returns the object as the server last saw it (with a deletionTimestamp
+        when finalizers hold it), or ``None`` when the server returned a Status.
+        """
+        resource = await self.resource(kind)
+        options: JSON = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if propagation_policy:
+            options["propagationPolicy"] = propagation_policy
+        preconditions = {
+            key: value for key, value in (("uid", uid), ("resourceVersion", resource_version)) if value
+        }
+        if preconditions:
+            options["preconditions"] = preconditions
+        if grace_period_seconds is not None:
+            options["gracePeriodSeconds"] = grace_period_seconds
+        result = await self._call("DELETE", resource, namespace=namespace, name=name, body=options)
+        if isinstance(result, dict) and result.get("kind") == "Status":
+            return None
+        return result if isinstance(result, dict) else None
+
+
+def _decode(raw: bytes) -> Any:
+    if not raw:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw

@@ -1,0 +1,595 @@
+"""Controllers: one work queue, per-cluster lanes of reconciles, and watches in every engaged cluster.
+
+Work is isolated per cluster: each cluster gets a lane of at most
+``max_concurrent_reconciles`` reconciles at once, and all lanes together share
+at most ``max_total_reconciles``. A cluster whose API server hangs fills its
+own lane and nothing else; the queue serves the other clusters in turn.
+
+``engage`` attaches the controller's sources to a cluster's shared informers and
+returns at once: cache sync is waited for in the background, in a task owned by
+the cluster, with a timeout, and a failure is reported for that cluster alone.
+When the cluster stops, its handlers are removed and its queued requests purged,
+so nothing is retried for a cluster that is gone. A controller created after
+clusters were engaged is engaged with all of them by the manager.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .._base.backoff import DEFAULT_BACKOFF, Backoff
+from .._base.errors import ClusterNotFound, Conflict, Unreachable
+from .._base.tasks import TaskSet
+from .._fleet.context import _enter, _leave
+from .._fleet.reconcile import ReconcileFunction, Request, Result, TerminalError
+from .predicate import Event, Predicate, matches
+from .ratelimit import RateLimiter, default_rate_limiter
+from .source import Attachment, ChannelSource, KindSource
+from .workqueue import QueueMetrics, QueueShutDown, WorkQueue
+
+if TYPE_CHECKING:
+    from .._fleet.cluster import Cluster
+
+log = logging.getLogger("mcruntime.controller")
+
+
+@dataclass
+class _Engagement:
+    cluster: Cluster
+    attachments: list[tuple[KindSource, Attachment]] = field(default_factory=list)
+    unregister: Callable[[], None] | None = None
+    synced: bool = False
+    sync_error: str | None = None
+
+
+@dataclass
+class ReconcileStats:
+    """Counts per outcome, for tests and metrics."""
+
+    success: int = 0
+    requeue: int = 0
+    requeue_after: int = 0
+    error: int = 0
+    terminal: int = 0
+    dropped_cluster_gone: int = 0
+
+
+ReconcileObserver = Callable[[str, Request, str, float], None]
+
+
+class RequestGate(Protocol):
+    """Which clusters' requests this replica works on (the manager's :class:`WorkGate` when sharded)."""
+
+    def admits(self, cluster: str) -> bool: ...
+
+
+class LeaderGate(Protocol):
+    """What workers wait on when leader election is on (the manager's elector)."""
+
+    async def wait_elected(self) -> None: ...
+
+    async def wait_lost(self) -> None: ...
+
+
+DEFAULT_MAX_TOTAL_RECONCILES = 256
+"""The default bound on one controller's concurrent reconciles across all its clusters."""
+
+
+class Controller:
+    """Reconciles requests from its sources in one lane per cluster, under a global bound.
+
+    ``max_concurrent_reconciles`` is the width of each cluster's lane: with the
+    default 1, every cluster is reconciled as a single-cluster
+    controller-runtime controller with one worker would reconcile it, and a
+    cluster whose reconciles hang (its API server stopped answering) holds its
+    own lane only. ``max_total_reconciles`` caps the reconciles running at
+    once over all clusters, so a large fleet does not open thousands of
+    requests together; when it is reached, clusters take turns for the free
+    slots. Keep it above the number of clusters you expect to hang at once,
+    or hung lanes can use it all up.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        reconcile: ReconcileFunction,
+        *,
+        max_concurrent_reconciles: int = 1,
+        max_total_reconciles: int = DEFAULT_MAX_TOTAL_RECONCILES,
+        rate_limiter: RateLimiter | None = None,
+        cache_sync_timeout: float = 60.0,
+        event_filters: tuple[Predicate, ...] = (),
+        has_provider: bool = False,
+        queue_metrics: QueueMetrics | None = None,
+    ) -> None:
+        if max_concurrent_reconciles < 1:
+            raise ValueError(
+                f"controller {name!r}: max_concurrent_reconciles must be at least 1, "
+                f"not {max_concurrent_reconciles}"
+            )
+        if max_total_reconciles < 1:
+            raise ValueError(
+                f"controller {name!r}: max_total_reconciles must be at least 1, not {max_total_reconciles}"
+            )
+        self.name = name
+        self._reconcile = reconcile
+        self.max_concurrent_reconciles = max_concurrent_reconciles
+        self.max_total_reconciles = max_total_reconciles
+        self.queue: WorkQueue[Request] = WorkQueue(
+            rate_limiter=rate_limiter or default_rate_limiter(),
+            metrics=queue_metrics,
+            group_limit=max_concurrent_reconciles,
+        )
+        self._slots = asyncio.Semaphore(max_total_reconciles)
+        self.tasks = TaskSet(f"controller:{name}")
+        self.dispatcher_backoff: Backoff = DEFAULT_BACKOFF
+        """How long the dispatcher waits before it is restarted after dying (a test may shorten it)."""
+        self._cache_sync_timeout = cache_sync_timeout
+        self._event_filters = event_filters
+        self.has_provider = has_provider
+        self._sources: list[KindSource] = []
+        self._channels: list[ChannelSource] = []
+        self._engaged: dict[str, _Engagement] = {}
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._readers: list[asyncio.Task[None]] = []
+        self._started = False
+        self.stats = ReconcileStats()
+        self.observers: list[ReconcileObserver] = []
+        self.active_workers = 0
+        self.leader: LeaderGate | None = None
+        self.gate: RequestGate | None = None
+        self._current: dict[asyncio.Task[None], Request] = {}
+        self._revoked: set[asyncio.Task[None]] = set()
+        self._released: list[tuple[str, asyncio.Future[None]]] = []
+        # Requests that failed because a cluster does not answer, by that cluster: they
+        # wait for its health probe to get an answer instead of burning their backoff.
+        self._parked: dict[str, set[Request]] = {}
+
+    def __repr__(self) -> str:
+        return f"<Controller {self.name!r} clusters={sorted(self._engaged)}>"
+
+    # --- wiring -----------------------------------------------------------------------
+
+    def watch(self, source: KindSource | ChannelSource) -> None:
+        """Add a source; a kind source is attached to every cluster already engaged."""
+        if isinstance(source, ChannelSource):
+            self._channels.append(source)
+            if self._started:
+                self._readers.append(self._supervise_reader(source))
+            return
+        self._sources.append(source)
+        for cluster_name, engagement in self._engaged.items():
+            self._attach(cluster_name, engagement, [source])
+
+    @property
+    def sources(self) -> list[KindSource]:
+        return list(self._sources)
+
+    # --- clusters -----------------------------------------------------------------------
+
+    async def engage(self, name: str, cluster: Cluster) -> None:
+        """Start watching ``cluster`` under ``name``; returns without waiting for sync.
+
+        Idempotent for the same cluster object; a different object under the same
+        name replaces the old engagement (its handlers go, its queued requests are
+        purged first).
+        """
+        current = self._engaged.get(name)
+        if current is not None and current.cluster is cluster:
+            return
+        if current is not None:
+            self._disengage(name, current.cluster)
+        if cluster.stopped:
+            return
+        engagement = _Engagement(cluster)
+        self._engaged[name] = engagement
+        engagement.unregister = cluster.on_stop(lambda: self._disengage(name, cluster))
+        self._attach(name, engagement, self._sources)
+
+    def _attach(self, name: str, engagement: _Engagement, sources: list[KindSource]) -> None:
+        fresh = []
+        for source in sources:
+            if not source.clusters.includes(name, has_provider=self.has_provider):
+                continue
+            bind = getattr(source.handler, "bind_cluster", None)
+            if bind is not None:
+                bind(name, engagement.cluster)  # handlers that need the cluster's discovery (owner scope)
+            attachment = source.attach(name, engagement.cluster, self._sink(source))
+            engagement.attachments.append((source, attachment))
+            fresh.append(attachment)
+        if fresh:
+            engagement.synced = False
+            engagement.cluster.tasks.spawn(self._await_sync(name, engagement, fresh), f"sync:{self.name}")
+
+    async def _await_sync(self, name: str, engagement: _Engagement, attachments: list[Attachment]) -> None:
+        results = await asyncio.gather(
+            *(attachment.informer.wait_for_sync(self._cache_sync_timeout) for attachment in attachments)
+        )
+        if all(results):
+            engagement.synced = True
+            engagement.sync_error = None
+            return
+        engagement.sync_error = f"cache did not sync within {self._cache_sync_timeout:.0f}s"
+        errors = {a.informer.stats.last_error for a in attachments if a.informer.stats.last_error}
+        log.warning(
+            "controller %s: cluster %r %s%s; its informers keep retrying",
+            self.name,
+            name,
+            engagement.sync_error,
+            f" ({'; '.join(sorted(errors))})" if errors else "",
+        )
+
+    def _disengage(self, name: str, cluster: Cluster) -> None:
+        engagement = self._engaged.get(name)
+        if engagement is None or engagement.cluster is not cluster:
+            return  # an old instance's stop must never remove its replacement
+        del self._engaged[name]
+        for _source, attachment in engagement.attachments:
+            attachment.detach()
+        if engagement.unregister is not None:
+            engagement.unregister()
+        purged = self.queue.purge(name)
+        self._drop_parked(name)
+        log.info("controller %s: disengaged cluster %r (%d queued requests dropped)", self.name, name, purged)
+
+    def engaged(self) -> dict[str, Cluster]:
+        """The clusters this controller is engaged with, by name."""
+        return {name: engagement.cluster for name, engagement in self._engaged.items()}
+
+    def synced(self, name: str) -> bool:
+        """Whether every informer this controller uses in ``name`` has synced."""
+        engagement = self._engaged.get(name)
+        return engagement is not None and (engagement.synced or not engagement.attachments)
+
+    # --- events ---------------------------------------------------------------------------
+
+    def _sink(self, source: KindSource) -> Callable[[Event], None]:
+        return lambda event: self._dispatch(source, event)
+
+    def _dispatch(self, source: KindSource | ChannelSource, event: Event) -> None:
+        if not matches(source.predicates, event) or not matches(self._event_filters, event):
+            return
+        for request in source.handler.requests(event):
+            self._add(request)
+
+    def _add(self, request: Request) -> None:
+        if self.gate is None or self.gate.admits(request.cluster):
+            self.queue.add(request)
+
+    def _supervise_reader(self, source: ChannelSource) -> asyncio.Task[None]:
+        index = self._channels.index(source)
+        return self.tasks.supervise(
+            lambda: self._read_channel(source), f"channel-{index}", backoff=self.dispatcher_backoff
+        )
+
+    async def _read_channel(self, source: ChannelSource) -> None:
+        while True:
+            item = await source.channel.get()
+            if isinstance(item, Request):
+                self._add(item)
+            else:
+                self._dispatch(source, item)
+
+    # --- work per cluster (sharding) ------------------------------------------------------
+
+    def replay(self, clusters: set[str]) -> None:
+        """Enqueue, as creations, what the caches hold for requests in ``clusters``.
+
+        Events for clusters the gate did not admit were dropped; when a cluster
+        is admitted, this is how its work starts from warm caches. Handlers that
+        only ever name their own cluster are replayed from those clusters alone;
+        a mapping handler is replayed from every cluster, since any event may
+        map into ``clusters``.
+        """
+        for name, engagement in self._engaged.items():
+            for source, attachment in engagement.attachments:
+                if name not in clusters and getattr(source.handler, "same_cluster", False):
+                    continue
+                for obj in attachment.informer.list():
+                    if not attachment.wanted(obj):
+                        continue
+                    event = Event("create", name, obj)
+                    if not matches(source.predicates, event) or not matches(self._event_filters, event):
+                        continue
+                    for request in source.handler.requests(event):
+                        if request.cluster in clusters:
+                            self.queue.add(request)
+
+    async def release(self, cluster: str, grace: float = 0.0) -> None:
+        """Stop working on ``cluster``: drop its queued requests, end its in-flight reconciles.
+
+        In-flight reconciles get ``grace`` seconds, then are cancelled; either
+        way their requests are dropped, not retried here: another replica owns
+        the cluster now. Returns once none of them is running. The caller must
+        already have shut the gate for ``cluster``, or requests come back.
+        """
+        self.queue.purge(cluster)
+        self._drop_parked(cluster)
+        if not self._running_in(cluster):
+            return
+        finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._released.append((cluster, finished))
+        if grace > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace):
+                    await asyncio.shield(finished)
+        for worker, request in list(self._current.items()):
+            if request.cluster == cluster:
+                self._revoked.add(worker)
+                worker.cancel()
+        await finished
+
+    def _running_in(self, cluster: str) -> bool:
+        return any(request.cluster == cluster for request in self._current.values())
+
+    def _notify_released(self) -> None:
+        for entry in list(self._released):
+            cluster, finished = entry
+            if not self._running_in(cluster):
+                self._released.remove(entry)
+                if not finished.done():
+                    finished.set_result(None)
+
+    # --- workers ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Run the dispatcher until :meth:`shutdown` (or cancellation).
+
+        The dispatcher takes a global slot, then the next request the queue
+        gives (round robin over clusters whose lanes have room), and runs the
+        reconcile in a task of its own. It is a supervised loop: should it ever
+        die, that is logged and it is started again.
+
+        With a leader gate, reconciles run only while this replica leads:
+        losing leadership cancels them at once (in-flight requests go back to
+        the queue) and they start again when leadership returns; the caches
+        stay warm throughout.
+        """
+        if self._started:
+            raise RuntimeError(f"controller {self.name!r} is already running")
+        self._started = True
+        self._readers = [self._supervise_reader(source) for source in self._channels]
+        try:
+            while not self._stopping():
+                if self.leader is not None:
+                    await self.leader.wait_elected()
+                if self._stopping():
+                    break
+                dispatcher = self._dispatcher = self.tasks.supervise(
+                    self._dispatch_loop, "dispatcher", backoff=self.dispatcher_backoff
+                )
+                if self.leader is None:
+                    await asyncio.wait([dispatcher])  # shutdown may cancel it: that is an end too
+                    await self._wait_inflight()
+                    break
+                lost: asyncio.Future[None] = asyncio.ensure_future(self.leader.wait_lost())
+                either: list[asyncio.Future[Any]] = [dispatcher, lost]
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                if dispatcher.done():
+                    lost.cancel()
+                    await self._wait_inflight()
+                    break
+                log.warning(
+                    "controller %s: lost leadership; stopping its reconciles until it leads again", self.name
+                )
+                await self._cancel_all(readers=False)
+        finally:
+            await self._cancel_all()
+
+    def _stopping(self) -> bool:
+        return self.queue.shutting_down
+
+    async def _wait_inflight(self) -> None:
+        while self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+
+    async def _cancel_all(self, *, readers: bool = True) -> None:
+        tasks = [*self._inflight, *self._readers] if readers else [*self._inflight]
+        if self._dispatcher is not None:
+            tasks.append(self._dispatcher)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def shutdown(self, grace: float = 30.0) -> bool:
+        """Stop intake, let in-flight reconciles finish within ``grace``, then stop the rest.
+
+        Returns whether everything in flight finished in time.
+        """
+        self.queue.shut_down()
+        for reader in self._readers:
+            reader.cancel()
+        drained = await self.queue.shut_down_with_drain(grace)
+        await self._cancel_all()
+        return drained
+
+    async def _dispatch_loop(self) -> None:
+        """Take a global slot, then a request, and start its reconcile; until the queue shuts down."""
+        while True:
+            await self._slots.acquire()
+            request: Request | None = None
+            started = False
+            try:
+                try:
+                    request = await self.queue.get()
+                except QueueShutDown:
+                    return
+                if self.gate is not None and not self.gate.admits(request.cluster):
+                    self.queue.forget(request)  # queued before its cluster moved to another replica
+                    continue
+                task = asyncio.create_task(
+                    self._run(request), name=f"controller:{self.name}:reconcile:{request}"
+                )
+                self._current[task] = request
+                self._inflight.add(task)
+                self.active_workers += 1
+                started = True
+            except Exception:
+                if request is not None:  # never lose a request we took, whatever failed
+                    self.queue.add_rate_limited(request)
+                raise
+            finally:
+                if not started:
+                    self._slots.release()
+                    if request is not None:
+                        self.queue.done(request)
+
+    async def _run(self, request: Request) -> None:
+        """One reconcile in its own task; always gives back its request and its slot."""
+        worker = asyncio.current_task()
+        assert worker is not None
+        try:
+            await self._reconcile_one(request)
+        except asyncio.CancelledError:
+            if worker not in self._revoked:
+                self.queue.add(request)  # interrupted (leadership lost, shutdown): do it again later
+                raise
+            # Its cluster was released: drop the request; the lanes of the others go on.
+            self.queue.forget(request)
+        except Exception:
+            # _reconcile_one handles the reconciler's own errors; this is a bug in ours.
+            log.exception("controller %s: handling %s failed; retrying it", self.name, request)
+            self.queue.add_rate_limited(request)
+        finally:
+            self._revoked.discard(worker)
+            self._inflight.discard(worker)
+            self._current.pop(worker, None)
+            self.active_workers -= 1
+            self._slots.release()
+            self.queue.done(request)
+            if self._released:
+                self._notify_released()
+
+    async def _reconcile_one(self, request: Request) -> None:
+        token = _enter(self.name, request)
+        started = time.monotonic()
+        outcome = "success"
+        try:
+            result = await self._reconcile(request)
+        except ClusterNotFound:
+            outcome = "dropped"
+            self.stats.dropped_cluster_gone += 1
+            self.queue.forget(request)
+            log.info("controller %s: %s dropped: cluster %r is gone", self.name, request, request.cluster)
+        except Conflict as conflict:
+            # Optimistic concurrency doing its job (usually a cache behind our own write):
+            # worth a retry and a line, not an error with a traceback.
+            outcome = "error"
+            self.stats.error += 1
+            self.queue.add_rate_limited(request)
+            log.info("controller %s: %s hit a conflict, retrying: %s", self.name, request, conflict)
+        except Unreachable as error:
+            outcome = "error"
+            self.stats.error += 1
+            if self._park(request, error):
+                log.info(
+                    "controller %s: %s waits until cluster %r answers again: %s",
+                    self.name,
+                    request,
+                    error.cluster,
+                    error,
+                )
+            else:
+                self.queue.add_rate_limited(request)
+                log.warning(
+                    "controller %s: reconcile of %s failed (retry %d): %s",
+                    self.name,
+                    request,
+                    self.queue.num_requeues(request),
+                    error,
+                )
+        except TerminalError:
+            outcome = "terminal"
+            self.stats.terminal += 1
+            self.queue.forget(request)
+            log.exception("controller %s: %s failed terminally; not retrying", self.name, request)
+        except Exception:
+            outcome = "error"
+            self.stats.error += 1
+            self.queue.add_rate_limited(request)
+            log.exception(
+                "controller %s: reconcile of %s failed (retry %d)",
+                self.name,
+                request,
+                self.queue.num_requeues(request),
+            )
+        else:
+            outcome = self._apply_result(request, result)
+        finally:
+            _leave(token)
+        elapsed = time.monotonic() - started
+        for observer in self.observers:
+            try:
+                observer(self.name, request, outcome, elapsed)
+            except Exception:
+                log.exception("controller %s: reconcile observer %r failed", self.name, observer)
+
+    def _park(self, request: Request, error: Unreachable) -> bool:
+        """Hold ``request`` until the cluster that did not answer answers again.
+
+        Only while that cluster's circuit is open (its probe gets no answer):
+        retrying sooner would fail at once, and retrying on the rate limiter
+        would leave the request minutes behind once the cluster is back. The
+        request goes back to the queue, its backoff forgotten, when the probe
+        gets an answer. Returns False when the cluster is not known unreachable.
+        """
+        engagement = self._engaged.get(error.cluster) or self._engaged.get(request.cluster)
+        if engagement is None:
+            return False
+        name = error.cluster if error.cluster in self._engaged else request.cluster
+        recovered = engagement.cluster.transport.health.recovery()
+        if recovered is None:
+            return False
+        parked = self._parked.get(name)
+        if parked is None:
+            parked = self._parked[name] = set()
+            engagement.cluster.tasks.spawn(self._unpark(name, recovered), f"parked:{self.name}")
+        parked.add(request)
+        self.queue.forget(request)
+        return True
+
+    async def _unpark(self, name: str, recovered: asyncio.Event) -> None:
+        await recovered.wait()
+        for request in self._parked.pop(name, set()):
+            self._add(request)
+
+    def _drop_parked(self, name: str) -> None:
+        self._parked.pop(name, None)
+        for cluster, parked in list(self._parked.items()):
+            parked.difference_update({request for request in parked if request.cluster == name})
+            if not parked:
+                del self._parked[cluster]
+
+    def _apply_result(self, request: Request, result: object) -> str:
+        if result is not None and not isinstance(result, Result):
+            # A reconciler bug, but a worker must not die of it: treat it as a failed reconcile.
+            self.stats.error += 1
+            self.queue.add_rate_limited(request)
+            log.error(
+                "controller %s: reconcile of %s returned a %s; expected Result or None; "
+                "counted as an error and retried (retry %d)",
+                self.name,
+                request,
+                type(result).__name__,
+                self.queue.num_requeues(request),
+            )
+            return "error"
+        if result is not None and result.requeue_after:
+            self.stats.requeue_after += 1
+            self.queue.forget(request)
+            self.queue.add_after(request, result.requeue_after)
+            return "requeue_after"
+        if result is not None and result.requeue:
+            self.stats.requeue += 1
+            self.queue.add_rate_limited(request)
+            return "requeue"
+        self.stats.success += 1
+        self.queue.forget(request)
+        return "success"

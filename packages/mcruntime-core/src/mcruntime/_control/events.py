@@ -1,0 +1,158 @@
+"""Kubernetes Events for ``kubectl describe``, written into the object's own cluster.
+
+A recorder belongs to one controller; each event goes to the cluster of the
+object it is about (by default the cluster of the request being reconciled), so
+an event about a Job in ``east`` is seen in ``east`` and nowhere else. Events
+are ``events.k8s.io/v1``; a repeat of an identical event (same object, type,
+reason, action and note) within six minutes updates the first one's series
+count instead of writing a new object, as client-go's recorder does, so a
+controller stuck in a retry loop cannot flood the API server. Recording never
+fails a reconcile: errors are logged.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from .._base.errors import MCRuntimeError, NotFound
+from .._base.kind import Kind
+from .._base.objects import metadata
+from .._fleet.context import current_request
+
+if TYPE_CHECKING:
+    from .._fleet.cluster import Cluster
+
+log = logging.getLogger("mcruntime.events")
+EVENT = Kind("events.k8s.io/v1", "Event")
+_SERIES_WINDOW = 6 * 60.0
+_MAX_TRACKED = 4096
+
+
+def _micro_time() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class _Series:
+    cluster: str
+    namespace: str
+    name: str
+    count: int
+    last: float
+
+
+class EventRecorder:
+    """Records events for one controller (``reporting_controller``) into each object's cluster."""
+
+    def __init__(
+        self,
+        controller: str,
+        lookup: Callable[[str], Awaitable[Cluster]],
+        *,
+        instance: str | None = None,
+    ) -> None:
+        self.controller = controller
+        self.instance = instance or f"{controller}-{uuid.uuid4().hex[:8]}"
+        self._lookup = lookup
+        self._series: OrderedDict[tuple[str, ...], _Series] = OrderedDict()
+
+    async def event(
+        self,
+        regarding: Mapping[str, Any],
+        type: Literal["Normal", "Warning"],
+        reason: str,
+        note: str,
+        *,
+        action: str = "Reconcile",
+        cluster: str | None = None,
+    ) -> None:
+        """Record ``reason``/``note`` about ``regarding`` in ``cluster`` (default: the request's)."""
+        request = current_request()
+        target = cluster if cluster is not None else (request.cluster if request is not None else None)
+        if target is None:
+            raise MCRuntimeError("no cluster given and no reconcile in progress to take it from")
+        meta = metadata(regarding)
+        namespace = meta.get("namespace") or "default"
+        key = (
+            target,
+            namespace,
+            str(regarding.get("kind")),
+            str(meta.get("name")),
+            str(meta.get("uid")),
+            type,
+            reason,
+            action,
+            note,
+        )
+        try:
+            cluster_object = await self._lookup(target)
+            series = self._series.get(key)
+            now = time.monotonic()
+            if series is not None and now - series.last < _SERIES_WINDOW:
+                await self._bump(cluster_object, series, now)
+                self._series.move_to_end(key)
+                return
+            name = f"{meta.get('name', 'object')}.{uuid.uuid4().hex[:16]}"
+            await cluster_object.client.create(
+                self._manifest(regarding, namespace, name, type, reason, note, action)
+            )
+            self._series[key] = _Series(target, namespace, name, 1, now)
+            while len(self._series) > _MAX_TRACKED:
+                self._series.popitem(last=False)
+        except Exception as error:
+            log.warning(
+                "could not record event %s for %s in cluster %r: %s", reason, meta.get("name"), target, error
+            )
+
+    async def _bump(self, cluster: Cluster, series: _Series, now: float) -> None:
+        series.count += 1
+        series.last = now
+        patch = {"series": {"count": series.count, "lastObservedTime": _micro_time()}}
+        try:
+            await cluster.client.patch(EVENT, series.name, patch, namespace=series.namespace)
+        except NotFound:
+            series.count = 1  # the event expired server-side; nothing to aggregate into
+
+    def _manifest(
+        self,
+        regarding: Mapping[str, Any],
+        namespace: str,
+        name: str,
+        type: str,
+        reason: str,
+        note: str,
+        action: str,
+    ) -> dict[str, Any]:
+        meta = metadata(regarding)
+        reference = {
+            key: value
+            for key, value in (
+                ("apiVersion", regarding.get("apiVersion")),
+                ("kind", regarding.get("kind")),
+                ("name", meta.get("name")),
+                ("namespace", meta.get("namespace")),
+                ("uid", meta.get("uid")),
+                ("resourceVersion", meta.get("resourceVersion")),
+            )
+            if value
+        }
+        return {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": namespace},
+            "eventTime": _micro_time(),
+            "reportingController": self.controller,
+            "reportingInstance": self.instance,
+            "action": action,
+            "reason": reason,
+            "note": note[:1024],
+            "type": type,
+            "regarding": reference,
+        }

@@ -1,0 +1,127 @@
+"""Sources: where a controller's events come from, and from which clusters.
+
+A :class:`KindSource` watches one kind through each engaged cluster's shared
+informer. Which clusters it binds to is a :class:`ClusterSelection`: the local
+(hub) cluster, the provider's clusters, or both, with one filter that applies
+to all of them, the local cluster included. A :class:`ChannelSource` lets code
+outside Kubernetes (a webhook, a timer, another controller) trigger reconciles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .._base.kind import Kind
+from .._base.labels import LabelSelector
+from .._base.objects import JSON, metadata
+from .._cache.informer import HandlerRegistration, Informer, ResourceEventHandler
+from .._fleet.reconcile import LOCAL_CLUSTER, Request
+from .handler import EventHandler, enqueue_for_object
+from .predicate import Event, Predicate
+
+if TYPE_CHECKING:
+    from .._fleet.cluster import Cluster
+
+Sink = Callable[[Event], None]
+ClusterFilter = Callable[[str], bool]
+
+
+@dataclass(frozen=True)
+class ClusterSelection:
+    """Which clusters a source binds to.
+
+    ``local`` and ``provider`` left as ``None`` take the manager's default:
+    provider clusters when the manager has a provider, the local cluster when
+    it has none, which is what lets one reconciler run unchanged in both modes.
+    ``filter`` gets the cluster name and applies to every cluster, local too.
+    """
+
+    local: bool | None = None
+    provider: bool | None = None
+    filter: ClusterFilter | None = None
+
+    def includes(self, cluster: str, *, has_provider: bool) -> bool:
+        """Whether a cluster of this name is selected under the manager's defaults."""
+        if cluster == LOCAL_CLUSTER:
+            wanted = self.local if self.local is not None else not has_provider
+        else:
+            wanted = self.provider if self.provider is not None else has_provider
+        return wanted and (self.filter is None or self.filter(cluster))
+
+
+LOCAL_ONLY = ClusterSelection(local=True, provider=False)
+PROVIDER_ONLY = ClusterSelection(local=False, provider=True)
+EVERY_CLUSTER = ClusterSelection(local=True, provider=True)
+
+
+@dataclass
+class Attachment:
+    """A source attached to one cluster: its informer and the handler registration."""
+
+    informer: Informer
+    registration: HandlerRegistration
+    wanted: Callable[[JSON], bool]
+
+    def detach(self) -> None:
+        self.registration.remove()
+
+
+@dataclass
+class KindSource:
+    """Events for objects of one kind in every selected cluster."""
+
+    kind: Kind
+    handler: EventHandler = field(default_factory=enqueue_for_object)
+    predicates: tuple[Predicate, ...] = ()
+    clusters: ClusterSelection = field(default_factory=ClusterSelection)
+    namespace: str | None = None
+    label_selector: str | Mapping[str, str] | None = None
+
+    def attach(self, cluster_name: str, cluster: Cluster, sink: Sink) -> Attachment:
+        """Register on the cluster's shared informer for the kind (started if needed); never blocks.
+
+        The source uses the same kind-wide informer that the cluster's reader
+        serves reads from, and applies ``namespace`` and ``label_selector``
+        itself: a reconcile triggered by an event then always reads a cache at
+        least as new as that event. (Two informers on one kind would race.)
+        """
+        informer = cluster.cache.informer(self.kind)
+        selector = LabelSelector.parse(self.label_selector)
+        namespace = self.namespace
+
+        def wanted(obj: JSON) -> bool:
+            meta = metadata(obj)
+            if namespace is not None and meta.get("namespace") != namespace:
+                return False
+            return selector.empty or selector.matches(meta.get("labels"))
+
+        def on_add(obj: JSON, _initial: bool) -> None:
+            if wanted(obj):
+                sink(Event("create", cluster_name, obj))
+
+        def on_update(old: JSON, new: JSON) -> None:
+            if wanted(new) or wanted(old):
+                sink(Event("update", cluster_name, new, old))
+
+        def on_delete(obj: JSON) -> None:
+            if wanted(obj):
+                sink(Event("delete", cluster_name, obj))
+
+        registration = informer.add_handler(ResourceEventHandler(on_add, on_update, on_delete))
+        return Attachment(informer, registration, wanted)
+
+
+@dataclass
+class ChannelSource:
+    """Triggers from outside the clusters.
+
+    Put a :class:`Request` on ``channel`` to enqueue it, or an :class:`Event`
+    to run it through ``handler`` and ``predicates`` first.
+    """
+
+    channel: asyncio.Queue[Request | Event]
+    handler: EventHandler = field(default_factory=enqueue_for_object)
+    predicates: tuple[Predicate, ...] = ()

@@ -1,0 +1,1 @@
+"""Clusters and providers: one cluster's lifetime, the ClusterSet lifecycle engine, reconcile requests."""

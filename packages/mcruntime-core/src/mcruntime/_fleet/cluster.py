@@ -1,0 +1,242 @@
+"""A cluster: a name, a client, a cache and a lifetime.
+
+Everything that talks to one API server hangs off its ``Cluster``: the HTTP
+session, discovery, every informer task. ``stop`` ends all of it (watches
+closed, sessions closed, private files deleted), so removing a cluster from a
+fleet leaves no task and no socket behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from .._base.backoff import DEFAULT_BACKOFF, Backoff
+from .._base.tasks import TaskSet
+from .._cache.cache import Cache
+from .._cache.informer import Transform, strip_managed_fields
+from .._client.client import Client
+from .._client.discovery import Discovery
+from .._client.health import ClusterHealth
+from .._client.transport import RetryPolicy, Transport
+from .._config.kubeconfig import ClusterConfig, _redacted
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio import client as k8s_client
+
+log = logging.getLogger("mcruntime.cluster")
+StopCallback = Callable[[], Awaitable[None] | None]
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """Tuning for one cluster's client and cache."""
+
+    request_timeout: float = 30.0
+    """The most one request may take, answer included (a large list can be slow)."""
+    connect_timeout: float = 5.0
+    """The most opening a connection (TCP and TLS) may take."""
+    health_probe_interval: float = 5.0
+    """Seconds between health probes (``GET /version``), start to start."""
+    health_probe_timeout: float = 4.0
+    """How long a probe waits for an answer; a hung server is unhealthy, and
+    its requests fail fast, within ``health_probe_interval + health_probe_timeout``
+    (9 s with the defaults)."""
+    watch_read_timeout: float = 90.0
+    cache_sync_timeout: float = 60.0
+    resync_period: float | None = None
+    discovery_refresh_interval: float = 5.0
+    transform: Transform | None = strip_managed_fields
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    backoff: Backoff = DEFAULT_BACKOFF
+    """The retry loops' backoff (informers, the probe after failures)."""
+    cache_namespace: str | None = None
+    """Cache namespaced kinds of this namespace only (cluster-scoped kinds whole).
+
+    For controllers that work in one namespace: informers then need only
+    namespaced ``list``/``watch`` permissions and hold only that namespace's
+    objects. Cache reads of another namespace raise ``ValueError``; the client
+    still reaches every namespace.
+    """
+
+
+class Cluster:
+    """One API server and everything mcruntime runs against it.
+
+    Usable as ``async with Cluster(name, config) as cluster:``; ``start`` is cheap
+    (no request is made until something reads), ``stop`` is idempotent.
+    """
+
+    def __init__(self, name: str, config: ClusterConfig, options: ClusterOptions | None = None) -> None:
+        self.name = name
+        self.config = config
+        self.options = options or ClusterOptions()
+        self._tasks = TaskSet(f"cluster {name}")
+        self.transport = Transport(
+            config,
+            name,
+            request_timeout=self.options.request_timeout,
+            retry=self.options.retry,
+            connect_timeout=self.options.connect_timeout,
+        )
+        self.client = Client(
+            self.transport,
+            Discovery(self.transport, min_refresh_interval=self.options.discovery_refresh_interval),
+        )
+        self.cache = Cache(
+            self.client,
+            self._tasks,
+            sync_timeout=self.options.cache_sync_timeout,
+            transform=self.options.transform,
+            resync_period=self.options.resync_period,
+            read_timeout=self.options.watch_read_timeout,
+            namespace=self.options.cache_namespace,
+        )
+        self.started_at: float | None = None
+        self._stopped = False
+        self._teardown: asyncio.Future[None] | None = None
+        self._stop_callbacks: list[StopCallback] = []
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._stopped else "started" if self.started_at else "new"
+        return f"<Cluster {self.name!r} {_redacted(self.config.server)} {state}>"
+
+    @property
+    def reader(self) -> Cache:
+        """The cache-backed reader (``get``/``list``); an alias of :attr:`cache`."""
+        return self.cache
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    @property
+    def tasks(self) -> TaskSet:
+        """The owner of this cluster's background work.
+
+        Components engaged with the cluster may spawn into it so that they end
+        with it.
+        """
+        return self._tasks
+
+    async def start(self) -> None:
+        """Start the health probe and open the HTTP session; informers start lazily on first read.
+
+        The probe starts first and keeps running if opening fails (unusable TLS
+        material, say), so the failure shows in :attr:`health` and a fixed
+        cluster recovers without a restart.
+        """
+        if self._stopped:
+            raise RuntimeError(f"cluster {self.name!r} was stopped; create a new Cluster")
+        if self.started_at is None:
+            self.started_at = time.time()
+            self._tasks.supervise(self._probe, "health-probe", backoff=self.options.backoff)
+        await self.transport.open()
+
+    async def _probe(self) -> None:
+        await self.transport.health.probe_forever(
+            self.transport.probe,
+            interval=self.options.health_probe_interval,
+            timeout=self.options.health_probe_timeout,
+            backoff=self.options.backoff,
+        )
+
+    def on_stop(self, callback: StopCallback) -> Callable[[], None]:
+        """Call ``callback`` (sync or async) when the cluster stops; returns an unregister.
+
+        This is how disengagement follows the cluster's lifetime: a controller
+        engaged with the cluster removes its handlers and purges its queued
+        requests here, before the cluster's tasks and sockets go.
+        """
+        self._stop_callbacks.append(callback)
+
+        def unregister() -> None:
+            if callback in self._stop_callbacks:
+                self._stop_callbacks.remove(callback)
+
+        return unregister
+
+    async def stop(self) -> None:
+        """Tell everyone engaged, then end every task, connection and private file.
+
+        Stop callbacks run first (disengagement), then every watch and task is
+        cancelled, every connection closed and the private files deleted.
+        """
+        if self._teardown is None:
+            self._stopped = True
+            self._teardown = asyncio.ensure_future(self._tear_down())
+        elif self._teardown is asyncio.current_task():
+            return  # a stop callback stopping its own cluster: the teardown is already running
+        # Shielded: a caller cancelled halfway (a provider shutting down, a timeout)
+        # must not leave tasks running or sockets open; every caller waits for the end.
+        await asyncio.shield(self._teardown)
+
+    async def _tear_down(self) -> None:
+        for callback in list(reversed(self._stop_callbacks)):
+            try:
+                result = callback()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("cluster %r: a stop callback failed", self.name)
+        self._stop_callbacks.clear()
+        await self._tasks.close()
+        await self.client.discovery.close()
+        await self.transport.close()
+
+    def replace_credentials(self, config: ClusterConfig) -> bool:
+        """Swap in a rotated credential without restarting caches, when possible.
+
+        Possible whenever only the user changed: a token, token file, exec
+        plugin or client certificate and key (Cluster API rotates those). The
+        next request carries the new token; new connections present the new
+        certificate. Returns ``False`` when the endpoint or trust changed, or
+        for legacy auth-providers, which need a new cluster.
+        """
+        if config.endpoint_fingerprint() != self.config.endpoint_fingerprint():
+            return False
+        if config.trust != self.config.trust:
+            return False
+        if "auth-provider" in (config.auth_kind, self.config.auth_kind):
+            return False
+        self.transport.replace_credentials(config)
+        self.config = config
+        return True
+
+    async def __aenter__(self) -> Cluster:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def health(self) -> ClusterHealth:
+        """The health probe's verdict, with the last contact and error of any request.
+
+        The one record ``statuses()``, ``/readyz`` and the metrics read.
+        """
+        return self.transport.health.snapshot()
+
+    def failing_loops(self) -> list[str]:
+        """Why each of this cluster's background loops that died is down (restarting)."""
+        return [f"{loop.name} died ({loop.last_error}); restarting" for loop in self._tasks.failing()]
+
+    async def kubernetes_configuration(self) -> k8s_client.Configuration:
+        """An isolated kubernetes-asyncio ``Configuration`` for typed API classes.
+
+        Valid while the cluster runs. Bearer tokens are set as a snapshot at the
+        time of the call.
+        """
+        return await self.transport.kubernetes_configuration()

@@ -1,0 +1,151 @@
+"""The providers that ship with the core: single, static and multi.
+
+Each is a thin layer over :class:`ClusterSet`, which is the point: a provider
+is its discovery, and these have almost none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+from .._base.errors import ClusterNotFound
+from .._base.kind import Kind
+from .._cache.informer import IndexFunc
+from .._config.kubeconfig import ClusterConfig
+from .cluster import Cluster, ClusterOptions
+from .clusterset import ClusterSet, ClusterStatus
+from .provider import Aware, Provider, ProviderRunnable
+
+
+class _ClusterSetProvider:
+    """Shared plumbing: ``get``/``index_field``/``run`` delegate to a ClusterSet."""
+
+    def __init__(self, owner: str, options: ClusterOptions | None, probe_interval: float | None) -> None:
+        self.clusters = ClusterSet(options=options, probe_interval=probe_interval, owner=owner)
+
+    async def get(self, name: str) -> Cluster:
+        return await self.clusters.get(name)
+
+    async def index_field(self, kind: Kind, name: str, extract: IndexFunc) -> None:
+        await self.clusters.index_field(kind, name, extract)
+
+    async def run(self, aware: Aware) -> None:
+        await self.clusters.run(aware)
+
+    def statuses(self) -> dict[str, ClusterStatus]:
+        return self.clusters.statuses()
+
+
+class SingleProvider(_ClusterSetProvider):
+    """One named cluster, engaged on start: the smallest provider there is."""
+
+    def __init__(
+        self,
+        name: str,
+        config: ClusterConfig,
+        *,
+        options: ClusterOptions | None = None,
+        probe_interval: float | None = None,
+    ) -> None:
+        super().__init__(f"single provider {name!r}", options, probe_interval)
+        self.name = name
+        self._config = config
+
+    async def run(self, aware: Aware) -> None:
+        await self.clusters.set(self.name, self._config)
+        await self.clusters.run(aware)
+
+
+class StaticProvider(_ClusterSetProvider):
+    """Clusters added, updated and removed from code while the manager runs.
+
+    The Add/Update/Delete of multi-cluster-cr's server, with the lifecycle rules
+    of every other provider: ``update`` with an unchanged config does nothing.
+    """
+
+    def __init__(
+        self,
+        clusters: Mapping[str, ClusterConfig] | None = None,
+        *,
+        options: ClusterOptions | None = None,
+        probe_interval: float | None = None,
+    ) -> None:
+        super().__init__("static provider", options, probe_interval)
+        self._initial = dict(clusters or {})
+
+    async def run(self, aware: Aware) -> None:
+        if self._initial:
+            await self.clusters.sync(self._initial)
+        await self.clusters.run(aware)
+
+    async def add(self, name: str, config: ClusterConfig) -> None:
+        """Add a cluster (or change it, if the name exists)."""
+        await self.clusters.set(name, config)
+
+    async def update(self, name: str, config: ClusterConfig) -> bool:
+        """Change a cluster's config; returns whether anything changed."""
+        if name not in self.clusters.names():
+            raise ClusterNotFound(name)
+        return await self.clusters.set(name, config)
+
+    async def remove(self, name: str) -> bool:
+        """Remove a cluster; returns whether it existed."""
+        return await self.clusters.remove(name)
+
+    def names(self) -> list[str]:
+        return self.clusters.names()
+
+
+class _PrefixedAware:
+    def __init__(self, prefix: str, separator: str, aware: Aware) -> None:
+        self._prefix = prefix
+        self._separator = separator
+        self._aware = aware
+
+    async def engage(self, name: str, cluster: Cluster) -> None:
+        await self._aware.engage(f"{self._prefix}{self._separator}{name}", cluster)
+
+
+class MultiProvider:
+    """Several providers under name prefixes: ``"kind/dev"``, ``"capi/prod/eu-1"``.
+
+    Each inner provider runs with its own discovery; names are
+    ``<prefix><separator><inner name>`` so two providers can never collide.
+    """
+
+    def __init__(self, providers: Mapping[str, Provider], *, separator: str = "/") -> None:
+        for prefix in providers:
+            if not prefix or separator in prefix:
+                raise ValueError(
+                    f"provider prefix {prefix!r} must be non-empty and not contain {separator!r}"
+                )
+        self._providers = dict(providers)
+        self._separator = separator
+
+    def _split(self, name: str) -> tuple[Provider, str]:
+        prefix, separator, inner = name.partition(self._separator)
+        provider = self._providers.get(prefix)
+        if provider is None or not separator:
+            raise ClusterNotFound(name)
+        return provider, inner
+
+    async def get(self, name: str) -> Cluster:
+        provider, inner = self._split(name)
+        try:
+            return await provider.get(inner)
+        except ClusterNotFound:
+            raise ClusterNotFound(name) from None  # the name the caller used, prefix included
+
+    async def index_field(self, kind: Kind, name: str, extract: IndexFunc) -> None:
+        await asyncio.gather(*(p.index_field(kind, name, extract) for p in self._providers.values()))
+
+    async def run(self, aware: Aware) -> None:
+        runnables = [
+            provider.run(_PrefixedAware(prefix, self._separator, aware))
+            for prefix, provider in self._providers.items()
+            if isinstance(provider, ProviderRunnable)
+        ]
+        async with asyncio.TaskGroup() as group:
+            for runnable in runnables:
+                group.create_task(runnable)

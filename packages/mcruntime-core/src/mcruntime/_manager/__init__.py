@@ -1,0 +1,1 @@
+"""The manager and what runs beside it: serving, metrics, settings, leader election, leases, sharding."""

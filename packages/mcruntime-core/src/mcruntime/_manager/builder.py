@@ -1,0 +1,234 @@
+"""The builder: the fluent way to wire a controller, checked when it is built.
+
+``controller_managed_by(mgr).for_(KIND).owns(CHILD).complete(reconcile)`` reads
+like controller-runtime's builder. Mistakes (no ``for_`` and no ``watches``, a
+second ``for_``, ``owns`` without ``for_``, a duplicate controller name) are
+errors raised by ``complete`` that say what is wrong, not surprises at runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from .._base.kind import Kind
+from .._control.controller import DEFAULT_MAX_TOTAL_RECONCILES, Controller
+from .._control.handler import EventHandler, enqueue_for_object, enqueue_for_owner
+from .._control.predicate import Event, Predicate
+from .._control.ratelimit import RateLimiter
+from .._control.source import ChannelSource, ClusterSelection, KindSource
+from .._fleet.reconcile import ReconcileFunction, Reconciler, Request, as_reconcile_function
+
+if TYPE_CHECKING:
+    from .manager import Manager
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
+
+
+class BuilderError(ValueError):
+    """The controller's wiring is wrong; the message says how."""
+
+
+@dataclass
+class _Owns:
+    kind: Kind
+    only_controller: bool
+    predicates: tuple[Predicate, ...]
+    clusters: ClusterSelection | None
+
+
+class Builder:
+    """Collects a controller's wiring; :meth:`complete` builds it and adds it to the manager."""
+
+    def __init__(self, manager: Manager) -> None:
+        self._manager = manager
+        self._name: str | None = None
+        self._for: KindSource | None = None
+        self._owns: list[_Owns] = []
+        self._watches: list[KindSource | ChannelSource] = []
+        self._filters: tuple[Predicate, ...] = ()
+        # Defaults come from the manager's MCRUNTIME_* settings when it was built from them.
+        settings = getattr(manager, "settings", None)
+        self._max_concurrent: int = settings.max_concurrent_reconciles if settings else 1
+        self._max_total: int = settings.max_total_reconciles if settings else DEFAULT_MAX_TOTAL_RECONCILES
+        self._rate_limiter: RateLimiter | None = None
+        self._cache_sync_timeout: float = settings.cache_sync_timeout if settings else 60.0
+        self._problems: list[str] = []
+
+    def named(self, name: str) -> Builder:
+        """Name the controller (defaults to the lower-cased kind of ``for_``)."""
+        self._name = name
+        return self
+
+    def for_(
+        self,
+        kind: Kind,
+        *,
+        predicates: tuple[Predicate, ...] | list[Predicate] = (),
+        clusters: ClusterSelection | None = None,
+        namespace: str | None = None,
+        label_selector: str | Mapping[str, str] | None = None,
+    ) -> Builder:
+        """The kind this controller reconciles: each event enqueues the object itself."""
+        if self._for is not None:
+            self._problems.append(
+                f"for_ was called twice ({self._for.kind} and {kind}); a controller has one"
+            )
+            return self
+        self._for = KindSource(
+            kind,
+            enqueue_for_object(),
+            tuple(predicates),
+            clusters or ClusterSelection(),
+            namespace,
+            label_selector,
+        )
+        return self
+
+    def owns(
+        self,
+        kind: Kind,
+        *,
+        only_controller: bool = True,
+        predicates: tuple[Predicate, ...] | list[Predicate] = (),
+        clusters: ClusterSelection | None = None,
+    ) -> Builder:
+        """Children of the ``for_`` kind: their events enqueue their owner (same cluster)."""
+        self._owns.append(_Owns(kind, only_controller, tuple(predicates), clusters))
+        return self
+
+    def watches(
+        self,
+        kind: Kind,
+        handler: EventHandler,
+        *,
+        predicates: tuple[Predicate, ...] | list[Predicate] = (),
+        clusters: ClusterSelection | None = None,
+        namespace: str | None = None,
+        label_selector: str | Mapping[str, str] | None = None,
+    ) -> Builder:
+        """Any other kind, with any handler: the way to map events across clusters."""
+        self._watches.append(
+            KindSource(
+                kind, handler, tuple(predicates), clusters or ClusterSelection(), namespace, label_selector
+            )
+        )
+        return self
+
+    def watches_channel(
+        self,
+        channel: asyncio.Queue[Request | Event],
+        handler: EventHandler | None = None,
+        *,
+        predicates: tuple[Predicate, ...] | list[Predicate] = (),
+    ) -> Builder:
+        """Triggers from outside the clusters (put Requests, or Events for ``handler``)."""
+        self._watches.append(ChannelSource(channel, handler or enqueue_for_object(), tuple(predicates)))
+        return self
+
+    def with_event_filter(self, *predicates: Predicate) -> Builder:
+        """Predicates applied to every source of this controller."""
+        self._filters = (*self._filters, *predicates)
+        return self
+
+    def with_options(
+        self,
+        *,
+        max_concurrent_reconciles: int | None = None,
+        max_total_reconciles: int | None = None,
+        rate_limiter: RateLimiter | None = None,
+        cache_sync_timeout: float | None = None,
+    ) -> Builder:
+        """Concurrency, retry pacing and how long a cluster's cache may take to sync.
+
+        ``max_concurrent_reconciles`` is the width of each cluster's lane (how
+        many reconciles of one cluster run at once), so a hung cluster can
+        only ever hold that many; ``max_total_reconciles`` bounds them over all
+        clusters together. Unset options take the manager's ``MCRUNTIME_*``
+        settings when it was built with ``Manager.from_settings``.
+        """
+        if max_concurrent_reconciles is not None:
+            if max_concurrent_reconciles < 1:
+                self._problems.append(
+                    f"max_concurrent_reconciles must be at least 1, not {max_concurrent_reconciles}"
+                )
+            self._max_concurrent = max_concurrent_reconciles
+        if max_total_reconciles is not None:
+            if max_total_reconciles < 1:
+                self._problems.append(f"max_total_reconciles must be at least 1, not {max_total_reconciles}")
+            self._max_total = max_total_reconciles
+        if rate_limiter is not None:
+            self._rate_limiter = rate_limiter
+        if cache_sync_timeout is not None:
+            if not cache_sync_timeout > 0:
+                self._problems.append(f"cache_sync_timeout must be above 0 seconds, not {cache_sync_timeout}")
+            self._cache_sync_timeout = cache_sync_timeout
+        return self
+
+    def _controller_name(self) -> str:
+        if self._name is not None:
+            return self._name
+        if self._for is not None:
+            return self._for.kind.kind.lower()
+        raise BuilderError("name the controller with named(...): it has no for_ kind to take a name from")
+
+    def complete(self, reconciler: ReconcileFunction | Reconciler) -> Controller:
+        """Build the controller, register it with the manager and return it."""
+        problems = list(self._problems)
+        if self._for is None and not self._watches:
+            problems.append("nothing to watch: call for_(kind) or watches(...)")
+        if self._owns and self._for is None:
+            problems.append("owns(...) needs for_(kind): owned objects enqueue their for_ owner")
+        try:
+            name = self._controller_name()
+        except BuilderError as error:
+            problems.append(str(error))
+            name = ""
+        if name and not _NAME.match(name):
+            problems.append(f"controller name {name!r} must be lower-case letters, digits, '-', '_' or '.'")
+        if name in self._manager.controllers:
+            problems.append(
+                f"a controller named {name!r} already exists in this manager; name this one differently"
+            )
+        try:
+            reconcile = as_reconcile_function(reconciler)
+        except TypeError as error:
+            problems.append(str(error))
+        if problems:
+            label = f"controller {name!r}" if name else "controller"
+            raise BuilderError(f"{label}: " + "; ".join(problems))
+        controller = Controller(
+            name,
+            reconcile,
+            max_concurrent_reconciles=self._max_concurrent,
+            max_total_reconciles=self._max_total,
+            rate_limiter=self._rate_limiter,
+            cache_sync_timeout=self._cache_sync_timeout,
+            event_filters=self._filters,
+            has_provider=self._manager.has_provider,
+        )
+        if self._for is not None:
+            controller.watch(self._for)
+            for owned in self._owns:
+                controller.watch(
+                    KindSource(
+                        owned.kind,
+                        enqueue_for_owner(self._for.kind, only_controller=owned.only_controller),
+                        owned.predicates,
+                        owned.clusters or replace(self._for.clusters),
+                    )
+                )
+        for source in self._watches:
+            controller.watch(source)
+        self._manager.add(controller)
+        return controller
+
+    build = complete
+
+
+def controller_managed_by(manager: Manager) -> Builder:
+    """Start wiring a controller for ``manager``."""
+    return Builder(manager)

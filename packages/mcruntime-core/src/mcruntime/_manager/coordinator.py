@@ -1,0 +1,105 @@
+"""Coordinators decide which engaged clusters this replica *works* on.
+
+Every replica engages every cluster its provider finds: caches stay warm and
+sources keep delivering events everywhere. A coordinator only decides which
+clusters' requests this replica's controllers accept, through the manager's
+:class:`WorkGate`. Ownership changes therefore start and stop work, never
+connections or caches, and gating by the *request's* cluster keeps
+multi-cluster-aware controllers correct: a hub event mapped to a request for
+member ``b`` is handled by whichever replica owns ``b``, because every replica
+sees the hub event.
+
+Without a coordinator the manager accepts every request (and with leader
+election, workers run only on the leader). :class:`ShardedCoordinator` splits
+the fleet between replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from .._control.controller import Controller
+    from .._fleet.cluster import Cluster
+
+
+class WorkGate:
+    """The set of clusters whose requests this replica's controllers accept.
+
+    ``open`` admits clusters and replays what the caches already hold, since
+    events that arrived while the gate was shut were dropped. ``close`` stops
+    intake for a cluster, drops its queued requests and waits for its
+    in-flight reconciles: after it returns, this replica does nothing more in
+    that cluster, which is what makes handing it to another replica safe.
+    """
+
+    def __init__(self, controllers: Callable[[], Iterable[Controller]]) -> None:
+        self._controllers = controllers
+        self._open: set[str] = set()
+
+    def admits(self, cluster: str) -> bool:
+        return cluster in self._open
+
+    @property
+    def opened(self) -> frozenset[str]:
+        return frozenset(self._open)
+
+    def open(self, *clusters: str) -> None:
+        """Admit ``clusters`` and enqueue what their sources' caches hold now."""
+        fresh = set(clusters) - self._open
+        if not fresh:
+            return
+        self._open |= fresh
+        for controller in self._controllers():
+            controller.replay(fresh)
+
+    async def close(self, cluster: str, *, grace: float = 0.0) -> None:
+        """Stop work in ``cluster``: in-flight reconciles get ``grace`` seconds, then are cancelled."""
+        self._open.discard(cluster)
+        await asyncio.gather(*(controller.release(cluster, grace) for controller in self._controllers()))
+
+
+class Seat(Protocol):
+    """What a coordinator gets from the manager it coordinates."""
+
+    @property
+    def local(self) -> Cluster | None:
+        """The hub: where coordination objects (Leases) live."""
+        ...
+
+    @property
+    def work(self) -> WorkGate:
+        """Open and close clusters for this replica's controllers."""
+        ...
+
+    def clusters(self) -> dict[str, Cluster]:
+        """Every engaged cluster, the local one included as ``""``."""
+        ...
+
+    @property
+    def engage_listeners(self) -> list[Callable[[str, Cluster], None]]: ...
+
+    @property
+    def disengage_listeners(self) -> list[Callable[[str, Cluster], None]]: ...
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """The manager's metrics registry, for the coordinator's own metrics."""
+        ...
+
+
+@runtime_checkable
+class Coordinator(Protocol):
+    """Decides, for as long as :meth:`run` runs, which clusters this replica works on.
+
+    The manager starts ``run`` once its local cluster is up and cancels it on
+    shutdown, after its controllers have drained; ``run`` must then release
+    whatever it holds. Until the coordinator opens a cluster, nothing in it
+    is reconciled.
+    """
+
+    async def run(self, seat: Seat) -> None: ...

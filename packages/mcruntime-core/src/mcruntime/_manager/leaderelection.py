@@ -1,0 +1,223 @@
+"""Leader election with a coordination.k8s.io/v1 Lease on the local cluster.
+
+One replica holds the Lease and reconciles; the others keep their providers and
+caches warm and wait, so a takeover starts from full caches. Expiry is judged
+by *local* observation (how long since this replica last saw the Lease change),
+never by comparing the holder's timestamps with our clock, so clock skew
+between replicas cannot make two of them lead. A leader that cannot renew
+within ``renew_deadline`` steps down before its Lease can expire elsewhere; a
+graceful shutdown releases the Lease so a standby takes over at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .._base.backoff import DEFAULT_BACKOFF, Backoff
+from .._base.errors import AlreadyExists, APIError, Conflict, NotFound, Unreachable
+from .lease import LEASE, default_identity, lease_object, released, spec_of, take, transitions_of
+
+if TYPE_CHECKING:
+    from .._fleet.cluster import Cluster
+
+__all__ = ["LEASE", "LeaderElectionConfig", "LeaderElector", "default_identity"]
+
+log = logging.getLogger("mcruntime.leaderelection")
+
+
+@dataclass(frozen=True)
+class LeaderElectionConfig:
+    """Where the Lease lives and how fast leadership moves (client-go's defaults)."""
+
+    name: str
+    namespace: str = "default"
+    identity: str = field(default_factory=default_identity)
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.lease_duration > self.renew_deadline > self.retry_period > 0:
+            raise ValueError(
+                "leader election needs lease_duration > renew_deadline > retry_period > 0, got "
+                f"{self.lease_duration} > {self.renew_deadline} > {self.retry_period}"
+            )
+
+
+class LeaderElector:
+    """Campaigns for the Lease while running; ``leading`` is set while this replica leads.
+
+    ``backoff`` paces retries after unexpected failures (a Lease kind the hub
+    does not serve, a garbled answer): the campaign logs them and goes on, so a
+    replica that could not campaign for a while leads again once the hub is
+    sane. Tests inject a zero-delay backoff.
+    """
+
+    def __init__(self, config: LeaderElectionConfig, *, backoff: Backoff = DEFAULT_BACKOFF) -> None:
+        self._cluster: Cluster | None = None
+        self.config = config
+        self.backoff = backoff
+        self.leading = asyncio.Event()
+        self._lost = asyncio.Event()
+        self._observed: tuple[str, str] | None = None
+        self._observed_at = 0.0
+        self.transitions = 0
+        self.last_reason: str | None = None
+        self.failures = 0
+        """Consecutive unexpected failures of the campaign (0 once an attempt got an answer)."""
+
+    @property
+    def identity(self) -> str:
+        return self.config.identity
+
+    async def wait_elected(self) -> None:
+        await self.leading.wait()
+
+    async def wait_lost(self) -> None:
+        """Wait until the current term ends (returns at once if not leading)."""
+        if not self.leading.is_set():
+            return
+        await self._lost.wait()
+
+    async def run(self, cluster: Cluster) -> None:
+        """Campaign on ``cluster`` (the local one): acquire, renew, and on cancellation release.
+
+        Never returns or raises until cancelled: every failure is logged and
+        retried with the backoff, and a leader that fails steps down first.
+        """
+        self._cluster = cluster
+        try:
+            while True:
+                try:
+                    await self._acquire()
+                    await self._renew_until_lost()
+                except Exception as error:  # the campaign must outlive any failure
+                    self._failed(error)
+                    self._step_down(f"the campaign failed: {self.last_reason}")
+                    await self.backoff.sleep(self.failures)
+        finally:
+            if self.leading.is_set():
+                await asyncio.shield(self._release())
+                self._step_down("released on shutdown")
+
+    def _failed(self, error: BaseException) -> None:
+        self.failures += 1
+        self.last_reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        log.warning(
+            "leader election %s/%s: attempt failed (%d in a row): %s",
+            self.config.namespace,
+            self.config.name,
+            self.failures,
+            self.last_reason,
+            exc_info=not isinstance(error, APIError | OSError | TimeoutError | Unreachable),
+        )
+
+    async def _acquire(self) -> None:
+        while True:
+            try:
+                won = await self._try_acquire_or_renew()
+            except (APIError, OSError, TimeoutError) as error:
+                log.debug("leader election: %s", error)
+                self.failures = 0
+            except Exception as error:  # KindNotFound, a garbled Lease: keep campaigning
+                self._failed(error)
+                await self.backoff.sleep(self.failures)
+                continue
+            else:
+                self.failures = 0
+                if won:
+                    self.leading.set()
+                    self._lost = asyncio.Event()
+                    log.info(
+                        "%s became the leader (lease %s/%s)",
+                        self.identity,
+                        self.config.namespace,
+                        self.config.name,
+                    )
+                    return
+            await asyncio.sleep(self.config.retry_period)
+
+    async def _renew_until_lost(self) -> None:
+        last_renewal = time.monotonic()
+        while True:
+            await asyncio.sleep(self.config.retry_period)
+            try:
+                async with asyncio.timeout(self.config.renew_deadline):
+                    renewed = await self._try_acquire_or_renew()
+            except (APIError, OSError, TimeoutError) as error:
+                renewed = False
+                self.last_reason = str(error) or type(error).__name__
+            except Exception as error:  # a failed renewal, whatever the cause
+                renewed = False
+                self._failed(error)
+            if renewed:
+                self.failures = 0
+                last_renewal = time.monotonic()
+                continue
+            if time.monotonic() - last_renewal >= self.config.renew_deadline - self.config.retry_period:
+                self._step_down(
+                    f"could not renew the lease within {self.config.renew_deadline:.0f}s"
+                    f"{f' ({self.last_reason})' if self.last_reason else ''}"
+                )
+                return
+
+    def _step_down(self, reason: str) -> None:
+        if self.leading.is_set():
+            log.warning("%s lost leadership: %s", self.identity, reason)
+            self.leading.clear()
+            self._lost.set()
+
+    def _expired(self, holder: str, renew_time: str) -> bool:
+        observed = (holder, renew_time)
+        now = time.monotonic()
+        if observed != self._observed:
+            self._observed = observed
+            self._observed_at = now
+        return now - self._observed_at > self.config.lease_duration
+
+    async def _try_acquire_or_renew(self) -> bool:
+        assert self._cluster is not None
+        client = self._cluster.client
+        try:
+            lease = await client.get(LEASE, self.config.name, namespace=self.config.namespace)
+        except NotFound:
+            fresh = lease_object(
+                self.config.name, self.config.namespace, self.identity, self.config.lease_duration
+            )
+            try:
+                await client.create(fresh)
+            except AlreadyExists:
+                return False
+            self.transitions = 0
+            return True
+        if not isinstance(lease, dict) or not isinstance(lease.get("metadata"), dict):
+            raise ValueError(f"the hub answered a Lease without metadata: {str(lease)[:200]!r}")
+        spec = spec_of(lease)
+        holder = str(spec.get("holderIdentity") or "")
+        if holder and holder != self.identity and not self._expired(holder, str(spec.get("renewTime", ""))):
+            return False
+        written = take(lease, self.identity, self.config.lease_duration)
+        try:
+            await client.update(written)  # resourceVersion in lease: optimistic concurrency
+        except Conflict:
+            return False
+        self.transitions = transitions_of(spec_of(written))
+        return True
+
+    async def _release(self) -> None:
+        assert self._cluster is not None
+        client = self._cluster.client
+        try:
+            lease = await client.get(LEASE, self.config.name, namespace=self.config.namespace)
+            if spec_of(lease).get("holderIdentity") != self.identity:
+                return
+            await client.update(released(lease))
+            log.info("%s released the lease %s/%s", self.identity, self.config.namespace, self.config.name)
+        except (APIError, Unreachable, OSError) as error:
+            log.warning("%s could not release the lease: %s", self.identity, error)
+        except Exception as error:  # shutdown goes on; the Lease expires by itself
+            log.warning("%s could not release the lease: %r", self.identity, error)

@@ -1,0 +1,522 @@
+"""The manager: runs the provider and the controllers, and engages clusters.
+
+The manager is the :class:`Aware` a provider talks to. ``engage`` fans a
+cluster out to every engaged component concurrently and remembers it, so a
+controller added later is engaged with every cluster already there (the basic
+coordinator of multicluster-runtime forgets this). Without a provider the
+manager engages only its local cluster, and the same controllers and
+reconcilers run single-cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import signal
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from .._base.errors import ClusterNotFound
+from .._base.kind import Kind
+from .._base.limits import raise_open_files_limit
+from .._base.tasks import TaskSet
+from .._cache.informer import IndexFunc
+from .._client.health import HealthState
+from .._config.kubeconfig import ClusterConfig
+from .._control.controller import Controller
+from .._control.events import EventRecorder
+from .._fleet.clients import FleetClient, RoutedClient
+from .._fleet.cluster import Cluster, ClusterOptions
+from .._fleet.provider import Aware, Provider, ProviderRunnable
+from .._fleet.reconcile import LOCAL_CLUSTER
+from .coordinator import Coordinator, WorkGate
+from .leaderelection import LeaderElectionConfig, LeaderElector
+from .metrics import ManagerMetrics
+from .serving import Check, CheckLine, Checks, Endpoints
+from .sharding import ShardedCoordinator, ShardingConfig
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from .settings import ManagerSettings
+
+log = logging.getLogger("mcruntime.manager")
+
+
+@runtime_checkable
+class Runnable(Protocol):
+    """Anything the manager runs alongside its controllers until shutdown."""
+
+    async def start(self) -> None:
+        """Run until cancelled."""
+        ...
+
+
+class Manager:
+    """Owns the local cluster, the provider's clusters and every controller.
+
+    ``provider`` discovers clusters (``None``: the local cluster only).
+    ``local`` is the hub cluster's config (a kubeconfig, in-cluster, or ``None``
+    for none); it is engaged under the name ``""``.
+    """
+
+    def __init__(
+        self,
+        provider: Provider | None = None,
+        *,
+        local: ClusterConfig | None = None,
+        cluster_options: ClusterOptions | None = None,
+        graceful_shutdown_timeout: float = 30.0,
+        handle_signals: bool = True,
+        leader_election: LeaderElectionConfig | None = None,
+        metrics_address: str | None = None,
+        health_probe_address: str | None = None,
+        ready_min_share: float = 1.0,
+        coordinator: Coordinator | None = None,
+    ) -> None:
+        """Build a manager; nothing runs until :meth:`start`.
+
+        ``leader_election`` needs ``local``: the Lease lives on the local cluster.
+        ``coordinator`` decides which clusters this replica works on (for
+        example a :class:`ShardedCoordinator`, which also needs ``local``);
+        without one, every engaged cluster is worked on (on the leader only,
+        with leader election). The two are alternatives.
+        ``metrics_address`` and ``health_probe_address`` are ``host:port``
+        (port 0 picks a free port; see :attr:`endpoints`). ``ready_min_share``
+        is the share of engaged clusters whose caches must be synced and
+        reachable for ``/readyz`` to pass (the local cluster always must).
+        """
+        if provider is None and local is None:
+            raise ValueError("a manager needs a provider, a local cluster, or both")
+        if leader_election is not None and local is None:
+            raise ValueError("leader election needs a local cluster to hold its Lease")
+        if coordinator is not None and leader_election is not None:
+            raise ValueError("choose leader election or a coordinator such as sharding, not both")
+        if coordinator is not None and local is None:
+            raise ValueError("a coordinator needs a local cluster (the hub) to coordinate on")
+        if not 0.0 <= ready_min_share <= 1.0:
+            raise ValueError(f"ready_min_share must be between 0 and 1, not {ready_min_share}")
+        self.provider = provider
+        self._local_config = local
+        self._cluster_options = cluster_options
+        self.graceful_shutdown_timeout = graceful_shutdown_timeout
+        self._handle_signals = handle_signals
+        self.local: Cluster | None = None
+        self.controllers: dict[str, Controller] = {}
+        self._awares: list[Aware] = []
+        self._runnables: list[Runnable] = []
+        self._engaged: dict[str, Cluster] = {}
+        self._tasks: dict[object, asyncio.Task[None]] = {}
+        # The manager's own long-lived loops (leader election, coordination), restarted if they die.
+        self._loops = TaskSet("manager")
+        self._loops.crash_listeners.append(self._count_crash)
+        self._stop = asyncio.Event()
+        self._started = asyncio.Event()
+        self._running = False
+        self.client = RoutedClient(self.get_cluster)
+        self.fleet = FleetClient(self.clusters)
+        self.engage_listeners: list[Callable[[str, Cluster], None]] = []
+        self.disengage_listeners: list[Callable[[str, Cluster], None]] = []
+        self.elector = LeaderElector(leader_election) if leader_election is not None else None
+        self.metrics = ManagerMetrics(lambda: self.controllers.values(), self.clusters, self._cluster_states)
+        self._metrics_address = metrics_address
+        self._probe_address = health_probe_address
+        self._ready_min_share = ready_min_share
+        self._healthz = Checks()
+        self._readyz = Checks()
+        self._healthz.add("ping", lambda: None)
+        self._healthz.add("loops", self._loops_alive)
+        self._readyz.add_group("clusters", self._cluster_readiness)
+        self.endpoints = Endpoints(self._healthz, self._readyz, self.metrics.registry)
+        self._engage_started: dict[str, float] = {}
+        self.coordinator = coordinator
+        self.work = WorkGate(lambda: list(self.controllers.values()))
+
+    @classmethod
+    def from_settings(
+        cls,
+        provider: Provider | None = None,
+        *,
+        local: ClusterConfig | None = None,
+        settings: ManagerSettings | None = None,
+        cluster_options: ClusterOptions | None = None,
+    ) -> Manager:
+        """A manager configured from ``MCRUNTIME_*`` (or the given settings).
+
+        The settings reach every cluster and controller, not only the local
+        cluster: controllers built for this manager take their default lane
+        width, global bound and cache-sync timeout from them, and a provider
+        whose clusters use the default cache-sync timeout gets the configured
+        one (a timeout chosen explicitly in the provider's options stays).
+
+        Raises :class:`SettingsError` naming every invalid variable.
+        """
+        import dataclasses
+
+        from .._fleet.clusterset import ClusterSet
+        from .settings import ManagerSettings  # pydantic loads only for managers built from settings
+
+        values = settings or ManagerSettings.load()
+        election = None
+        if values.leader_election:
+            election = LeaderElectionConfig(
+                name=values.leader_election_id,
+                namespace=values.leader_election_namespace,
+                lease_duration=values.lease_duration,
+                renew_deadline=values.renew_deadline,
+                retry_period=values.retry_period,
+            )
+        options = cluster_options or ClusterOptions(cache_sync_timeout=values.cache_sync_timeout)
+        # Provider clusters too, unless the provider chose its own timeout.
+        provider_clusters = getattr(provider, "clusters", None)
+        if isinstance(provider_clusters, ClusterSet) and (
+            provider_clusters.options.cache_sync_timeout == ClusterOptions().cache_sync_timeout
+        ):
+            provider_clusters.options = dataclasses.replace(
+                provider_clusters.options, cache_sync_timeout=values.cache_sync_timeout
+            )
+        coordinator = None
+        if values.sharding:
+            coordinator = ShardedCoordinator(
+                ShardingConfig(
+                    name=values.shard_group,
+                    namespace=values.shard_namespace,
+                    weight=values.shard_weight,
+                    lease_duration=values.lease_duration,
+                    renew_deadline=values.renew_deadline,
+                    retry_period=values.retry_period,
+                )
+            )
+        manager = cls(
+            provider,
+            local=local,
+            cluster_options=options,
+            graceful_shutdown_timeout=values.graceful_shutdown_timeout,
+            leader_election=election,
+            metrics_address=values.metrics_bind_address or None,
+            health_probe_address=values.health_probe_bind_address or None,
+            ready_min_share=values.ready_min_share,
+            coordinator=coordinator,
+        )
+        manager.settings = values
+        return manager
+
+    settings: ManagerSettings | None = None
+
+    # --- probes, metrics, events ------------------------------------------------------------
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """The registry ``/metrics`` serves; add your own metrics here."""
+        return self.metrics.registry
+
+    def add_healthz_check(self, name: str, check: Check) -> None:
+        """A liveness check: ``check()`` (sync or async) returns ``None`` or why it fails."""
+        self._healthz.add(name, check)
+
+    def add_readyz_check(self, name: str, check: Check) -> None:
+        """A readiness check, alongside the built-in cache checks."""
+        self._readyz.add(name, check)
+
+    def event_recorder(self, controller: str) -> EventRecorder:
+        """A recorder whose events go to the cluster of the request being reconciled."""
+        return EventRecorder(controller, self.get_cluster)
+
+    def _cluster_states(self) -> dict[str, str]:
+        statuses = getattr(self.provider, "statuses", None)
+        if not callable(statuses):
+            return {}
+        try:
+            found = statuses()
+        except Exception:
+            return {}
+        return {name: getattr(status.state, "value", str(status.state)) for name, status in found.items()}
+
+    def _cluster_ready(self, name: str, cluster: Cluster) -> str | None:
+        # The cluster's own health record decides reachability, exactly as
+        # statuses() and the metrics read it. A controller that has not engaged
+        # the cluster yet counts as waiting too: the manager records a cluster
+        # before its fan-out reaches every controller.
+        health = cluster.health
+        if health.state is HealthState.UNHEALTHY:
+            return f"unhealthy: {health.reason}"
+        if health.state is HealthState.UNKNOWN:
+            return "no answer from its health probe yet"
+        failing = cluster.failing_loops()
+        if failing:
+            return "; ".join(failing)
+        waiting = [controller.name for controller in self.controllers.values() if not controller.synced(name)]
+        if waiting:
+            return f"caches not synced for {', '.join(sorted(waiting))}"
+        return None
+
+    def _count_crash(self, loop: str, _error: BaseException) -> None:
+        # Labelled by the loop's kind of work, not its cluster: bounded, and nothing to drop on churn.
+        self.metrics.loop_crashes.labels(loop.split(" ", 1)[0]).inc()
+
+    def _loops_alive(self) -> str | None:
+        failing = self._loops.failing()
+        for controller in self.controllers.values():  # their dispatchers and channel readers
+            failing.extend(controller.tasks.failing())
+        if not failing:
+            return None
+        return "; ".join(f"{loop.name} died ({loop.last_error}); restarting" for loop in failing)
+
+    async def _cluster_readiness(self) -> list[CheckLine]:
+        lines: list[CheckLine] = []
+        members = 0
+        passing = 0
+        known: dict[str, Cluster | None] = dict.fromkeys(self._cluster_states())
+        known.update(self._engaged)
+        for name, cluster in sorted(known.items()):
+            reason = self._cluster_ready(name, cluster) if cluster is not None else "engaging"
+            if name == LOCAL_CLUSTER:
+                lines.append(("cluster:local", reason, True))
+                continue
+            members += 1
+            passing += reason is None
+            lines.append((f"cluster:{name}", reason, self._ready_min_share >= 1.0))
+        if 0.0 < self._ready_min_share < 1.0 and members:
+            share = passing / members
+            reason = (
+                None
+                if share >= self._ready_min_share
+                else (f"{passing} of {members} clusters ready, {self._ready_min_share:.0%} required")
+            )
+            lines.append(("clusters", reason, True))
+        return lines
+
+    def _observe_sync(self, name: str, cluster: Cluster) -> None:
+        started = self._engage_started.get(name)
+        if started is None or self._cluster_ready(name, cluster) is not None:
+            return
+        del self._engage_started[name]
+        self.metrics.engage_duration.observe(time.monotonic() - started)
+
+    def __repr__(self) -> str:
+        return f"<Manager clusters={sorted(self._engaged)} controllers={sorted(self.controllers)}>"
+
+    @property
+    def has_provider(self) -> bool:
+        return self.provider is not None
+
+    # --- components ---------------------------------------------------------------------
+
+    def add(self, component: Controller | Runnable | Aware) -> None:
+        """Register a controller, a runnable, or an aware; later additions start at once."""
+        if isinstance(component, Controller):
+            if component.name in self.controllers:
+                raise ValueError(f"a controller named {component.name!r} is already registered")
+            self.controllers[component.name] = component
+            component.queue.set_metrics(self.metrics.queue_metrics(component.name))
+            component.observers.append(self.metrics.observe_reconcile)
+            component.tasks.crash_listeners.append(self._count_crash)
+            if self.elector is not None:
+                component.leader = self.elector
+            if self.coordinator is not None:
+                component.gate = self.work
+        if isinstance(component, Aware):
+            self._awares.append(component)
+        if isinstance(component, Runnable):
+            self._runnables.append(component)
+        if self._running:
+            self._launch(component)
+
+    def _launch(self, component: object) -> None:
+        if isinstance(component, Runnable):
+            self._tasks[component] = asyncio.create_task(component.start(), name=f"runnable:{component!r}")
+        if isinstance(component, Aware):
+            for name, cluster in list(self._engaged.items()):
+                key = (component, name)
+                task = asyncio.create_task(component.engage(name, cluster), name=f"engage:{name}")
+                self._tasks[key] = task
+                task.add_done_callback(functools.partial(self._engage_done, key))
+
+    def _engage_done(self, key: object, task: asyncio.Task[None]) -> None:
+        """Forget a finished late engagement (the map must not grow with churn); report a failure."""
+        if self._tasks.get(key) is task:
+            del self._tasks[key]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("engaging %r failed", key, exc_info=task.exception())
+
+    # --- clusters -------------------------------------------------------------------------
+
+    async def engage(self, name: str, cluster: Cluster) -> None:
+        """Hand ``cluster`` to every component; idempotent for the same cluster object."""
+        if self._engaged.get(name) is cluster:
+            return
+        self._engaged[name] = cluster
+        self._engage_started[name] = time.monotonic()
+        self.metrics.cluster_engaged(name)
+
+        def forget() -> None:
+            if self._engaged.get(name) is cluster:
+                del self._engaged[name]
+                self._engage_started.pop(name, None)
+                self.metrics.cluster_disengaged(name)
+                for listener in self.disengage_listeners:
+                    listener(name, cluster)
+
+        cluster.on_stop(forget)
+        cluster.tasks.crash_listeners.append(self._count_crash)
+        for listener in self.engage_listeners:
+            listener(name, cluster)
+        results = await asyncio.gather(
+            *(aware.engage(name, cluster) for aware in list(self._awares)), return_exceptions=True
+        )
+        for aware, result in zip(list(self._awares), results, strict=False):
+            if isinstance(result, Exception):
+                log.error("engaging cluster %r with %r failed", name, aware, exc_info=result)
+        cluster.tasks.spawn(self._time_engagement(name, cluster), "engage-timer")
+
+    async def _time_engagement(self, name: str, cluster: Cluster) -> None:
+        while name in self._engage_started:
+            self._observe_sync(name, cluster)
+            await asyncio.sleep(0.1)
+
+    async def get_cluster(self, name: str) -> Cluster:
+        """An engaged cluster by name (``""`` is the local one); raises :class:`ClusterNotFound`."""
+        found = self._engaged.get(name)
+        if found is not None:
+            return found
+        if name != LOCAL_CLUSTER and self.provider is not None:
+            return await self.provider.get(name)
+        raise ClusterNotFound(name)
+
+    def clusters(self) -> dict[str, Cluster]:
+        """Every engaged cluster by name, the local one included (as ``""``)."""
+        return dict(self._engaged)
+
+    async def index_field(self, kind: Kind, name: str, extract: IndexFunc) -> None:
+        """Index ``kind`` in the local cluster and in every provider cluster, now and later."""
+        if self.local is not None:
+            self.local.cache.index_field(kind, name, extract)
+        if self.provider is not None:
+            await self.provider.index_field(kind, name, extract)
+
+    # --- running --------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask a running manager to shut down gracefully (what SIGTERM does)."""
+        self._stop.set()
+
+    async def wait_started(self) -> None:
+        """Wait until ``start`` has engaged the local cluster and started every component."""
+        await self._started.wait()
+
+    async def start(self) -> None:
+        """Run everything until :meth:`stop`, SIGTERM or SIGINT; then shut down gracefully.
+
+        Shutdown stops intake, lets in-flight reconciles finish within
+        ``graceful_shutdown_timeout``, stops the provider (which stops its
+        clusters) and the local cluster, and leaves nothing running.
+        """
+        if self._running:
+            raise RuntimeError("the manager is already running")
+        self._running = True
+        raise_open_files_limit()  # a fleet needs an fd per connection: soft -> hard, as Go does
+        restore = self._install_signal_handlers()
+        provider_task: asyncio.Task[None] | None = None
+        try:
+            await self.endpoints.start(probes=self._probe_address, metrics=self._metrics_address)
+            if self._local_config is not None:
+                self.local = Cluster(LOCAL_CLUSTER, self._local_config, self._cluster_options)
+                await self.local.start()
+                if self.elector is not None:
+                    elector, local = self.elector, self.local
+                    self._loops.supervise(lambda: elector.run(local), "leader-election")
+            for component in [*self._runnables, *[a for a in self._awares if not isinstance(a, Runnable)]]:
+                self._launch(component)
+            if self.local is not None:
+                await self.engage(LOCAL_CLUSTER, self.local)
+            if self.coordinator is not None:
+                coordinator = self.coordinator
+                self._loops.supervise(lambda: coordinator.run(self), "coordinator")
+            runner = _runnable_provider(self.provider)
+            if runner is not None:
+                provider_task = asyncio.create_task(runner.run(self), name="provider")
+            self._started.set()
+            await self._wait_for_stop(provider_task)
+        finally:
+            await self._shutdown(provider_task)
+            restore()
+            self._running = False
+
+    async def _wait_for_stop(self, provider_task: asyncio.Task[None] | None) -> None:
+        stop_waiter: asyncio.Task[object] = asyncio.create_task(self._stop.wait())
+        watched: set[asyncio.Task[object]] = {stop_waiter}
+        if provider_task is not None:
+            watched.add(provider_task)
+        watched.update(task for key, task in self._tasks.items() if isinstance(key, Runnable))
+        try:
+            while not self._stop.is_set():
+                done, _pending = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    watched.discard(task)
+                    if task is stop_waiter or task.cancelled():
+                        continue
+                    error = task.exception()
+                    if error is not None:
+                        log.error("%s failed; shutting down", task.get_name(), exc_info=error)
+                        raise error
+                if not watched:
+                    return
+        finally:
+            stop_waiter.cancel()
+
+    async def _shutdown(self, provider_task: asyncio.Task[None] | None) -> None:
+        grace = self.graceful_shutdown_timeout
+        drained = await asyncio.gather(
+            *(controller.shutdown(grace) for controller in self.controllers.values()), return_exceptions=True
+        )
+        if not all(result is True for result in drained):
+            log.warning("some reconciles did not finish within %.0fs and were cancelled", grace)
+        for task in [*self._tasks.values(), *([provider_task] if provider_task else [])]:
+            task.cancel()
+        await asyncio.gather(
+            *self._tasks.values(), *([provider_task] if provider_task else []), return_exceptions=True
+        )
+        self._tasks.clear()
+        await self._loops.close()
+        if self.local is not None:
+            await self.local.stop()
+        await self.endpoints.stop()
+
+    def _install_signal_handlers(self) -> Callable[[], None]:
+        if not self._handle_signals or threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        loop = asyncio.get_running_loop()
+        installed = []
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signum, self._on_signal, signum)
+                installed.append(signum)
+
+        def restore() -> None:
+            for signum in installed:
+                loop.remove_signal_handler(signum)
+
+        return restore
+
+    def _on_signal(self, signum: int) -> None:
+        log.info("received %s; shutting down gracefully", signal.Signals(signum).name)
+        self.stop()
+
+
+def _runnable_provider(provider: object) -> ProviderRunnable | None:
+    return provider if isinstance(provider, ProviderRunnable) else None
+
+
+async def run_manager(manager: Manager, until: Awaitable[object]) -> None:
+    """Run ``manager`` until ``until`` completes, then stop it (handy in tests and scripts)."""
+    runner = asyncio.create_task(manager.start())
+    try:
+        await manager.wait_started()
+        await until
+    finally:
+        manager.stop()
+        await runner

@@ -1,0 +1,100 @@
+"""Manager settings from the environment (``MCRUNTIME_*``), validated before anything starts.
+
+In a pod, configuration comes from environment variables set in the
+Deployment. A wrong value must fail at start with the variable's name, not
+half an hour later inside a reconcile: :meth:`ManagerSettings.load` turns
+pydantic's validation errors into one :class:`SettingsError` listing each bad
+variable and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .._base.errors import MCRuntimeError
+
+ENV_PREFIX = "MCRUNTIME_"
+
+
+class SettingsError(MCRuntimeError, ValueError):
+    """One or more ``MCRUNTIME_*`` variables are invalid; the message names each."""
+
+
+class ManagerSettings(BaseSettings):
+    """Everything an operator tunes without code. Each field is ``MCRUNTIME_<FIELD>``."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    metrics_bind_address: str | None = Field(
+        default=":8080", description="host:port for /metrics; empty disables"
+    )
+    health_probe_bind_address: str | None = Field(
+        default=":8081", description="host:port for /healthz and /readyz; empty disables"
+    )
+    leader_election: bool = Field(default=False, description="elect one active replica with a Lease")
+    leader_election_id: str = Field(default="mcruntime-leader", description="the Lease's name")
+    leader_election_namespace: str = Field(default="default", description="the Lease's namespace")
+    lease_duration: float = Field(
+        default=15.0, gt=0, description="seconds a standby waits before taking over"
+    )
+    renew_deadline: float = Field(default=10.0, gt=0, description="seconds a leader keeps trying to renew")
+    retry_period: float = Field(default=2.0, gt=0, description="seconds between election attempts")
+    sharding: bool = Field(
+        default=False,
+        description="split the clusters between replicas with Leases (instead of leader election)",
+    )
+    shard_group: str = Field(default="mcruntime", description="the shard group: Lease name prefix and label")
+    shard_namespace: str = Field(default="default", description="where the shard Leases live")
+    shard_weight: float = Field(default=1.0, gt=0, description="this replica's relative share of clusters")
+    max_concurrent_reconciles: int = Field(
+        default=1, ge=1, description="default concurrent reconciles per cluster (lane width) per controller"
+    )
+    max_total_reconciles: int = Field(
+        default=256,
+        ge=1,
+        description="default bound on a controller's concurrent reconciles over all clusters",
+    )
+    cache_sync_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        description="seconds a cluster's caches may take to sync (every cluster, every controller)",
+    )
+    graceful_shutdown_timeout: float = Field(
+        default=30.0, ge=0, description="seconds in-flight reconciles get"
+    )
+    ready_min_share: float = Field(
+        default=1.0, ge=0, le=1, description="share of clusters that must be synced"
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO")
+    log_format: Literal["text", "json"] = Field(default="text")
+
+    @model_validator(mode="after")
+    def _lease_timing(self) -> ManagerSettings:
+        if self.leader_election and self.sharding:
+            raise ValueError(
+                f"{ENV_PREFIX}LEADER_ELECTION and {ENV_PREFIX}SHARDING are alternatives; set one"
+            )
+        if (self.leader_election or self.sharding) and not (
+            self.lease_duration > self.renew_deadline > self.retry_period
+        ):
+            order = " > ".join(
+                f"{ENV_PREFIX}{name}" for name in ("LEASE_DURATION", "RENEW_DEADLINE", "RETRY_PERIOD")
+            )
+            raise ValueError(f"{order} must hold")
+        return self
+
+    @classmethod
+    def load(cls, **overrides: object) -> ManagerSettings:
+        """Read the environment (and ``overrides``); raise :class:`SettingsError` naming bad variables."""
+        try:
+            return cls(**overrides)  # type: ignore[arg-type]
+        except ValidationError as error:
+            problems = []
+            for detail in error.errors():
+                field = ".".join(str(part) for part in detail["loc"])
+                variable = f"{ENV_PREFIX}{field.upper()}" if field else "settings"
+                problems.append(f"{variable}: {detail['msg']}")
+            raise SettingsError("invalid manager settings: " + "; ".join(problems)) from None
