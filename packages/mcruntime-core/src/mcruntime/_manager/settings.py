@@ -68,6 +68,10 @@ class ManagerSettings(BaseSettings):
     ready_min_share: float = Field(
         default=1.0, ge=0, le=1, description="share of clusters that must be synced"
     )
+    gc_freeze: bool = Field(
+        default=True,
+        description="after caches sync, move their objects out of the cyclic GC's reach (gc.freeze)",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO")
     log_format: Literal["text", "json"] = Field(default="text")
 

@@ -1,0 +1,57 @@
+"""Moving synced caches out of the cyclic garbage collector's way.
+
+A cache holds every object of every watched kind: hundreds of thousands of
+dicts that live as long as the cluster does. CPython's cyclic collector walks
+all of them on every full collection, and full collections come more often the
+more the program allocates, so a reconcile's latency grows with the size of the
+cache rather than with its own work (benchmark S10: p99 0.74x with freezing).
+``gc.freeze()`` moves everything alive into a permanent generation the collector
+skips. Cached objects are plain JSON dicts and lists without cycles, so reference
+counting still frees one the moment an update or delete replaces it: freezing
+costs no memory for them.
+
+Freezing is coalesced: a burst of clusters syncing (a fleet engaging) leads to
+one collection and one freeze shortly after the burst, not one per cluster.
+Garbage cycles alive at that moment are collected first, so none is frozen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+
+log = logging.getLogger("mcruntime.manager")
+
+FREEZE_DELAY = 1.0
+"""Seconds after the last cache sync of a burst before the heap is frozen."""
+
+
+class CacheFreezer:
+    """Freezes the heap once after each burst of cache syncs; a no-op when disabled."""
+
+    def __init__(self, enabled: bool, delay: float = FREEZE_DELAY) -> None:
+        self.enabled = enabled
+        self._delay = delay
+        self._pending: asyncio.TimerHandle | None = None
+        self.freezes = 0
+
+    def synced(self) -> None:
+        """A cluster's caches finished their initial list: freeze after the burst settles."""
+        if not self.enabled:
+            return
+        if self._pending is not None:
+            self._pending.cancel()
+        self._pending = asyncio.get_running_loop().call_later(self._delay, self._freeze)
+
+    def _freeze(self) -> None:
+        self._pending = None
+        gc.collect()
+        gc.freeze()
+        self.freezes += 1
+        log.debug("heap frozen after cache sync: %d objects outside the collector", gc.get_freeze_count())
+
+    def cancel(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None

@@ -1,0 +1,61 @@
+"""Synced caches leave the cyclic garbage collector's generations, once per burst of syncs."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+from kube_helpers import CONFIGMAP, running, wait_for
+
+import mcruntime as mcr
+from mcruntime._manager.gcfreeze import CacheFreezer
+from mcruntime.testing import ControlPlane, Fleet
+
+
+def config_of(plane: ControlPlane) -> mcr.ClusterConfig:
+    return mcr.kubeconfig_from_dict(plane.kubeconfig())
+
+
+async def _nothing(_request: mcr.Request) -> None:
+    return None
+
+
+async def test_the_heap_is_frozen_once_after_a_burst_of_cluster_syncs(fleet: Fleet) -> None:
+    provider = mcr.StaticProvider({name: config_of(fleet[name]) for name in ("cluster-1", "cluster-2")})
+    manager = mcr.Manager(provider, handle_signals=False)
+    mcr.controller_managed_by(manager).for_(CONFIGMAP).complete(_nothing)
+    gc.unfreeze()
+    async with running(manager):
+        await wait_for(lambda: manager.freezer.freezes >= 1, timeout=30)
+        assert gc.get_freeze_count() > 0
+    gc.unfreeze()
+
+
+async def test_a_burst_of_syncs_leads_to_one_freeze() -> None:
+    freezer = CacheFreezer(True, delay=0.05)
+    gc.unfreeze()
+    for _ in range(1000):  # a fleet engaging: every cluster's caches sync within the delay
+        freezer.synced()
+    await wait_for(lambda: freezer.freezes >= 1, timeout=5)
+    assert freezer.freezes == 1 and gc.get_freeze_count() > 0
+    gc.unfreeze()
+    freezer.synced()
+    await wait_for(lambda: freezer.freezes == 2, timeout=5)
+    gc.unfreeze()
+
+
+async def test_freezing_can_be_turned_off_from_the_environment(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MCRUNTIME_GC_FREEZE", "false")
+    settings = mcr.ManagerSettings.load(metrics_bind_address="", health_probe_bind_address="")
+    provider = mcr.StaticProvider({"cluster-1": config_of(fleet["cluster-1"])})
+    manager = mcr.Manager.from_settings(provider, settings=settings, handle_signals=False)
+    mcr.controller_managed_by(manager).for_(CONFIGMAP).complete(_nothing)
+    gc.unfreeze()
+    async with running(manager):
+        await wait_for(
+            lambda: all(controller.synced("cluster-1") for controller in manager.controllers.values())
+        )
+        assert not manager.freezer.enabled and manager.freezer.freezes == 0
+        assert gc.get_freeze_count() == 0
