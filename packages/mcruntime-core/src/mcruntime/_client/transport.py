@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     # ~35 MiB to import, and only typed-API users need them.
     from kubernetes_asyncio import client as k8s_client
 
+_KEEPALIVE_SECONDS = 75.0
+"""How long an idle pooled connection is kept (aiohttp's default is 15 s)."""
+
 log = logging.getLogger("mcruntime.transport")
 
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -156,7 +159,12 @@ class Transport:
             self._session = self._new_session(context)
 
     def _new_session(self, context: ssl.SSLContext) -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(ssl=context, limit=0, enable_cleanup_closed=True)
+        # Idle connections stay open longer than the slowest paced probe interval of a
+        # large fleet (20 s at 1,000 clusters), so a probe reuses one instead of paying a
+        # TLS handshake, which costs ten times the request itself.
+        connector = aiohttp.TCPConnector(
+            ssl=context, limit=0, enable_cleanup_closed=True, keepalive_timeout=_KEEPALIVE_SECONDS
+        )
         return aiohttp.ClientSession(
             connector=connector,
             trust_env=False,  # a cluster's proxy comes from its kubeconfig, not the environment

@@ -93,7 +93,9 @@ class ManagerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
-        self._live: set[str] = set()  # cluster labels engaged now: the only ones with series
+        # Cluster labels engaged now (the only ones with series), each with its series' keys,
+        # so forgetting a cluster costs its own series, not a scan of the whole fleet's.
+        self._live: dict[str, list[tuple[Any, tuple[str, ...]]]] = {}
         self.reconcile_total = Counter(
             "controller_runtime_reconcile_total",
             "Reconciles per controller, result and cluster.",
@@ -182,14 +184,16 @@ class ManagerMetrics:
         key = (metric, values)
         found = self._children.get(key)
         if found is None:
-            if values[-1] not in self._live:
+            keys = self._live.get(values[-1])
+            if keys is None:
                 return _DISCARDED
             found = self._children[key] = metric.labels(*values)
+            keys.append(key)
         return found
 
     def cluster_engaged(self, cluster: str) -> None:
         """Count an engagement; the cluster's series may exist from now on."""
-        self._live.add(_cluster_label(cluster))
+        self._live.setdefault(_cluster_label(cluster), [])
         self.engagements.inc()
 
     def cluster_disengaged(self, cluster: str) -> None:
@@ -199,11 +203,9 @@ class ManagerMetrics:
 
     def forget_cluster(self, cluster: str) -> None:
         """Remove every series labelled with ``cluster``; later observations for it are dropped."""
-        label = _cluster_label(cluster)
-        self._live.discard(label)
-        for key in [key for key in self._children if key[1][-1] == label]:
+        for key in self._live.pop(_cluster_label(cluster), []):
             metric, values = key
-            del self._children[key]
+            self._children.pop(key, None)
             with contextlib.suppress(KeyError):
                 metric.remove(*values)
 
