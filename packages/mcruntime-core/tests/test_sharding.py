@@ -519,3 +519,76 @@ def test_sharding_from_settings(fleet: Fleet, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("MCRUNTIME_LEADER_ELECTION", "true")
     with pytest.raises(mcr.SettingsError, match="MCRUNTIME_SHARDING are alternatives"):
         mcr.ManagerSettings.load()
+
+
+def _fence(group: str, namespace: str, cluster: str, holder: str) -> dict[str, Any]:
+    """A fence Lease as a replica of ``group`` writes it, held by ``holder`` ("" when released)."""
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": mcr.ShardingConfig(name=group).fence_lease(cluster),
+            "namespace": namespace,
+            "labels": {"mcruntime.dev/shard-group": group, "mcruntime.dev/shard-role": "fence"},
+            "annotations": {"mcruntime.dev/cluster": cluster},
+        },
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": 3,
+            "renewTime": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()),
+        },
+    }
+
+
+async def test_fences_of_clusters_gone_while_their_holder_was_dead_are_collected(fleet: Fleet) -> None:
+    from shard_replica import sharded_manager
+
+    namespace = unique("orphans")
+    plane = fleet["cluster-3"]
+    group = "orphans"
+    lease = mcr.Kind("coordination.k8s.io/v1", "Lease")
+    async with running_cluster(plane, "setup") as setup:
+        await setup.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        await setup.client.create(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": namespace}}
+        )
+        # A replica that crashed holding "gone", and a released fence of "left": neither cluster
+        # is in the fleet any more, and nobody alive will ever hand them over.
+        for cluster, holder in (("gone", "crashed-replica"), ("left", "")):
+            await setup.client.create(_fence(group, namespace, cluster, holder))
+        spec = {
+            "hub": str(plane.kubeconfig_path()),
+            "clusters": {"x": str(plane.kubeconfig_path())},
+            "namespace": namespace,
+            "group": group,
+            "lease_duration": 1.5,
+            "renew_deadline": 1.0,
+            "retry_period": 0.25,
+            "peer_gc_after": 2.0,
+            "period": 0.5,
+        }
+        manager = sharded_manager(spec, "survivor", 1.0, handle_signals=False)
+        coordinator = manager.coordinator
+        assert isinstance(coordinator, mcr.ShardedCoordinator)
+        config = mcr.ShardingConfig(name=group)
+
+        async def fences() -> set[str]:
+            found = await setup.client.list(lease, namespace=namespace)
+            return {item["metadata"]["name"] for item in found.items if "-fence-" in item["metadata"]["name"]}
+
+        runner = asyncio.create_task(manager.start())
+        try:
+            await wait_for(lambda: coordinator.owned == {"", "x"}, timeout=30)
+            orphans = {config.fence_lease("gone"), config.fence_lease("left")}
+            await wait_for(lambda: _without(fences(), orphans), timeout=30)
+            # The fences of clusters in the fleet stay, held by the survivor.
+            assert await fences() == {config.fence_lease(""), config.fence_lease("x")}
+            sample = manager.registry.get_sample_value
+            assert sample("mcruntime_shard_hub_writes_total", {"purpose": "fence-gc"}) == 2
+        finally:
+            manager.stop()
+            await runner
+
+
+async def _without(found: Any, names: set[str]) -> bool:
+    return not (await found) & names

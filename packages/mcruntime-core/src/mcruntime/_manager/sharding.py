@@ -78,7 +78,15 @@ GROUP_LABEL = "mcruntime.dev/shard-group"
 ROLE_LABEL = "mcruntime.dev/shard-role"
 CLUSTER_ANNOTATION = "mcruntime.dev/cluster"
 WEIGHT_ANNOTATION = "mcruntime.dev/weight"
-WRITE_PURPOSES = ("peer-renew", "peer-leave", "peer-gc", "fence-acquire", "fence-release", "fence-delete")
+WRITE_PURPOSES = (
+    "peer-renew",
+    "peer-leave",
+    "peer-gc",
+    "fence-acquire",
+    "fence-release",
+    "fence-delete",
+    "fence-gc",
+)
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 _API_ERRORS = (APIError, Unreachable, OSError, TimeoutError)
 _CONCURRENT_WRITES = 16
@@ -94,7 +102,9 @@ class ShardingConfig:
     ``handover_grace`` is how long in-flight reconciles of a cluster that moves
     to another replica may run before they are cancelled. ``peer_gc_after`` is
     how long a peer must have been silent before a survivor deletes its peer
-    Lease (crashed replicas would otherwise leave one behind each).
+    Lease (crashed replicas would otherwise leave one behind each), and how
+    long a fence must have been quiet, its cluster gone and its holder dead,
+    before a survivor deletes it.
     """
 
     name: str = "mcruntime"
@@ -573,6 +583,8 @@ class ShardedCoordinator:
         self.metrics.owned.set(len(self._fences))
         if self._alive(time.monotonic()):
             await self._collect_dead_peers(peers, time.monotonic())
+        if self._alive(time.monotonic()):
+            await self._collect_orphan_fences(peers, time.monotonic())
         self._prune_gone(time.monotonic())
 
     # --- the peer Lease ---------------------------------------------------------------------
@@ -656,6 +668,57 @@ class ShardedCoordinator:
                 self.config.name,
                 identity,
                 peer.observed.quiet_for(now),
+            )
+
+    async def _collect_orphan_fences(self, live: dict[str, float], now: float) -> None:
+        """Delete fences of clusters that left the fleet while no live replica held them.
+
+        A live holder deletes a departed cluster's fence itself on handover; a
+        fence is orphaned when its holder died first (or it was left released).
+        One survivor deletes it once it has been quiet for ``peer_gc_after``,
+        its cluster is not engaged here, and its holder is not a live peer; the
+        delete names the resourceVersion watched, so a replica that took the
+        fence meanwhile keeps it (Conflict). Deleting a fence whose cluster is
+        merely not discovered here yet is harmless: its owner creates it again.
+        """
+        assert self._client is not None and self._seat is not None
+        client = self._client
+        clusters = self._seat.clusters()
+        for cluster, seen in list(self._fence_seen.items()):
+            holder = seen.observed.holder
+            if (
+                cluster in clusters
+                or cluster in self._fences
+                or cluster in self._leaving
+                or (holder and (holder in live or holder == self.identity))
+                or seen.observed.quiet_for(now) <= self.config.peer_gc_after
+                or owner(f"fence-gc\x00{cluster}", live) != self.identity
+            ):
+                continue
+            meta = seen.lease.get("metadata") or {}
+            name = str(meta.get("name", ""))
+            version = str(meta.get("resourceVersion", ""))
+            if not name or not version:
+                continue
+            try:
+                async with asyncio.timeout(self._request_timeout):
+                    await self._write(
+                        "fence-gc",
+                        functools.partial(
+                            client.delete, LEASE, name, namespace=self.config.namespace, resource_version=version
+                        ),
+                    )
+            except (NotFound, Conflict):
+                continue
+            except _API_ERRORS as error:
+                log.warning("sharding %s: could not delete an orphaned fence: %s", self.config.name, error)
+                continue
+            log.info(
+                "sharding %s: deleted the fence of %r (cluster gone, holder %s), quiet for %.0fs",
+                self.config.name,
+                cluster,
+                holder or "none",
+                seen.observed.quiet_for(now),
             )
 
     def _prune_gone(self, now: float) -> None:
