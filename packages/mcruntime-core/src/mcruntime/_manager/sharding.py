@@ -705,7 +705,11 @@ class ShardedCoordinator:
                     await self._write(
                         "fence-gc",
                         functools.partial(
-                            client.delete, LEASE, name, namespace=self.config.namespace, resource_version=version
+                            client.delete,
+                            LEASE,
+                            name,
+                            namespace=self.config.namespace,
+                            resource_version=version,
                         ),
                     )
             except (NotFound, Conflict):
