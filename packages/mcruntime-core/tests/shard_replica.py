@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import mcruntime as mcr
+from mcruntime._manager.coordinator import WorkGate
 
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
 CLUSTER_LABEL = "shard-test/cluster"
@@ -116,7 +117,7 @@ class _OwnershipReporter:
         coordinator: mcr.ShardedCoordinator,
         gained: asyncio.Queue[mcr.Request | mcr.Event] | None = None,
         namespace: str = "",
-        gate: mcr.WorkGate | None = None,
+        gate: WorkGate | None = None,
     ) -> None:
         self._coordinator = coordinator
         self._gained = gained

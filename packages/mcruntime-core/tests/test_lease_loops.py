@@ -20,6 +20,7 @@ from kube_helpers import running_cluster, unique, wait_for
 from prometheus_client import CollectorRegistry
 
 import mcruntime as mcr
+from mcruntime._manager.coordinator import WorkGate
 from mcruntime.testing import Fleet
 
 LEASE = mcr.Kind("coordination.k8s.io/v1", "Lease")
@@ -85,9 +86,9 @@ class AlwaysFailing:
 class Seat:
     """A coordinator's seat over a real hub, without a manager: clusters are just names."""
 
-    def __init__(self, hub: Any, names: list[str], gate: mcr.WorkGate | None = None) -> None:
+    def __init__(self, hub: Any, names: list[str], gate: WorkGate | None = None) -> None:
         self.local = hub
-        self.work: Any = gate or mcr.WorkGate(list)
+        self.work: Any = gate or WorkGate(list)
         self.names = set(names)
         self.engage_listeners: list[Any] = []
         self.disengage_listeners: list[Any] = []
@@ -222,7 +223,7 @@ async def test_the_coordinator_survives_5000_consecutive_failures_at_its_cap() -
     assert max(delays) <= 30.0 and min(delays[-100:]) >= 15.0
 
 
-class StuckGate(mcr.WorkGate):
+class StuckGate(WorkGate):
     """A gate whose close of ``stuck`` never finishes (a reconcile that ignores cancellation)."""
 
     def __init__(self) -> None:
@@ -258,9 +259,9 @@ async def test_losing_one_fence_blocks_nothing_else(fleet: Fleet) -> None:
                 found = await hub.client.get(LEASE, peer, namespace=namespace)
                 return bool(found["spec"]["renewTime"] != first)
 
-            await wait_for(renewed, timeout=5)
+            await wait_for(renewed, timeout=15)
             seat.names.add("late")
-            await wait_for(lambda: coordinator.owned == {"fine", "late"}, timeout=10)
+            await wait_for(lambda: coordinator.owned == {"fine", "late"}, timeout=20)
             assert seat.work.admits("fine") and seat.work.admits("late") and not seat.work.admits("stuck")
 
 

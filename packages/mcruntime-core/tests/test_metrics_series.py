@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import mcruntime as mcr
+from mcruntime._manager.metrics import ManagerMetrics
 
 
-def _reconciles(metrics: mcr.ManagerMetrics, cluster: str, result: str = "success") -> float | None:
+def _reconciles(metrics: ManagerMetrics, cluster: str, result: str = "success") -> float | None:
     return metrics.registry.get_sample_value(
         "controller_runtime_reconcile_total", {"controller": "ctl", "result": result, "cluster": cluster}
     )
 
 
 def test_a_departed_clusters_series_are_dropped_and_others_kept() -> None:
-    metrics = mcr.ManagerMetrics(list, dict, dict)
+    metrics = ManagerMetrics(list, dict, dict)
     for cluster in ("east", "west"):
         metrics.cluster_engaged(cluster)
         metrics.observe_reconcile("ctl", mcr.Request(cluster, "ns", "a"), "success", 0.01)
@@ -34,7 +35,7 @@ def test_a_departed_clusters_series_are_dropped_and_others_kept() -> None:
 
 
 def test_a_late_observation_for_a_departed_cluster_creates_no_series() -> None:
-    metrics = mcr.ManagerMetrics(list, dict, dict)
+    metrics = ManagerMetrics(list, dict, dict)
     metrics.cluster_engaged("gone")
     queue = metrics.queue_metrics("ctl")
     queue.on_add("key", "gone")

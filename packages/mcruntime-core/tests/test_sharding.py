@@ -25,6 +25,8 @@ from kube_helpers import CONFIGMAP, running, running_cluster, unique, wait_for
 from shard_replica import CLUSTER_LABEL
 
 import mcruntime as mcr
+from mcruntime._manager.coordinator import Seat
+from mcruntime._manager.rendezvous import owner as rendezvous_owner
 from mcruntime.testing import Fleet
 
 CLUSTERS = [f"c{index:02d}" for index in range(30)]
@@ -129,7 +131,7 @@ class Shards:
     def expected(self, weights: dict[str, float]) -> dict[str, set[str]]:
         result: dict[str, set[str]] = {name: set() for name in weights}
         for cluster in [*self.clusters, mcr.LOCAL_CLUSTER]:  # the hub's own work is a shard too
-            chosen = mcr.rendezvous_owner(cluster, weights)
+            chosen = rendezvous_owner(cluster, weights)
             assert chosen is not None
             result[chosen].add(cluster)
         return result
@@ -430,9 +432,9 @@ class ManualCoordinator:
     """A bring-your-own coordinator: the test opens and closes clusters itself."""
 
     def __init__(self) -> None:
-        self.seat: mcr.Seat | None = None
+        self.seat: Seat | None = None
 
-    async def run(self, seat: mcr.Seat) -> None:
+    async def run(self, seat: Seat) -> None:
         self.seat = seat
         await asyncio.Event().wait()  # holds nothing, so nothing to release when cancelled
 

@@ -37,19 +37,15 @@ from ._base.errors import (
 )
 from ._base.kind import Kind, Resource
 from ._base.labels import LabelSelector
-from ._base.objects import json_copy, object_key, to_json_shape
+from ._base.objects import object_key
 from ._cache.cache import Cache, CacheSyncTimeout, field_getter
 from ._cache.informer import (
-    HandlerRegistration,
     IndexFunc,
     Informer,
-    InformerStats,
     ResourceEventHandler,
-    Store,
     strip_managed_fields,
 )
 from ._client.client import Client, ObjectList, PatchType, WatchEvent
-from ._client.discovery import Discovery
 from ._client.health import ClusterHealth, HealthState
 from ._client.transport import RetryPolicy
 from ._config.kubeconfig import (
@@ -65,7 +61,7 @@ from ._config.kubeconfig import (
     load_kubeconfig_env,
     parse_kubeconfig,
 )
-from ._control.controller import Controller, ReconcileStats
+from ._control.controller import Controller
 from ._control.events import EventRecorder
 from ._control.handler import EventHandler, enqueue_for_object, enqueue_for_owner, enqueue_mapped
 from ._control.predicate import (
@@ -91,7 +87,7 @@ from ._control.source import (
     ClusterSelection,
     KindSource,
 )
-from ._control.workqueue import NoMetrics, QueueMetrics, QueueShutDown, WorkQueue
+from ._control.workqueue import QueueMetrics, QueueShutDown, WorkQueue
 from ._fleet.clients import FleetClient, FleetResult, RoutedClient
 from ._fleet.cluster import Cluster, ClusterOptions
 from ._fleet.clusterset import ClusterSet, ClusterState, ClusterStatus
@@ -102,14 +98,12 @@ from ._fleet.providers import MultiProvider, SingleProvider, StaticProvider
 from ._fleet.reconcile import LOCAL_CLUSTER, ReconcileFunction, Reconciler, Request, Result, TerminalError
 from ._fleet.secret_provider import KubeconfigSecretProvider, SecretStatus
 from ._manager.builder import Builder, BuilderError, controller_managed_by
-from ._manager.coordinator import Coordinator, Seat, WorkGate
+from ._manager.coordinator import Coordinator
 from ._manager.leaderelection import LeaderElectionConfig, LeaderElector
 from ._manager.logging import JSONFormatter, ReconcileContextFilter, configure_logging
 from ._manager.manager import Manager, Runnable, run_manager
-from ._manager.metrics import ManagerMetrics
-from ._manager.rendezvous import owner as rendezvous_owner
-from ._manager.serving import Check, Checks, Endpoints
-from ._manager.sharding import ShardedCoordinator, ShardingConfig, ShardMetrics
+from ._manager.serving import Check
+from ._manager.sharding import ShardedCoordinator, ShardingConfig
 
 __version__ = "0.1.0"
 
@@ -129,7 +123,6 @@ __all__ = [
     "CacheSyncTimeout",
     "ChannelSource",
     "Check",
-    "Checks",
     "Client",
     "Cluster",
     "ClusterConfig",
@@ -143,8 +136,6 @@ __all__ = [
     "Conflict",
     "Controller",
     "Coordinator",
-    "Discovery",
-    "Endpoints",
     "Event",
     "EventHandler",
     "EventRecorder",
@@ -153,11 +144,9 @@ __all__ = [
     "FleetResult",
     "Forbidden",
     "Gone",
-    "HandlerRegistration",
     "HealthState",
     "IndexFunc",
     "Informer",
-    "InformerStats",
     "Invalid",
     "JSONFormatter",
     "Kind",
@@ -170,11 +159,9 @@ __all__ = [
     "LeaderElector",
     "MCRuntimeError",
     "Manager",
-    "ManagerMetrics",
     "ManagerSettings",
     "MaxOf",
     "MultiProvider",
-    "NoMetrics",
     "NotFound",
     "ObjectList",
     "PatchType",
@@ -187,7 +174,6 @@ __all__ = [
     "ReconcileContext",
     "ReconcileContextFilter",
     "ReconcileFunction",
-    "ReconcileStats",
     "Reconciler",
     "Request",
     "Resource",
@@ -196,17 +182,14 @@ __all__ = [
     "RetryPolicy",
     "RoutedClient",
     "Runnable",
-    "Seat",
     "SecretStatus",
     "ServerError",
     "ServerTimeout",
     "SettingsError",
-    "ShardMetrics",
     "ShardedCoordinator",
     "ShardingConfig",
     "SingleProvider",
     "StaticProvider",
-    "Store",
     "TerminalError",
     "TokenBucket",
     "TooManyRequests",
@@ -215,7 +198,6 @@ __all__ = [
     "Unauthorized",
     "Unreachable",
     "WatchEvent",
-    "WorkGate",
     "WorkQueue",
     "__version__",
     "all_of",
@@ -237,7 +219,6 @@ __all__ = [
     "in_cluster_config",
     "in_clusters",
     "in_namespaces",
-    "json_copy",
     "kubeconfig_from_dict",
     "kubeconfig_from_yaml",
     "kubeconfig_paths_from_env",
@@ -249,11 +230,9 @@ __all__ = [
     "negate",
     "object_key",
     "parse_kubeconfig",
-    "rendezvous_owner",
     "resource_version_changed",
     "run_manager",
     "strip_managed_fields",
-    "to_json_shape",
     "wait_for_kind",
 ]
 

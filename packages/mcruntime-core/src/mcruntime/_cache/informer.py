@@ -33,6 +33,7 @@ log = logging.getLogger("mcruntime.informer")
 
 Transform = Callable[[JSON], JSON]
 IndexFunc = Callable[[JSON], Iterable[str]]
+"""The values an object is indexed under: a field index answers ``by_index(name, value)`` without a scan."""
 
 
 def strip_managed_fields(obj: JSON) -> JSON:

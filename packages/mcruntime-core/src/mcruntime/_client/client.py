@@ -22,6 +22,7 @@ from .discovery import Discovery
 from .transport import Transport
 
 PatchType = Literal["merge", "json", "strategic"]
+"""Which patch format ``Client.patch`` sends: JSON merge patch, JSON patch or strategic merge patch."""
 _PATCH_CONTENT_TYPES: dict[str, str] = {
     "merge": "application/merge-patch+json",
     "json": "application/json-patch+json",

@@ -29,6 +29,7 @@ class Event:
 
 
 Predicate = Callable[[Event], bool]
+"""Decides whether an event reaches the work queue; combine them with ``all_of``/``any_of``/``negate``."""
 
 
 def _on_update(compare: Callable[[JSON, JSON], bool]) -> Predicate:

@@ -53,8 +53,11 @@ class ClusterSelection:
 
 
 LOCAL_ONLY = ClusterSelection(local=True, provider=False)
+"""Watch the manager's own (hub) cluster only."""
 PROVIDER_ONLY = ClusterSelection(local=False, provider=True)
+"""Watch the provider's clusters only, not the hub."""
 EVERY_CLUSTER = ClusterSelection(local=True, provider=True)
+"""Watch the hub and every provider cluster."""
 
 
 @dataclass

@@ -52,6 +52,7 @@ class TerminalError(MCRuntimeError):
 
 
 ReconcileFunction = Callable[[Request], Awaitable[Result | None]]
+"""A reconciler written as a coroutine function, for controllers that need no state of their own."""
 
 
 @runtime_checkable

@@ -22,6 +22,7 @@ log = logging.getLogger("mcruntime.serving")
 CheckResult = str | None
 """``None`` when the check passes, otherwise why it fails."""
 Check = Callable[[], CheckResult | Awaitable[CheckResult]]
+"""A health or readiness check: returns ``None`` when it passes, or why it fails (sync or async)."""
 CheckLine = tuple[str, CheckResult, bool]
 """A line of verbose output: name, failure reason (or ``None``), and whether it counts."""
 
