@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import itertools
 import sys
 from pathlib import Path
 
@@ -157,7 +158,7 @@ def _attribute_docstrings(module: str) -> dict[str, str]:
     source = Path(sys.modules[module].__file__ or "").read_text()
     found: dict[str, str] = {}
     body = ast.parse(source).body
-    for statement, following in zip(body, body[1:], strict=False):
+    for statement, following in itertools.pairwise(body):
         target = None
         if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
             target = statement.targets[0]
@@ -199,9 +200,21 @@ def test_every_exported_name_is_documented() -> None:
 
 def test_internals_stay_out_of_the_surface() -> None:
     internals = {
-        "Store", "InformerStats", "HandlerRegistration", "ReconcileStats", "NoMetrics",
-        "ManagerMetrics", "ShardMetrics", "Endpoints", "Checks", "WorkGate", "Seat",
-        "Discovery", "rendezvous_owner", "json_copy", "to_json_shape",
+        "Store",
+        "InformerStats",
+        "HandlerRegistration",
+        "ReconcileStats",
+        "NoMetrics",
+        "ManagerMetrics",
+        "ShardMetrics",
+        "Endpoints",
+        "Checks",
+        "WorkGate",
+        "Seat",
+        "Discovery",
+        "rendezvous_owner",
+        "json_copy",
+        "to_json_shape",
     }
     assert internals.isdisjoint(mcruntime.__all__)
     assert all(not name.startswith("_") or name == "__version__" for name in mcruntime.__all__)
