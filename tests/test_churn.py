@@ -133,7 +133,7 @@ async def test_a_thousand_clusters_come_and_go_and_nothing_stays_behind(fleet: F
         """Engage ``count`` new names, wait for each one's reconcile, remove them, wait until gone."""
         names = [f"churn-{run}-{next(counter):04d}" for _ in range(count)]
         await asyncio.gather(
-            *(provider.add(name, configs[index % len(configs)]) for index, name in enumerate(names))
+            *(provider.set(name, configs[index % len(configs)]) for index, name in enumerate(names))
         )
         await wait_until(
             lambda: reconciled.issuperset(names), timeout=60, what=f"{count} new clusters each reconciled"

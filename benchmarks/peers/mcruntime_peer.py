@@ -52,7 +52,7 @@ async def serve(
             except mcr.NotFound:
                 return
         else:
-            found = await cluster.cache.get(CONFIGMAP, request.name, namespace=request.namespace)
+            found = await cluster.cache.get_or_none(CONFIGMAP, request.name, namespace=request.namespace)
         if found is None:
             return
         record: dict[str, object] = {"ev": "r", "c": request.cluster, "n": request.name, "t": begun}

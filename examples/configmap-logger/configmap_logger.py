@@ -34,7 +34,7 @@ def build(
 
     async def reconcile(request: mcr.Request) -> None:
         cluster = await manager.get_cluster(request.cluster)
-        configmap = await cluster.cache.get(CONFIGMAP, request.name, namespace=request.namespace)
+        configmap = await cluster.cache.get_or_none(CONFIGMAP, request.name, namespace=request.namespace)
         if configmap is None:  # deleted since the event: nothing to report
             return
         log.info("ConfigMap %s/%s in cluster %r", request.namespace, request.name, request.cluster)

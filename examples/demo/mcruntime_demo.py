@@ -380,7 +380,7 @@ class Demo:
             left = [
                 name
                 for name, cluster in self.manager.clusters().items()
-                if await cluster.cache.get(JOB, "smoke", namespace=NAMESPACE) is not None
+                if await cluster.cache.get_or_none(JOB, "smoke", namespace=NAMESPACE) is not None
             ]
             return not left
 

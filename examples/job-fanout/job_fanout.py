@@ -240,7 +240,7 @@ class JobFanout:
         """``namespace`` limits the controller to the Tests of one namespace (``None``: all)."""
         self.manager = manager
         self.namespace = namespace
-        self.triggers: asyncio.Queue[mcr.Request | mcr.Event] = asyncio.Queue()
+        self.triggers: asyncio.Queue[mcr.Request | mcr.ObjectEvent] = asyncio.Queue()
         self._tests: set[mcr.Request] = set()
 
     def setup(self, *, max_concurrent_reconciles: int = 4) -> mcr.Controller:
@@ -285,7 +285,7 @@ class JobFanout:
         the controller retries it with one quiet log line.
         """
         main = await self.manager.get_cluster(mcr.LOCAL_CLUSTER)
-        test = await main.cache.get(TEST, request.name, namespace=request.namespace)
+        test = await main.cache.get_or_none(TEST, request.name, namespace=request.namespace)
         if test is None:
             self._tests.discard(request)
             return None
@@ -333,7 +333,7 @@ class JobFanout:
     async def _child(self, name: str, cluster: mcr.Cluster, test: JSON) -> str:
         """The phase of the Test's Job in one cluster, creating the Job (and namespace) if missing."""
         metadata = test["metadata"]
-        job = await cluster.cache.get(JOB, metadata["name"], namespace=metadata["namespace"])
+        job = await cluster.cache.get_or_none(JOB, metadata["name"], namespace=metadata["namespace"])
         if job is not None:
             return job_phase(job)
         manifest = job_for(test, name)

@@ -92,8 +92,10 @@ class SecretMirror:
         """Make the mirror's copy match the reference Secret, or delete it if the reference is gone."""
         reference_cluster = await self.manager.get_cluster(mcr.LOCAL_CLUSTER)
         mirror = await self.manager.get_cluster(MIRROR)
-        reference = await reference_cluster.cache.get(SECRET, request.name, namespace=request.namespace)
-        current = await mirror.cache.get(SECRET, request.name, namespace=request.namespace)
+        reference = await reference_cluster.cache.get_or_none(
+            SECRET, request.name, namespace=request.namespace
+        )
+        current = await mirror.cache.get_or_none(SECRET, request.name, namespace=request.namespace)
         wanted_labels = ((reference or {}).get("metadata") or {}).get("labels") or {}
         if reference is None or wanted_labels.get(MIRROR_LABEL) != "true":
             if current is not None and MIRRORED_FROM in (current["metadata"].get("labels") or {}):

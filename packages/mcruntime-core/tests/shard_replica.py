@@ -84,12 +84,12 @@ def sharded_manager(
         await cluster.client.update(current)  # resourceVersion: a concurrent writer gets a Conflict
         return mcr.Result(requeue_after=period)
 
-    def own_cluster(event: mcr.Event) -> bool:
+    def own_cluster(event: mcr.ObjectEvent) -> bool:
         labels = event.object.get("metadata", {}).get("labels") or {}
         return labels.get(CLUSTER_LABEL) == event.cluster
 
     if spec.get("lean"):
-        gained: asyncio.Queue[mcr.Request | mcr.Event] = asyncio.Queue()
+        gained: asyncio.Queue[mcr.Request | mcr.ObjectEvent] = asyncio.Queue()
         (
             mcr.controller_managed_by(manager)
             .named("stamp")
@@ -115,7 +115,7 @@ class _OwnershipReporter:
     def __init__(
         self,
         coordinator: mcr.ShardedCoordinator,
-        gained: asyncio.Queue[mcr.Request | mcr.Event] | None = None,
+        gained: asyncio.Queue[mcr.Request | mcr.ObjectEvent] | None = None,
         namespace: str = "",
         gate: WorkGate | None = None,
     ) -> None:

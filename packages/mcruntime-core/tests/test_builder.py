@@ -78,7 +78,7 @@ def test_owned_kinds_follow_the_for_kinds_clusters_and_enqueue_the_owner() -> No
     owned = controller.sources[1]
     assert owned.kind == SECRET
     assert owned.clusters.includes("", has_provider=True)
-    event = mcr.Event(
+    event = mcr.ObjectEvent(
         "create",
         "east",
         {

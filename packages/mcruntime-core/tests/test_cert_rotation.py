@@ -60,7 +60,7 @@ async def test_a_rotated_client_certificate_reaches_new_requests_without_rebuild
         lists = informer.stats.lists
         assert await whoami(cluster) == first.name
 
-        assert await provider.update("c", config_for(plane, second)) is True
+        assert await provider.set("c", config_for(plane, second)) is True
 
         assert await manager.get_cluster("c") is cluster  # the same cluster, caches kept
         assert provider.statuses()["c"].credential_rotations == 1

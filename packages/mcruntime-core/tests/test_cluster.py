@@ -33,11 +33,11 @@ async def test_stop_leaves_no_task_no_socket_and_no_private_file(fleet: Fleet) -
     await cluster.start()
     namespace = await new_namespace(cluster)
     await cluster.client.create(configmap("x", namespace, v="1"))
-    await cluster.reader.list(CONFIGMAP, namespace=namespace)
-    await cluster.reader.list(NAMESPACE)
+    await cluster.cache.list(CONFIGMAP, namespace=namespace)
+    await cluster.cache.list(NAMESPACE)
     cluster.cache.informer(CONFIGMAP, namespace=namespace, label_selector="a=b")
     widget = await install_widget_crd(cluster)
-    await cluster.reader.list(widget)
+    await cluster.cache.list(widget)
     assert len(cluster.cache.informers()) == 4
     assert len(asyncio.all_tasks()) > len(tasks_before)
     assert len(_sockets()) > len(sockets_before)
@@ -86,7 +86,7 @@ async def test_clusters_share_discovery_and_keep_one_connection_for_their_watch(
         running_cluster(fleet["cluster-2"], "two") as two,
     ):
         for cluster in (one, two):
-            await cluster.reader.list(CONFIGMAP)
+            await cluster.cache.list(CONFIGMAP)
         # The same resource from two servers is one shared object.
         assert (await one.client.resource(CONFIGMAP)) is (await two.client.resource(CONFIGMAP))
         # Discovery asked one question at a time, and the list's connection went on to carry the
@@ -116,7 +116,7 @@ async def test_a_stop_cancelled_halfway_still_closes_everything(fleet: Fleet) ->
     tasks_before = asyncio.all_tasks()
     cluster = mcr.Cluster("interrupted", mcr.kubeconfig_from_dict(fleet["cluster-1"].kubeconfig()))
     await cluster.start()
-    await cluster.reader.list(CONFIGMAP)
+    await cluster.cache.list(CONFIGMAP)
     material = cluster.transport._material
     assert material is not None
     private = {fd: os.fstat(fd).st_ino for fd in material._fds}

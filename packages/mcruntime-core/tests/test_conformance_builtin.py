@@ -82,13 +82,13 @@ class StaticDriver(ProviderDriver):
         config = target.config()
         self._source[name] = config
         if self.provider is not None:
-            await self.provider.add(name, config)
+            await self.provider.set(name, config)
 
     async def change(self, name: str, target: Target) -> None:
         config = target.config()
         self._source[name] = config
         if self.provider is not None:
-            await self.provider.update(name, config)
+            await self.provider.set(name, config)
 
     async def remove(self, name: str) -> None:
         self._source.pop(name, None)

@@ -14,8 +14,8 @@ import mcruntime as mcr
 
 def _controller(
     reconcile: mcr.ReconcileFunction, *, lane: int = 1, total: int = 256
-) -> tuple[mcr.Controller, asyncio.Queue[mcr.Request | mcr.Event]]:
-    channel: asyncio.Queue[mcr.Request | mcr.Event] = asyncio.Queue()
+) -> tuple[mcr.Controller, asyncio.Queue[mcr.Request | mcr.ObjectEvent]]:
+    channel: asyncio.Queue[mcr.Request | mcr.ObjectEvent] = asyncio.Queue()
     controller = mcr.Controller(
         "lanes",
         reconcile,

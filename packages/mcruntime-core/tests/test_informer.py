@@ -84,7 +84,7 @@ async def test_managed_fields_are_dropped_by_default(fleet: Fleet) -> None:
         namespace = await new_namespace(cluster)
         created = await cluster.client.create(configmap("slim", namespace, v="1"), field_manager="tests")
         assert created["metadata"]["managedFields"]
-        cached = await cluster.reader.get(CONFIGMAP, "slim", namespace=namespace)
+        cached = await cluster.cache.get_or_none(CONFIGMAP, "slim", namespace=namespace)
         assert cached is not None
         assert "managedFields" not in cached["metadata"]
 

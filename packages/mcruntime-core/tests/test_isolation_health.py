@@ -168,7 +168,7 @@ async def test_a_revoked_token_is_unhealthy_in_readyz_naming_the_401_and_a_new_t
         )
         # A new token (a new ServiceAccount of the same name) is swapped in place and recovers.
         renewed = fresh_cluster.add_token_user(account)
-        await provider.update("member", config_of(fresh_cluster, renewed))
+        await provider.set("member", config_of(fresh_cluster, renewed))
         await wait_for(lambda: provider.statuses()["member"].state is mcr.ClusterState.READY, timeout=30)
         assert provider.statuses()["member"].credential_rotations == 1
 
@@ -240,7 +240,7 @@ async def test_a_set_cancelled_halfway_still_replaces_and_starts_the_cluster(fle
     manager = mcr.Manager(provider, handle_signals=False)
     async with running(manager):
         old = await provider.clusters.wait_engaged("member")
-        change = asyncio.create_task(provider.update("member", config_of(fleet["cluster-2"])))
+        change = asyncio.create_task(provider.set("member", config_of(fleet["cluster-2"])))
         await asyncio.sleep(0)  # let the update register the replacement, then cancel its caller
         change.cancel()
         await asyncio.gather(change, return_exceptions=True)

@@ -69,7 +69,7 @@ async def test_a_sigstopped_cluster_costs_the_healthy_ones_no_reconcile_latency(
         reconciled_at: dict[tuple[str, str], float] = {}
         pending_done: set[str] = set()
         hang_started = asyncio.Event()
-        trigger: asyncio.Queue[mcr.Request | mcr.Event] = asyncio.Queue()
+        trigger: asyncio.Queue[mcr.Request | mcr.ObjectEvent] = asyncio.Queue()
 
         async def reconcile(request: mcr.Request) -> None:
             cluster = await manager.client.cluster()

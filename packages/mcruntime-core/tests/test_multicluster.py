@@ -104,7 +104,7 @@ async def test_clusters_added_removed_and_replaced_while_running(fleet: Fleet, t
         await wait_for(lambda: seen.clusters_with(namespace) == {"first"})
 
         # Added at runtime: reconciled.
-        await provider.add("second", config_of(second))
+        await provider.set("second", config_of(second))
         await wait_for(lambda: seen.clusters_with(namespace) == {"first", "second"})
 
         # Removed: no longer reconciled, and nothing of it is left running.
@@ -121,7 +121,7 @@ async def test_clusters_added_removed_and_replaced_while_running(fleet: Fleet, t
 
         # Replaced under the same name with another cluster: exactly the new one is engaged.
         old = await manager.get_cluster("first")
-        await provider.update("first", config_of(second))
+        await provider.set("first", config_of(second))
         await wait_for(lambda: seen.objects.get(("first", namespace, "x")) == "after-removal")
         new = await manager.get_cluster("first")
         assert new is not old and old.stopped
@@ -137,7 +137,7 @@ async def test_an_unchanged_update_does_not_re_engage(fleet: Fleet) -> None:
     mcr.controller_managed_by(manager).named("noop").for_(CONFIGMAP).complete(_nothing)
     async with running(manager):
         cluster = await provider.clusters.wait_engaged("c")
-        assert await provider.update("c", config_of(plane)) is False
+        assert await provider.set("c", config_of(plane)) is False
         assert await manager.get_cluster("c") is cluster
         assert provider.statuses()["c"].engagements == 1
 
@@ -154,7 +154,7 @@ async def test_a_rotated_token_is_swapped_in_place(fleet: Fleet) -> None:
     mcr.controller_managed_by(manager).named("noop").for_(CONFIGMAP).complete(_nothing)
     async with running(manager):
         cluster = await provider.clusters.wait_engaged("c")
-        assert await provider.update("c", mcr.kubeconfig_from_dict(plane.kubeconfig(after))) is True
+        assert await provider.set("c", mcr.kubeconfig_from_dict(plane.kubeconfig(after))) is True
         assert await manager.get_cluster("c") is cluster  # caches kept
         assert provider.statuses()["c"].credential_rotations == 1
         assert await cluster.transport.authorization() == f"Bearer {after.token}"
@@ -268,7 +268,7 @@ async def test_a_hub_object_fans_out_to_members_and_aggregates_their_status(
 
     async def reconcile(request: mcr.Request) -> mcr.Result | None:
         hub = await manager.get_cluster(request.cluster)
-        test = await hub.reader.get(widget, request.name, namespace=request.namespace)
+        test = await hub.cache.get_or_none(widget, request.name, namespace=request.namespace)
         if test is None:
             return None
         members_now = _member_names(manager)
@@ -288,7 +288,7 @@ async def test_a_hub_object_fans_out_to_members_and_aggregates_their_status(
         phases = {}
         for member in members_now:
             cluster = await manager.get_cluster(member)
-            child = await cluster.reader.get(CONFIGMAP, f"{request.name}-child", namespace=namespace)
+            child = await cluster.cache.get_or_none(CONFIGMAP, f"{request.name}-child", namespace=namespace)
             if child is None:
                 manifest = configmap(f"{request.name}-child", namespace, phase="running")
                 manifest["metadata"]["labels"] = {owner_label: request.name}
@@ -450,3 +450,10 @@ async def test_sigterm_stops_intake_and_lets_in_flight_reconciles_finish(fleet: 
     assert finished.is_set()
     assert manager.local is not None and manager.local.stopped
     assert {t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()} == set()
+
+
+async def test_the_routed_client_outside_a_reconcile_says_so() -> None:
+    manager = mcr.Manager(mcr.StaticProvider(), handle_signals=False)
+    with pytest.raises(mcr.ClusterNotFound) as raised:
+        await manager.client.get(mcr.Kind("v1", "ConfigMap"), "x", namespace="default")
+    assert "outside a reconcile" in str(raised.value) and "get_cluster" in str(raised.value)

@@ -302,7 +302,7 @@ async def test_an_event_lands_in_the_requests_cluster_only_and_repeats_aggregate
 async def test_reconcile_logs_carry_the_context_and_json_is_one_object_per_line() -> None:
     import json
 
-    channel: asyncio.Queue[mcr.Request | mcr.Event] = asyncio.Queue()
+    channel: asyncio.Queue[mcr.Request | mcr.ObjectEvent] = asyncio.Queue()
     logger = logging.getLogger("test.reconciler")
 
     async def noisy(request: mcr.Request) -> None:

@@ -72,7 +72,7 @@ def test_an_explicit_scope_needs_no_cluster() -> None:
     child["metadata"]["ownerReferences"] = [
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "name": "r", "controller": True}
     ]
-    event = mcr.Event("create", "c", child)
+    event = mcr.ObjectEvent("create", "c", child)
     scoped = mcr.enqueue_for_owner(CLUSTERROLE, namespaced=False)
     assert list(scoped.requests(event)) == [mcr.Request("c", "", "r")]
     # Unknown scope (no cluster bound, nothing said): a namespaced child's namespace, as before.

@@ -9,8 +9,8 @@ def _obj(**metadata: object) -> dict[str, object]:
     return {"metadata": {"name": "x", "namespace": "ns", **metadata}}
 
 
-def _update(old: dict[str, object], new: dict[str, object], cluster: str = "c") -> mcr.Event:
-    return mcr.Event("update", cluster, new, old)
+def _update(old: dict[str, object], new: dict[str, object], cluster: str = "c") -> mcr.ObjectEvent:
+    return mcr.ObjectEvent("update", cluster, new, old)
 
 
 def test_generation_changed_ignores_status_only_updates() -> None:
@@ -19,8 +19,8 @@ def test_generation_changed_ignores_status_only_updates() -> None:
         _update(_obj(generation=1, resourceVersion="1"), _obj(generation=1, resourceVersion="2"))
     )
     assert predicate(_update(_obj(generation=1), _obj(generation=2)))
-    assert predicate(mcr.Event("create", "c", _obj(generation=1)))
-    assert predicate(mcr.Event("delete", "c", _obj(generation=1)))
+    assert predicate(mcr.ObjectEvent("create", "c", _obj(generation=1)))
+    assert predicate(mcr.ObjectEvent("delete", "c", _obj(generation=1)))
 
 
 def test_labels_annotations_and_resource_version_changed() -> None:
@@ -31,7 +31,7 @@ def test_labels_annotations_and_resource_version_changed() -> None:
 
 
 def test_namespace_label_and_cluster_filters() -> None:
-    event = mcr.Event("create", "east", _obj(labels={"team": "blue"}))
+    event = mcr.ObjectEvent("create", "east", _obj(labels={"team": "blue"}))
     assert mcr.in_namespaces("ns", "other")(event)
     assert not mcr.in_namespaces("other")(event)
     assert mcr.has_labels("team in (blue,green)")(event)
@@ -41,7 +41,7 @@ def test_namespace_label_and_cluster_filters() -> None:
 
 
 def test_combinators() -> None:
-    event = mcr.Event("create", "east", _obj())
+    event = mcr.ObjectEvent("create", "east", _obj())
     yes, no = (lambda _e: True), (lambda _e: False)
     assert mcr.all_of(yes, yes)(event)
     assert not mcr.all_of(yes, no)(event)

@@ -65,7 +65,7 @@ from ._control.controller import Controller
 from ._control.events import EventRecorder
 from ._control.handler import EventHandler, enqueue_for_object, enqueue_for_owner, enqueue_mapped
 from ._control.predicate import (
-    Event,
+    ObjectEvent,
     Predicate,
     all_of,
     annotations_changed,
@@ -136,7 +136,6 @@ __all__ = [
     "Conflict",
     "Controller",
     "Coordinator",
-    "Event",
     "EventHandler",
     "EventRecorder",
     "ExponentialBackoff",
@@ -163,6 +162,7 @@ __all__ = [
     "MaxOf",
     "MultiProvider",
     "NotFound",
+    "ObjectEvent",
     "ObjectList",
     "PatchType",
     "Predicate",

@@ -42,9 +42,9 @@ class TrustPolicyError(KubeconfigError):
 class ClusterNotFound(MCRuntimeError, LookupError):
     """No engaged cluster has this name (it never existed, or it is gone)."""
 
-    def __init__(self, cluster: str) -> None:
+    def __init__(self, cluster: str, message: str | None = None) -> None:
         self.cluster = cluster
-        super().__init__(f"cluster {cluster!r} is not engaged")
+        super().__init__(message or f"cluster {cluster!r} is not engaged")
 
 
 class KindNotFound(MCRuntimeError, LookupError):

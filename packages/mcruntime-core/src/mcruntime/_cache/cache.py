@@ -17,6 +17,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from .._base.errors import NotFound
 from .._base.kind import Kind
 from .._base.labels import LabelSelector
 from .._base.objects import JSON, json_copy, metadata
@@ -144,10 +145,31 @@ class Cache:
 
     # --- the reader ----------------------------------------------------------------------
 
-    async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> JSON | None:
+    async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> JSON:
+        """A copy of one object from the cache; raises :class:`NotFound` when the cache has none.
+
+        The same convention as :meth:`Client.get`, so code moves between a live
+        read and a cached one without changing its error handling. Starts the
+        kind's informer on first use and waits for it to sync.
+        """
+        found = await self.get_or_none(kind, name, namespace=namespace)
+        if found is None:
+            raise NotFound(
+                f"{kind.kind} {name!r} not found in the cache",
+                cluster=self.client.cluster,
+                status=404,
+                reason="NotFound",
+                kind=kind.kind,
+                namespace=namespace,
+                name=name,
+            )
+        return found
+
+    async def get_or_none(self, kind: Kind, name: str, *, namespace: str | None = None) -> JSON | None:
         """A copy of one object from the cache, or ``None`` when the cache has none.
 
-        Starts the kind's informer on first use and waits for it to sync.
+        For reconcilers where a missing object is the ordinary case (it was
+        deleted), so no exception is needed to say so.
         """
         self._scope(namespace)
         informer = await self._synced(kind)

@@ -15,7 +15,7 @@ from typing import Any, Literal, NamedTuple
 import aiohttp
 import orjson
 
-from .._base.errors import APIError, Unreachable, error_from_status
+from .._base.errors import APIError, NotFound, Unreachable, error_from_status
 from .._base.kind import Kind, Resource
 from .._base.objects import JSON, to_json_shape
 from .discovery import Discovery
@@ -135,6 +135,13 @@ class Client:
         resource = await self.resource(kind)
         result: JSON = await self._call("GET", resource, namespace=namespace, name=name)
         return result
+
+    async def get_or_none(self, kind: Kind, name: str, *, namespace: str | None = None) -> JSON | None:
+        """One object, or ``None`` when it does not exist (every other failure still raises)."""
+        try:
+            return await self.get(kind, name, namespace=namespace)
+        except NotFound:
+            return None
 
     async def list_pages(
         self,

@@ -28,7 +28,7 @@ from .._base.errors import ClusterNotFound, Conflict, Unreachable
 from .._base.tasks import TaskSet
 from .._fleet.context import _enter, _leave
 from .._fleet.reconcile import ReconcileFunction, Request, Result, TerminalError
-from .predicate import Event, Predicate, matches
+from .predicate import ObjectEvent, Predicate, matches
 from .ratelimit import RateLimiter, default_rate_limiter
 from .source import Attachment, ChannelSource, KindSource
 from .workqueue import QueueMetrics, QueueShutDown, WorkQueue
@@ -250,10 +250,10 @@ class Controller:
 
     # --- events ---------------------------------------------------------------------------
 
-    def _sink(self, source: KindSource) -> Callable[[Event], None]:
+    def _sink(self, source: KindSource) -> Callable[[ObjectEvent], None]:
         return lambda event: self._dispatch(source, event)
 
-    def _dispatch(self, source: KindSource | ChannelSource, event: Event) -> None:
+    def _dispatch(self, source: KindSource | ChannelSource, event: ObjectEvent) -> None:
         if not matches(source.predicates, event) or not matches(self._event_filters, event):
             return
         for request in source.handler.requests(event):
@@ -295,7 +295,7 @@ class Controller:
                 for obj in attachment.informer.list():
                     if not attachment.wanted(obj):
                         continue
-                    event = Event("create", name, obj)
+                    event = ObjectEvent("create", name, obj)
                     if not matches(source.predicates, event) or not matches(self._event_filters, event):
                         continue
                     for request in source.handler.requests(event):

@@ -1,6 +1,6 @@
 """Event handlers: which requests an event turns into.
 
-A handler maps an :class:`Event` from one cluster to requests. The requests may
+A handler maps an :class:`ObjectEvent` from one cluster to requests. The requests may
 name the same cluster (the object itself, its owner) or, with
 :func:`enqueue_mapped`, any other cluster: that is how a multi-cluster-aware
 controller watches members and reconciles a hub object, or the reverse.
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 from .._base.kind import Kind
 from .._base.objects import JSON, metadata
 from .._fleet.reconcile import Request
-from .predicate import Event
+from .predicate import ObjectEvent
 
 if TYPE_CHECKING:
     from .._fleet.cluster import Cluster
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 class EventHandler(Protocol):
     """Turns an event into the requests to enqueue."""
 
-    def requests(self, event: Event) -> Iterable[Request]:
+    def requests(self, event: ObjectEvent) -> Iterable[Request]:
         """The requests this event calls for (possibly none)."""
         ...
 
@@ -31,7 +31,7 @@ class EventHandler(Protocol):
 class _ForObject:
     same_cluster = True  # its requests name the event's own cluster (lets a replay skip others)
 
-    def requests(self, event: Event) -> Iterable[Request]:
+    def requests(self, event: ObjectEvent) -> Iterable[Request]:
         meta = metadata(event.object)
         return (Request(event.cluster, meta.get("namespace") or "", meta.get("name", "")),)
 
@@ -92,7 +92,7 @@ class _ForOwner:
             found.add(Request(cluster, namespace, reference.get("name", "")))
         return found
 
-    def requests(self, event: Event) -> Iterable[Request]:
+    def requests(self, event: ObjectEvent) -> Iterable[Request]:
         owners = self._owners(event.cluster, event.object)
         if event.old is not None:
             owners |= self._owners(event.cluster, event.old)  # an owner that was dropped hears too
@@ -129,7 +129,7 @@ class _Mapped:
     def __init__(self, function: MapFunction) -> None:
         self._function = function
 
-    def requests(self, event: Event) -> Iterable[Request]:
+    def requests(self, event: ObjectEvent) -> Iterable[Request]:
         found = list(self._function(event.cluster, event.object))
         if event.old is not None:
             found.extend(self._function(event.cluster, event.old))

@@ -1,6 +1,6 @@
 """Event filters: which events are worth a reconcile.
 
-A predicate sees an :class:`Event` and the name of the cluster it came from,
+A predicate sees an :class:`ObjectEvent` and the name of the cluster it came from,
 and returns whether to enqueue. The "changed" predicates judge updates only and
 let creates and deletes through, so ``generation_changed()`` on ``for_`` still
 reconciles new and deleted objects, as in controller-runtime.
@@ -19,7 +19,7 @@ EventType = Literal["create", "update", "delete", "generic"]
 
 
 @dataclass(frozen=True)
-class Event:
+class ObjectEvent:
     """Something that happened to an object in one cluster (``old`` is set for updates)."""
 
     type: EventType
@@ -28,12 +28,12 @@ class Event:
     old: JSON | None = field(default=None, compare=False)
 
 
-Predicate = Callable[[Event], bool]
+Predicate = Callable[[ObjectEvent], bool]
 """Decides whether an event reaches the work queue; combine them with ``all_of``/``any_of``/``negate``."""
 
 
 def _on_update(compare: Callable[[JSON, JSON], bool]) -> Predicate:
-    def predicate(event: Event) -> bool:
+    def predicate(event: ObjectEvent) -> bool:
         if event.type != "update" or event.old is None:
             return True
         return compare(event.old, event.object)
@@ -98,6 +98,6 @@ def negate(predicate: Predicate) -> Predicate:
     return lambda event: not predicate(event)
 
 
-def matches(predicates: tuple[Predicate, ...], event: Event) -> bool:
+def matches(predicates: tuple[Predicate, ...], event: ObjectEvent) -> bool:
     """Whether an event passes every predicate."""
     return all(predicate(event) for predicate in predicates)

@@ -20,12 +20,12 @@ from .._base.objects import JSON, metadata
 from .._cache.informer import HandlerRegistration, Informer, ResourceEventHandler
 from .._fleet.reconcile import LOCAL_CLUSTER, Request
 from .handler import EventHandler, enqueue_for_object
-from .predicate import Event, Predicate
+from .predicate import ObjectEvent, Predicate
 
 if TYPE_CHECKING:
     from .._fleet.cluster import Cluster
 
-Sink = Callable[[Event], None]
+Sink = Callable[[ObjectEvent], None]
 ClusterFilter = Callable[[str], bool]
 
 
@@ -103,15 +103,15 @@ class KindSource:
 
         def on_add(obj: JSON, _initial: bool) -> None:
             if wanted(obj):
-                sink(Event("create", cluster_name, obj))
+                sink(ObjectEvent("create", cluster_name, obj))
 
         def on_update(old: JSON, new: JSON) -> None:
             if wanted(new) or wanted(old):
-                sink(Event("update", cluster_name, new, old))
+                sink(ObjectEvent("update", cluster_name, new, old))
 
         def on_delete(obj: JSON) -> None:
             if wanted(obj):
-                sink(Event("delete", cluster_name, obj))
+                sink(ObjectEvent("delete", cluster_name, obj))
 
         registration = informer.add_handler(ResourceEventHandler(on_add, on_update, on_delete))
         return Attachment(informer, registration, wanted)
@@ -121,10 +121,10 @@ class KindSource:
 class ChannelSource:
     """Triggers from outside the clusters.
 
-    Put a :class:`Request` on ``channel`` to enqueue it, or an :class:`Event`
+    Put a :class:`Request` on ``channel`` to enqueue it, or an :class:`ObjectEvent`
     to run it through ``handler`` and ``predicates`` first.
     """
 
-    channel: asyncio.Queue[Request | Event]
+    channel: asyncio.Queue[Request | ObjectEvent]
     handler: EventHandler = field(default_factory=enqueue_for_object)
     predicates: tuple[Predicate, ...] = ()

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from .._base.errors import ClusterNotFound, NotFound
+from .._base.errors import ClusterNotFound
 from .._base.kind import Kind
 from .._base.objects import JSON
 from .context import current_request
@@ -43,25 +43,31 @@ class RoutedClient:
         self._lookup = lookup
 
     async def cluster(self) -> Cluster:
-        """The cluster this client addresses right now."""
+        """The cluster this client addresses right now.
+
+        Outside a reconcile, without a local cluster, there is nothing to
+        address: the error says so and how to name a cluster instead, rather
+        than that a cluster called ``''`` is not engaged.
+        """
         request = current_request()
-        return await self._lookup(request.cluster if request is not None else LOCAL_CLUSTER)
+        if request is not None:
+            return await self._lookup(request.cluster)
+        try:
+            return await self._lookup(LOCAL_CLUSTER)
+        except ClusterNotFound:
+            raise ClusterNotFound(
+                LOCAL_CLUSTER,
+                "mgr.client was used outside a reconcile and the manager has no local cluster; "
+                "address a cluster explicitly: (await mgr.get_cluster(name)).client",
+            ) from None
 
     async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> JSON:
-        """A copy from the cache; raises :class:`NotFound` when the cache has none."""
-        cluster = await self.cluster()
-        found = await cluster.reader.get(kind, name, namespace=namespace)
-        if found is None:
-            raise NotFound(
-                f"{kind.kind} {name!r} not found in the cache",
-                cluster=cluster.name,
-                status=404,
-                reason="NotFound",
-                kind=kind.kind,
-                namespace=namespace,
-                name=name,
-            )
-        return found
+        """A copy from the request's cluster's cache; raises :class:`NotFound` when it has none."""
+        return await (await self.cluster()).cache.get(kind, name, namespace=namespace)
+
+    async def get_or_none(self, kind: Kind, name: str, *, namespace: str | None = None) -> JSON | None:
+        """A copy from the request's cluster's cache, or ``None`` when it has none."""
+        return await (await self.cluster()).cache.get_or_none(kind, name, namespace=namespace)
 
     async def list(
         self,
@@ -73,9 +79,7 @@ class RoutedClient:
     ) -> list[JSON]:
         """Copies from the cache."""
         cluster = await self.cluster()
-        return await cluster.reader.list(
-            kind, namespace=namespace, label_selector=label_selector, index=index
-        )
+        return await cluster.cache.list(kind, namespace=namespace, label_selector=label_selector, index=index)
 
     async def create(self, obj: Any, **options: Any) -> JSON:
         return await (await self.cluster()).client.create(obj, **options)
@@ -153,7 +157,7 @@ class FleetClient:
 
         async def read(cluster: Cluster) -> Objects:
             if source == "cache":
-                return await cluster.reader.list(kind, namespace=namespace, label_selector=label_selector)
+                return await cluster.cache.list(kind, namespace=namespace, label_selector=label_selector)
             listed = await cluster.client.list(kind, namespace=namespace, label_selector=label_selector)
             return listed.items
 
@@ -172,11 +176,7 @@ class FleetClient:
         """``results[cluster]`` is the object, or ``None`` where that cluster has none."""
 
         async def read(cluster: Cluster) -> JSON | None:
-            if source == "cache":
-                return await cluster.reader.get(kind, name, namespace=namespace)
-            try:
-                return await cluster.client.get(kind, name, namespace=namespace)
-            except NotFound:
-                return None
+            reader = cluster.cache if source == "cache" else cluster.client
+            return await reader.get_or_none(kind, name, namespace=namespace)
 
         return await self._each(read, clusters, timeout)

@@ -118,11 +118,6 @@ class Cluster:
         return f"<Cluster {self.name!r} {_redacted(self.config.server)} {state}>"
 
     @property
-    def reader(self) -> Cache:
-        """The cache-backed reader (``get``/``list``); an alias of :attr:`cache`."""
-        return self.cache
-
-    @property
     def stopped(self) -> bool:
         return self._stopped
 

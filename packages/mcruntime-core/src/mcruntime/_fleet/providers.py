@@ -58,10 +58,11 @@ class SingleProvider(_ClusterSetProvider):
 
 
 class StaticProvider(_ClusterSetProvider):
-    """Clusters added, updated and removed from code while the manager runs.
+    """Clusters set and removed from code while the manager runs.
 
-    The Add/Update/Delete of multi-cluster-cr's server, with the lifecycle rules
-    of every other provider: ``update`` with an unchanged config does nothing.
+    ``set`` adds or changes a cluster and ``remove`` drops it, with the
+    lifecycle rules of every other provider: setting an unchanged config does
+    nothing.
     """
 
     def __init__(
@@ -79,14 +80,14 @@ class StaticProvider(_ClusterSetProvider):
             await self.clusters.sync(self._initial)
         await self.clusters.run(aware)
 
-    async def add(self, name: str, config: ClusterConfig) -> None:
-        """Add a cluster (or change it, if the name exists)."""
-        await self.clusters.set(name, config)
+    async def set(self, name: str, config: ClusterConfig) -> bool:
+        """Add ``name``, or change it if it exists; returns whether anything changed.
 
-    async def update(self, name: str, config: ClusterConfig) -> bool:
-        """Change a cluster's config; returns whether anything changed."""
-        if name not in self.clusters.names():
-            raise ClusterNotFound(name)
+        One method for both, because callers that mirror a source of truth
+        rarely know (or care) which it is. An unchanged config does nothing; a
+        rotated token is swapped in place; any other change replaces the
+        cluster (its caches are rebuilt).
+        """
         return await self.clusters.set(name, config)
 
     async def remove(self, name: str) -> bool:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from .._base.kind import Kind
 from .._control.controller import DEFAULT_MAX_TOTAL_RECONCILES, Controller
 from .._control.handler import EventHandler, enqueue_for_object, enqueue_for_owner
-from .._control.predicate import Event, Predicate
+from .._control.predicate import ObjectEvent, Predicate
 from .._control.ratelimit import RateLimiter
 from .._control.source import ChannelSource, ClusterSelection, KindSource
 from .._fleet.reconcile import ReconcileFunction, Reconciler, Request, as_reconcile_function
@@ -120,7 +120,7 @@ class Builder:
 
     def watches_channel(
         self,
-        channel: asyncio.Queue[Request | Event],
+        channel: asyncio.Queue[Request | ObjectEvent],
         handler: EventHandler | None = None,
         *,
         predicates: tuple[Predicate, ...] | list[Predicate] = (),

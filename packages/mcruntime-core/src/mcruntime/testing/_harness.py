@@ -95,7 +95,7 @@ class Seen:
         async def reconcile(request: mcr.Request) -> None:
             self.calls[request.cluster] += 1
             cluster = await manager.get_cluster(request.cluster)
-            obj = await cluster.reader.get(CONFIGMAP, request.name, namespace=request.namespace)
+            obj = await cluster.cache.get_or_none(CONFIGMAP, request.name, namespace=request.namespace)
             key = (request.cluster, request.namespace, request.name)
             if obj is None:
                 self.objects.pop(key, None)
