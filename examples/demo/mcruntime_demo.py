@@ -249,7 +249,7 @@ class Demo:
         statuses = self.provider.statuses()
         self.seen.clusters[MAIN] = "ready" if self.main.health.healthy else "unhealthy"
         for name, status in statuses.items():
-            self.seen.clusters[name] = status.state.value
+            self.seen.clusters[name] = status.phase.value
         for name in list(self.seen.clusters):
             if name != MAIN and name not in statuses:
                 self.seen.clusters[name] = "left"

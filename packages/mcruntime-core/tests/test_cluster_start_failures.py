@@ -20,6 +20,7 @@ import pytest
 from kube_helpers import wait_for
 
 import mcruntime as mcr
+import mcruntime.provider as mcrp
 from mcruntime._client.transport import Transport
 from mcruntime.testing._pki import CertificateAuthority
 
@@ -93,7 +94,7 @@ class Engaged:
 
 
 async def test_a_cluster_that_cannot_start_is_engaged_unhealthy_and_probed(private_dirs: Path) -> None:
-    clusters = mcr.ClusterSet(
+    clusters = mcrp.ClusterSet(
         probe_interval=0.05, options=mcr.ClusterOptions(retry=mcr.RetryPolicy(attempts=1))
     )
     aware = Engaged()
@@ -102,7 +103,7 @@ async def test_a_cluster_that_cannot_start_is_engaged_unhealthy_and_probed(priva
     cluster = await clusters.wait_engaged("bad", timeout=10)
     assert aware.clusters == {"bad": cluster}
     status = clusters.status("bad")
-    assert status.state is mcr.ClusterState.UNHEALTHY
+    assert status.phase is mcr.ClusterPhase.UNHEALTHY
     assert status.error is not None and "unusable TLS configuration" in status.error
     assert len(cluster.tasks) == 1  # its health probe, which keeps trying to open it
     runner.cancel()
@@ -113,7 +114,7 @@ async def test_a_cluster_that_cannot_start_is_engaged_unhealthy_and_probed(priva
 
 async def test_a_cluster_removed_before_it_started_fails_nothing(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR)
-    clusters = mcr.ClusterSet()
+    clusters = mcrp.ClusterSet()
     runner = asyncio.create_task(clusters.run(Engaged()))
     await clusters.set("brief", config_with_ca(CertificateAuthority("test").cert_pem))
     assert await clusters.remove("brief") is True

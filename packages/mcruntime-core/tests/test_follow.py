@@ -8,6 +8,7 @@ import contextlib
 from kube_helpers import CONFIGMAP, unique, widget_crd
 
 import mcruntime as mcr
+import mcruntime.provider as mcrp
 from mcruntime.testing import ControlPlane, Fleet, wait_until
 
 CRD = mcr.Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
@@ -39,9 +40,9 @@ async def test_a_pass_that_fails_five_thousand_times_is_retried_until_it_works(f
 
     async with mcr.Cluster("hub", admin(fleet["cluster-1"])) as hub:
         informer = mcr.Informer(hub.client, CONFIGMAP, namespace=unique("follow"))
-        clusters = mcr.ClusterSet(owner="follow test")
+        clusters = mcrp.ClusterSet(owner="follow test")
         following = asyncio.create_task(
-            mcr.follow_informers(
+            mcrp.follow_informers(
                 clusters,
                 Nobody(),
                 [informer],
@@ -68,7 +69,7 @@ async def test_wait_for_kind_reports_the_wait_and_returns_once_the_crd_is_instal
     reports: list[str | None] = []
     async with mcr.Cluster("hub", admin(fleet["cluster-1"])) as hub:
         waiting = asyncio.create_task(
-            mcr.wait_for_kind(
+            mcrp.wait_for_kind(
                 hub,
                 kinds,
                 owner="wait test",

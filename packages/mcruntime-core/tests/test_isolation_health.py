@@ -66,9 +66,9 @@ async def _healthy_metric(manager: mcr.Manager, name: str) -> float | None:
     return float(found.group(1)) if found else None
 
 
-def _state(provider: mcr.StaticProvider, name: str) -> mcr.ClusterState | None:
+def _state(provider: mcr.StaticProvider, name: str) -> mcr.ClusterPhase | None:
     status = provider.statuses().get(name)
-    return status.state if status is not None else None
+    return status.phase if status is not None else None
 
 
 async def _nothing(_request: mcr.Request) -> None:
@@ -85,12 +85,12 @@ async def test_a_hung_server_is_unhealthy_everywhere_within_interval_plus_timeou
     mcr.controller_managed_by(manager).for_(CONFIGMAP).complete(_nothing)
     async with running(manager):
         await wait_for(lambda: provider.statuses().get("hung") is not None)
-        await wait_for(lambda: provider.statuses()["hung"].state is mcr.ClusterState.READY, timeout=30)
+        await wait_for(lambda: provider.statuses()["hung"].phase is mcr.ClusterPhase.READY, timeout=30)
         await wait_for(lambda: _readyz_line(manager, "hung"), timeout=30)
         with hung(fresh_cluster):
             stopped = time.monotonic()
             await wait_for(
-                lambda: provider.statuses()["hung"].state is mcr.ClusterState.UNHEALTHY,
+                lambda: provider.statuses()["hung"].phase is mcr.ClusterPhase.UNHEALTHY,
                 timeout=DETECTION_BOUND + 5,
             )
             detected = time.monotonic() - stopped
@@ -107,7 +107,7 @@ async def test_a_hung_server_is_unhealthy_everywhere_within_interval_plus_timeou
             print(f"hung server reported unhealthy after {detected:.1f}s (bound {DETECTION_BOUND:.0f}s)")
             assert detected <= PROMISE
         resumed = time.monotonic()
-        await wait_for(lambda: provider.statuses()["hung"].state is mcr.ClusterState.READY, timeout=30)
+        await wait_for(lambda: provider.statuses()["hung"].phase is mcr.ClusterPhase.READY, timeout=30)
         recovered = time.monotonic() - resumed
         print(f"resumed server reported healthy after {recovered:.1f}s")
         assert recovered <= mcr.ClusterOptions().health_probe_interval + 1.0
@@ -147,13 +147,13 @@ async def test_a_revoked_token_is_unhealthy_in_readyz_naming_the_401_and_a_new_t
     mcr.controller_managed_by(manager).for_(CONFIGMAP).complete(_nothing)
     async with running(manager):
         await wait_for(lambda: _readyz_line(manager, "member"), timeout=30)
-        await wait_for(lambda: _state(provider, "member") is mcr.ClusterState.READY, timeout=30)
+        await wait_for(lambda: _state(provider, "member") is mcr.ClusterPhase.READY, timeout=30)
         fresh_cluster.revoke_token_user(account)
         # The apiserver keeps accepting a revoked token from its authentication cache
         # for a few seconds; measure from the first 401 an independent client sees.
         first_401 = await _first_401(fresh_cluster, user)
         await wait_for(
-            lambda: provider.statuses()["member"].state is mcr.ClusterState.UNHEALTHY,
+            lambda: provider.statuses()["member"].phase is mcr.ClusterPhase.UNHEALTHY,
             timeout=DETECTION_BOUND + 5,
         )
         detected = time.monotonic() - first_401
@@ -169,7 +169,7 @@ async def test_a_revoked_token_is_unhealthy_in_readyz_naming_the_401_and_a_new_t
         # A new token (a new ServiceAccount of the same name) is swapped in place and recovers.
         renewed = fresh_cluster.add_token_user(account)
         await provider.set("member", config_of(fresh_cluster, renewed))
-        await wait_for(lambda: provider.statuses()["member"].state is mcr.ClusterState.READY, timeout=30)
+        await wait_for(lambda: provider.statuses()["member"].phase is mcr.ClusterPhase.READY, timeout=30)
         assert provider.statuses()["member"].credential_rotations == 1
 
 

@@ -193,14 +193,14 @@ async def test_other_clusters_keep_reconciling_while_one_apiserver_is_down(
     async with running(manager):
         await wait_for(lambda: seen.clusters_with(namespace) == {"healthy", "flaky"})
         await fresh_cluster.stop_async()
-        await wait_for(lambda: provider.statuses()["flaky"].state is mcr.ClusterState.UNHEALTHY)
+        await wait_for(lambda: provider.statuses()["flaky"].phase is mcr.ClusterPhase.UNHEALTHY)
         assert "flaky" in manager.clusters()  # unavailable is not gone
         await _seed(healthy, namespace, ["h1"])
         await wait_for(lambda: ("healthy", namespace, "h1") in seen.objects)
         await fresh_cluster.start_async()
         await _seed(fresh_cluster, namespace, ["f1"])
         await wait_for(lambda: ("flaky", namespace, "f1") in seen.objects, timeout=60)
-        await wait_for(lambda: provider.statuses()["flaky"].state is mcr.ClusterState.READY)
+        await wait_for(lambda: provider.statuses()["flaky"].phase is mcr.ClusterPhase.READY)
 
 
 async def test_requests_for_a_removed_cluster_are_dropped_not_retried(fleet: Fleet) -> None:

@@ -371,7 +371,7 @@ async def test_no_token_or_key_reaches_the_logs_of_a_whole_run(
     with caplog.at_level(logging.DEBUG):
         async with running(manager):
             await asyncio.wait_for(done.wait(), 30)
-            await wait_for(lambda: provider.statuses()["bad"].state is mcr.ClusterState.UNHEALTHY)
+            await wait_for(lambda: provider.statuses()["bad"].phase is mcr.ClusterPhase.UNHEALTHY)
             await _get(manager.endpoints.url("/readyz") + "?verbose")
             await _get(manager.endpoints.url("/metrics"))
     text = caplog.text + "\n".join(repr(record.args) for record in caplog.records)

@@ -35,9 +35,9 @@ EXPORTED = [
     "ClusterHealth",
     "ClusterNotFound",
     "ClusterOptions",
+    "ClusterPhase",
     "ClusterSelection",
-    "ClusterSet",
-    "ClusterState",
+    "ClusterPhase",
     "ClusterStatus",
     "Conflict",
     "Controller",
@@ -122,10 +122,8 @@ EXPORTED = [
     "enqueue_for_owner",
     "enqueue_mapped",
     "field_getter",
-    "follow_informers",
     "generation_changed",
     "has_labels",
-    "hub_connection",
     "in_cluster_config",
     "in_clusters",
     "in_namespaces",
@@ -143,7 +141,6 @@ EXPORTED = [
     "resource_version_changed",
     "run_manager",
     "strip_managed_fields",
-    "wait_for_kind",
 ]
 
 

@@ -360,7 +360,7 @@ async def test_an_opted_in_trust_policy_allows_what_untrusted_refuses(hub: Hub, 
     manager, recorder = manager_for(provider)
     async with running(manager, recorder):
         await wait_for(lambda: "insecure" in manager.clusters())
-        await wait_for(lambda: provider.statuses()["insecure"].state is mcr.ClusterState.READY)
+        await wait_for(lambda: provider.statuses()["insecure"].phase is mcr.ClusterPhase.READY)
 
 
 async def test_a_hub_cluster_passed_in_is_used_and_left_running(hub: Hub, fleet: Fleet) -> None:

@@ -91,10 +91,10 @@ async def gone(provider: KubeconfigFileProvider, name: str) -> None:
     await wait_until(lambda: name not in provider.clusters.names(), what=f"cluster {name!r} disengaged")
 
 
-async def state(provider: KubeconfigFileProvider, name: str, wanted: mcr.ClusterState) -> mcr.ClusterStatus:
+async def state(provider: KubeconfigFileProvider, name: str, wanted: mcr.ClusterPhase) -> mcr.ClusterStatus:
     def reached() -> bool:
         status = provider.statuses().get(name)
-        return status is not None and status.state is wanted
+        return status is not None and status.phase is wanted
 
     await wait_until(reached, what=f"cluster {name!r} {wanted.value}")
     return provider.statuses()[name]
@@ -255,7 +255,7 @@ async def test_a_secret_volume_rotation_is_seen(tmp_path: Path, fleet: Fleet) ->
     name = f"{volume}/kubeconfig/fleet"
     async with running(provider) as recorder:
         cluster = await engaged(provider, name)
-        await state(provider, name, mcr.ClusterState.READY)
+        await state(provider, name, mcr.ClusterPhase.READY)
         assert await uses_token(cluster, before.token)
         assert cluster.config.cluster["certificate-authority"] == str(volume / "ca.crt")
         assert list(provider.file_statuses()) == [str(volume / "kubeconfig")]  # no ..data, no ..2026_*
@@ -264,7 +264,7 @@ async def test_a_secret_volume_rotation_is_seen(tmp_path: Path, fleet: Fleet) ->
         _publish(volume, new, ["kubeconfig", "ca.crt"])
         shutil.rmtree(old)
         await wait_until(lambda: uses_token(cluster, after.token), what="the rotated token in use")
-        status = await state(provider, name, mcr.ClusterState.READY)
+        status = await state(provider, name, mcr.ClusterPhase.READY)
         assert await provider.get(name) is cluster and recorder.count(name) == 1
         assert status.credential_rotations == 1
         assert provider.errors() == []
@@ -293,11 +293,11 @@ async def test_relative_certificate_paths_and_their_changes(tmp_path: Path, flee
         untrusted = await engaged(provider, name)
         assert untrusted.config.cluster["certificate-authority"] == str(certs / "ca.crt")
         assert untrusted.config.user["client-key"] == str(certs / "client.key")
-        await state(provider, name, mcr.ClusterState.UNHEALTHY)  # a foreign CA is unhealthy, never skipped
+        await state(provider, name, mcr.ClusterPhase.UNHEALTHY)  # a foreign CA is unhealthy, never skipped
 
         write_atomic(certs / "ca.crt", plane.ca.cert_pem)  # the kubeconfig itself does not change
         await wait_until(lambda: recorder.count(name) == 2, what="re-engaged with the new CA")
-        await state(provider, name, mcr.ClusterState.READY)
+        await state(provider, name, mcr.ClusterPhase.READY)
         assert untrusted.stopped
 
 

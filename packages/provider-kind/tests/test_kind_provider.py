@@ -241,7 +241,7 @@ async def ready(provider: KindProvider, name: str) -> mcr.Cluster:
 
     def answered() -> bool:
         status = provider.statuses().get(name)
-        return status is not None and status.state is mcr.ClusterState.READY
+        return status is not None and status.phase is mcr.ClusterPhase.READY
 
     await wait_until(answered, what=f"kind cluster {name!r} engaged and ready")
     return await provider.get(name)
@@ -483,7 +483,7 @@ async def test_internal_mode_asks_kind_for_the_in_network_endpoint(kind: FakeKin
         assert manager.clusters()["alpha"].config.server == "https://alpha-control-plane:6443"
         # No kind network here: the name does not resolve, so the cluster is unhealthy, and kept.
         await wait_until(
-            lambda: kind_provider.statuses()["alpha"].state is mcr.ClusterState.UNHEALTHY,
+            lambda: kind_provider.statuses()["alpha"].phase is mcr.ClusterPhase.UNHEALTHY,
             what="alpha unhealthy",
         )
 

@@ -293,12 +293,12 @@ async def test_a_wrong_ca_is_unhealthy_and_the_others_are_unaffected(hub: Hub, f
         await wait_until(
             lambda: (
                 (s := provider.statuses().get("wrong-ca")) is not None
-                and s.state is mcr.ClusterState.UNHEALTHY
+                and s.phase is mcr.ClusterPhase.UNHEALTHY
             ),
             what="wrong-ca is unhealthy",
         )
         await wait_until(
-            lambda: (s := provider.statuses().get("good")) is not None and s.state is mcr.ClusterState.READY,
+            lambda: (s := provider.statuses().get("good")) is not None and s.phase is mcr.ClusterPhase.READY,
             what="good is ready",
         )
         assert "wrong-ca" in provider.clusters.names()  # unhealthy is not gone
@@ -314,7 +314,7 @@ async def test_an_endpoint_without_a_scheme_gets_https(hub: Hub, fleet: Fleet) -
         cluster = await provider.clusters.wait_engaged("bare")
         assert cluster.config.server == member.server
         await wait_until(
-            lambda: (s := provider.statuses().get("bare")) is not None and s.state is mcr.ClusterState.READY,
+            lambda: (s := provider.statuses().get("bare")) is not None and s.phase is mcr.ClusterPhase.READY,
             what="bare is ready",
         )
 

@@ -90,9 +90,8 @@ from ._control.source import (
 from ._control.workqueue import QueueMetrics, QueueShutDown, WorkQueue
 from ._fleet.clients import FleetClient, FleetResult, RoutedClient
 from ._fleet.cluster import Cluster, ClusterOptions
-from ._fleet.clusterset import ClusterSet, ClusterState, ClusterStatus
+from ._fleet.clusterset import ClusterPhase, ClusterStatus
 from ._fleet.context import ReconcileContext, current_reconcile, current_request
-from ._fleet.follow import follow_informers, hub_connection, wait_for_kind
 from ._fleet.provider import Aware, Provider, ProviderRunnable
 from ._fleet.providers import MultiProvider, SingleProvider, StaticProvider
 from ._fleet.reconcile import LOCAL_CLUSTER, ReconcileFunction, Reconciler, Request, Result, TerminalError
@@ -129,9 +128,8 @@ __all__ = [
     "ClusterHealth",
     "ClusterNotFound",
     "ClusterOptions",
+    "ClusterPhase",
     "ClusterSelection",
-    "ClusterSet",
-    "ClusterState",
     "ClusterStatus",
     "Conflict",
     "Controller",
@@ -212,10 +210,8 @@ __all__ = [
     "enqueue_for_owner",
     "enqueue_mapped",
     "field_getter",
-    "follow_informers",
     "generation_changed",
     "has_labels",
-    "hub_connection",
     "in_cluster_config",
     "in_clusters",
     "in_namespaces",
@@ -233,7 +229,6 @@ __all__ = [
     "resource_version_changed",
     "run_manager",
     "strip_managed_fields",
-    "wait_for_kind",
 ]
 
 if TYPE_CHECKING:

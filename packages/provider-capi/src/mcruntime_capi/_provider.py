@@ -20,11 +20,13 @@ import asyncio
 import base64
 import binascii
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import mcruntime as mcr
+import mcruntime.provider as mcrp
+from mcruntime.provider import ClusterSetProvider
 
 log = logging.getLogger("mcruntime_capi")
 
@@ -73,7 +75,7 @@ class WorkloadStatus:
     secret_resource_version: str | None = None
 
 
-class ClusterAPIProvider:
+class ClusterAPIProvider(ClusterSetProvider):
     """Engages the workload clusters of a Cluster API management cluster.
 
     Args:
@@ -123,7 +125,7 @@ class ClusterAPIProvider:
         self._hub = hub
         self._options = options
         self._owner = f"cluster api clusters in {namespace!r}" if namespace else "cluster api clusters"
-        self.clusters = mcr.ClusterSet(options=options, probe_interval=probe_interval, owner=self._owner)
+        super().__init__(self._owner, options=options, probe_interval=probe_interval)
         self.api_version: str | None = None
         self._last_good: dict[str, mcr.ClusterConfig] = {}
         self._workloads: dict[str, WorkloadStatus] = {}
@@ -134,20 +136,6 @@ class ClusterAPIProvider:
 
     def __repr__(self) -> str:
         return f"<ClusterAPIProvider {self.api_version or GROUP} clusters={self.clusters.names()}>"
-
-    async def get(self, name: str) -> mcr.Cluster:
-        """The engaged workload cluster ``<namespace>/<name>``; raises ClusterNotFound."""
-        return await self.clusters.get(name)
-
-    async def index_field(
-        self, kind: mcr.Kind, name: str, extract: Callable[[dict[str, Any]], Iterable[str]]
-    ) -> None:
-        """Index ``kind`` in every workload cluster, engaged now or later."""
-        await self.clusters.index_field(kind, name, extract)
-
-    def statuses(self) -> dict[str, mcr.ClusterStatus]:
-        """Each engaged workload cluster's state (engaging, ready, unhealthy)."""
-        return self.clusters.statuses()
 
     def workload_statuses(self) -> dict[str, WorkloadStatus]:
         """What became of each Cluster object the provider saw last, by ``namespace/name``."""
@@ -160,7 +148,7 @@ class ClusterAPIProvider:
         :attr:`waiting`); with ``wait_for_crd=False``, raises
         :class:`ClusterAPINotInstalled` at once instead.
         """
-        async with mcr.hub_connection(self._hub, f"{self._owner} (hub)", self._options) as hub:
+        async with mcrp.hub_connection(self._hub, f"{self._owner} (hub)", self._options) as hub:
             kind = await self._served_kind(hub)
             self.api_version = kind.api_version
             read_timeout = hub.options.watch_read_timeout
@@ -191,7 +179,7 @@ class ClusterAPIProvider:
             def applied() -> None:
                 self._workloads = dict(pending)
 
-            await mcr.follow_informers(
+            await mcrp.follow_informers(
                 self.clusters,
                 aware,
                 [clusters, secrets],
@@ -204,7 +192,7 @@ class ClusterAPIProvider:
     async def _served_kind(self, hub: mcr.Cluster) -> mcr.Kind:
         candidates = [mcr.Kind(f"{GROUP}/{version}", "Cluster") for version in VERSIONS]
         if self.wait_for_crd:
-            return await mcr.wait_for_kind(
+            return await mcrp.wait_for_kind(
                 hub,
                 candidates,
                 owner=self._owner,

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import mcruntime as mcr
+from mcruntime.provider import ClusterSetProvider
 
 from ._naming import ContextSelection, Naming, context_filter, naming_function
 from ._reader import FileReader
@@ -95,7 +96,7 @@ def _inputs(paths: PathInput | None) -> tuple[Path, ...]:
     return tuple(listed)
 
 
-class KubeconfigFileProvider:
+class KubeconfigFileProvider(ClusterSetProvider):
     """Engages one cluster per selected context of kubeconfig files, following every edit.
 
     Args:
@@ -163,7 +164,7 @@ class KubeconfigFileProvider:
         self._reader = FileReader(self._select, self._trust, max_file_bytes)
         self._backoff = backoff or mcr.Backoff()
         self._owner = f"kubeconfig files {[str(path) for path in self.inputs]}"
-        self.clusters = mcr.ClusterSet(options=options, probe_interval=probe_interval, owner=self._owner)
+        super().__init__(self._owner, options=options, probe_interval=probe_interval)
         self._files: dict[Path, _File] = {}
         self._holders: dict[str, tuple[Path, str]] = {}  # cluster name -> (file, context)
         self._statuses: dict[str, FileStatus] = {}
@@ -177,21 +178,7 @@ class KubeconfigFileProvider:
         inputs = [str(path) for path in self.inputs]
         return f"<KubeconfigFileProvider inputs={inputs} clusters={self.clusters.names()}>"
 
-    # The Provider protocol: the ClusterSet answers both.
-
-    async def get(self, name: str) -> mcr.Cluster:
-        """The engaged cluster of this name; raises :class:`mcruntime.ClusterNotFound`."""
-        return await self.clusters.get(name)
-
-    async def index_field(self, kind: mcr.Kind, name: str, extract: IndexFunction) -> None:
-        """Index ``kind`` in every cluster, engaged now or later."""
-        await self.clusters.index_field(kind, name, extract)
-
-    # Reporting.
-
-    def statuses(self) -> dict[str, mcr.ClusterStatus]:
-        """Each cluster's state (engaging, ready, unhealthy) by cluster name."""
-        return self.clusters.statuses()
+    # Reporting (get, index_field and statuses come from ClusterSetProvider).
 
     def file_statuses(self) -> dict[str, FileStatus]:
         """What the last pass made of each kubeconfig file, by absolute path as seen."""

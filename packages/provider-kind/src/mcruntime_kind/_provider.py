@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import mcruntime as mcr
+from mcruntime.provider import ClusterSetProvider
 
 from ._cli import KindCLI, KindCommandError
 from ._settings import KIND_NAME, KindSettings
@@ -55,7 +56,7 @@ class _Retry:
     next_attempt: float
 
 
-class KindProvider:
+class KindProvider(ClusterSetProvider):
     """Engages every local kind cluster (or those a prefix or allow-list selects) under its kind name.
 
     The cluster ``dev``, whose kubeconfig context kind names ``kind-dev``, is
@@ -114,7 +115,7 @@ class KindProvider:
             base=self.settings.poll_interval, cap=max(max_backoff, self.settings.poll_interval), jitter=0.2
         )
         self._owner = "kind clusters"
-        self.clusters = mcr.ClusterSet(options=options, probe_interval=probe_interval, owner=self._owner)
+        super().__init__(self._owner, options=options, probe_interval=probe_interval)
         self._last_good: dict[str, mcr.ClusterConfig] = {}
         self._retries: dict[str, _Retry] = {}
         self._last_error: str | None = None
@@ -160,19 +161,7 @@ class KindProvider:
 
     # --- the Provider protocol: the ClusterSet answers both ---------------------------------
 
-    async def get(self, name: str) -> mcr.Cluster:
-        """The engaged cluster of this kind name; raises :class:`mcruntime.ClusterNotFound`."""
-        return await self.clusters.get(name)
-
-    async def index_field(self, kind: mcr.Kind, name: str, extract: IndexFunc) -> None:
-        """Index ``kind`` in every cluster, engaged now or later."""
-        await self.clusters.index_field(kind, name, extract)
-
     # --- reporting ---------------------------------------------------------------------------
-
-    def statuses(self) -> dict[str, mcr.ClusterStatus]:
-        """Each engaged cluster's state (engaging, ready, unhealthy) by kind name."""
-        return self.clusters.statuses()
 
     @property
     def last_error(self) -> str | None:

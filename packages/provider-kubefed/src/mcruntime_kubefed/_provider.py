@@ -14,11 +14,13 @@ for (reported by :attr:`KubeFedProvider.waiting`) instead of ending the manager.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import mcruntime as mcr
+import mcruntime.provider as mcrp
+from mcruntime.provider import ClusterSetProvider
 
 from ._config import MemberConfigError, member_config, token_of
 
@@ -54,7 +56,7 @@ class MemberStatus:
     """The token Secret's version used (``None``: no such Secret)."""
 
 
-class KubeFedProvider:
+class KubeFedProvider(ClusterSetProvider):
     """Engages every member cluster registered with KubeFed on the hub.
 
     Args:
@@ -99,7 +101,7 @@ class KubeFedProvider:
         self._hub = hub
         self._options = options
         self._owner = f"kubefed members in {namespace!r}"
-        self.clusters = mcr.ClusterSet(options=options, probe_interval=probe_interval, owner=self._owner)
+        super().__init__(self._owner, options=options, probe_interval=probe_interval)
         self._last_good: dict[str, mcr.ClusterConfig] = {}
         self._members: dict[str, MemberStatus] = {}
         self.waiting: str | None = None
@@ -107,20 +109,6 @@ class KubeFedProvider:
 
     def __repr__(self) -> str:
         return f"<KubeFedProvider namespace={self.namespace!r} clusters={self.clusters.names()}>"
-
-    async def get(self, name: str) -> mcr.Cluster:
-        """The engaged member of this name (the KubeFedCluster's name); raises ClusterNotFound."""
-        return await self.clusters.get(name)
-
-    async def index_field(
-        self, kind: mcr.Kind, name: str, extract: Callable[[dict[str, Any]], Iterable[str]]
-    ) -> None:
-        """Index ``kind`` in every member, engaged now or later."""
-        await self.clusters.index_field(kind, name, extract)
-
-    def statuses(self) -> dict[str, mcr.ClusterStatus]:
-        """Each engaged member's state (engaging, ready, unhealthy)."""
-        return self.clusters.statuses()
 
     def member_statuses(self) -> dict[str, MemberStatus]:
         """What became of each KubeFedCluster the provider saw last, by name."""
@@ -132,9 +120,9 @@ class KubeFedProvider:
         On a hub without the KubeFed CRD, waits for it (see :attr:`waiting`);
         with ``wait_for_crd=False``, raises :class:`KubeFedNotInstalled` at once.
         """
-        async with mcr.hub_connection(self._hub, f"{self._owner} (hub)", self._options) as hub:
+        async with mcrp.hub_connection(self._hub, f"{self._owner} (hub)", self._options) as hub:
             if self.wait_for_crd:
-                await mcr.wait_for_kind(
+                await mcrp.wait_for_kind(
                     hub,
                     [KUBEFED_CLUSTER],
                     owner=self._owner,
@@ -168,7 +156,7 @@ class KubeFedProvider:
             def applied() -> None:
                 self._members = dict(pending)
 
-            await mcr.follow_informers(
+            await mcrp.follow_informers(
                 self.clusters,
                 aware,
                 [members, secrets],

@@ -39,8 +39,8 @@ from .provider import Aware
 log = logging.getLogger("mcruntime.clusterset")
 
 
-class ClusterState(enum.Enum):
-    """Where a cluster is in its lifecycle."""
+class ClusterPhase(enum.Enum):
+    """Where a cluster is in its provider's lifecycle (its API server's health is :class:`HealthState`)."""
 
     ENGAGING = "engaging"
     READY = "ready"
@@ -49,15 +49,15 @@ class ClusterState(enum.Enum):
 
 @dataclass(frozen=True)
 class ClusterStatus:
-    """A snapshot of one cluster in a set: its state, why, since when, and how often it changed.
+    """A snapshot of one cluster in a set: its phase, why, since when, and how often it changed.
 
-    ``state`` comes from the cluster's health record (the probe's verdict), so
+    ``phase`` comes from the cluster's health record (the probe's verdict), so
     it agrees with ``/readyz`` and the metrics: engaging until the cluster is
     handed to the manager and first probed, then ready or unhealthy.
     """
 
     name: str
-    state: ClusterState
+    phase: ClusterPhase
     since: float
     error: str | None = None
     engagements: int = 1
@@ -78,15 +78,15 @@ class _Entry:
         health = self.cluster.health
         counts = {"engagements": self.engagements, "credential_rotations": self.credential_rotations}
         if health.state is HealthState.UNHEALTHY:
-            return ClusterStatus(name, ClusterState.UNHEALTHY, health.since, health.reason, **counts)
+            return ClusterStatus(name, ClusterPhase.UNHEALTHY, health.since, health.reason, **counts)
         if not self.engaged.is_set() or health.state is HealthState.UNKNOWN:
             if self.start_error is not None:
-                return ClusterStatus(name, ClusterState.UNHEALTHY, self.created, self.start_error, **counts)
-            return ClusterStatus(name, ClusterState.ENGAGING, self.created, None, **counts)
+                return ClusterStatus(name, ClusterPhase.UNHEALTHY, self.created, self.start_error, **counts)
+            return ClusterStatus(name, ClusterPhase.ENGAGING, self.created, None, **counts)
         failing = self.cluster.failing_loops()
         if failing:
-            return ClusterStatus(name, ClusterState.UNHEALTHY, health.since, "; ".join(failing), **counts)
-        return ClusterStatus(name, ClusterState.READY, max(health.since, self.created), None, **counts)
+            return ClusterStatus(name, ClusterPhase.UNHEALTHY, health.since, "; ".join(failing), **counts)
+        return ClusterStatus(name, ClusterPhase.READY, max(health.since, self.created), None, **counts)
 
 
 class ClusterSet:

@@ -9,6 +9,7 @@ everything engaged with it winds down (see :meth:`Cluster.on_stop`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .._base.kind import Kind
@@ -16,6 +17,7 @@ from .._cache.informer import IndexFunc
 
 if TYPE_CHECKING:
     from .cluster import Cluster
+    from .clusterset import ClusterStatus
 
 
 @runtime_checkable
@@ -37,6 +39,15 @@ class Provider(Protocol):
 
     async def index_field(self, kind: Kind, name: str, extract: IndexFunc) -> None:
         """Index ``kind`` by ``extract`` in every cluster, now and later."""
+        ...
+
+    def statuses(self) -> Mapping[str, ClusterStatus]:
+        """Frozen snapshots of every cluster's phase by name: what ``/readyz`` and the metrics show.
+
+        Snapshots, never live objects, so a copy a caller keeps does not change
+        under it. :class:`mcruntime.provider.ClusterSetProvider` answers this
+        from its ClusterSet.
+        """
         ...
 
 

@@ -7,6 +7,7 @@ is its discovery, and these have almost none.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Mapping
 
 from .._base.errors import ClusterNotFound
@@ -14,30 +15,12 @@ from .._base.kind import Kind
 from .._cache.informer import IndexFunc
 from .._config.kubeconfig import ClusterConfig
 from .cluster import Cluster, ClusterOptions
-from .clusterset import ClusterSet, ClusterStatus
+from .clusterset import ClusterStatus
+from .kit import ClusterSetProvider
 from .provider import Aware, Provider, ProviderRunnable
 
 
-class _ClusterSetProvider:
-    """Shared plumbing: ``get``/``index_field``/``run`` delegate to a ClusterSet."""
-
-    def __init__(self, owner: str, options: ClusterOptions | None, probe_interval: float | None) -> None:
-        self.clusters = ClusterSet(options=options, probe_interval=probe_interval, owner=owner)
-
-    async def get(self, name: str) -> Cluster:
-        return await self.clusters.get(name)
-
-    async def index_field(self, kind: Kind, name: str, extract: IndexFunc) -> None:
-        await self.clusters.index_field(kind, name, extract)
-
-    async def run(self, aware: Aware) -> None:
-        await self.clusters.run(aware)
-
-    def statuses(self) -> dict[str, ClusterStatus]:
-        return self.clusters.statuses()
-
-
-class SingleProvider(_ClusterSetProvider):
+class SingleProvider(ClusterSetProvider):
     """One named cluster, engaged on start: the smallest provider there is."""
 
     def __init__(
@@ -48,7 +31,7 @@ class SingleProvider(_ClusterSetProvider):
         options: ClusterOptions | None = None,
         probe_interval: float | None = None,
     ) -> None:
-        super().__init__(f"single provider {name!r}", options, probe_interval)
+        super().__init__(f"single provider {name!r}", options=options, probe_interval=probe_interval)
         self.name = name
         self._config = config
 
@@ -57,7 +40,7 @@ class SingleProvider(_ClusterSetProvider):
         await self.clusters.run(aware)
 
 
-class StaticProvider(_ClusterSetProvider):
+class StaticProvider(ClusterSetProvider):
     """Clusters set and removed from code while the manager runs.
 
     ``set`` adds or changes a cluster and ``remove`` drops it, with the
@@ -72,7 +55,7 @@ class StaticProvider(_ClusterSetProvider):
         options: ClusterOptions | None = None,
         probe_interval: float | None = None,
     ) -> None:
-        super().__init__("static provider", options, probe_interval)
+        super().__init__("static provider", options=options, probe_interval=probe_interval)
         self._initial = dict(clusters or {})
 
     async def run(self, aware: Aware) -> None:
@@ -140,6 +123,15 @@ class MultiProvider:
 
     async def index_field(self, kind: Kind, name: str, extract: IndexFunc) -> None:
         await asyncio.gather(*(p.index_field(kind, name, extract) for p in self._providers.values()))
+
+    def statuses(self) -> Mapping[str, ClusterStatus]:
+        """Every inner provider's statuses, under the prefixed names the manager knows them by."""
+        found: dict[str, ClusterStatus] = {}
+        for prefix, provider in self._providers.items():
+            for name, status in provider.statuses().items():
+                full = f"{prefix}{self._separator}{name}"
+                found[full] = dataclasses.replace(status, name=full)
+        return found
 
     async def run(self, aware: Aware) -> None:
         runnables = [

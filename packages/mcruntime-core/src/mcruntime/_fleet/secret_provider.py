@@ -28,11 +28,11 @@ from typing import Any
 
 from .._base.errors import KubeconfigError
 from .._base.kind import Kind
-from .._cache.informer import IndexFunc, Informer
+from .._cache.informer import Informer
 from .._config.kubeconfig import ClusterConfig, TrustPolicy, kubeconfig_from_dict, parse_kubeconfig
 from .cluster import Cluster, ClusterOptions
-from .clusterset import ClusterSet, ClusterStatus
 from .follow import follow_informers, hub_connection
+from .kit import ClusterSetProvider
 from .provider import Aware
 
 log = logging.getLogger("mcruntime.providers.secrets")
@@ -90,7 +90,7 @@ class _Version:
 
 
 # --8<-- [start:provider]
-class KubeconfigSecretProvider:
+class KubeconfigSecretProvider(ClusterSetProvider):
     """Engages one cluster per labelled kubeconfig Secret in a namespace of the hub.
 
     Args:
@@ -138,7 +138,7 @@ class KubeconfigSecretProvider:
         self._name_from = name_from
         self._options = options
         self._owner = f"kubeconfig secrets in {namespace!r}"
-        self.clusters = ClusterSet(options=options, probe_interval=probe_interval, owner=self._owner)
+        super().__init__(self._owner, options=options, probe_interval=probe_interval)
         self._versions: dict[str, _Version] = {}  # by "namespace/name": the latest version read
         self._last_good: dict[str, tuple[str, ClusterConfig]] = {}  # by Secret: last name and config
         self._holders: dict[str, str] = {}  # cluster name -> the Secret providing it
@@ -147,21 +147,7 @@ class KubeconfigSecretProvider:
     def __repr__(self) -> str:
         return f"<KubeconfigSecretProvider namespace={self.namespace!r} clusters={self.clusters.names()}>"
 
-    # The Provider protocol: the ClusterSet answers both.
-
-    async def get(self, name: str) -> Cluster:
-        """The engaged cluster of this name; raises :class:`ClusterNotFound`."""
-        return await self.clusters.get(name)
-
-    async def index_field(self, kind: Kind, name: str, extract: IndexFunc) -> None:
-        """Index ``kind`` in every cluster, engaged now or later."""
-        await self.clusters.index_field(kind, name, extract)
-
-    # Reporting.
-
-    def statuses(self) -> dict[str, ClusterStatus]:
-        """Each cluster's state (engaging, ready, unhealthy) by cluster name."""
-        return self.clusters.statuses()
+    # Reporting (get, index_field and statuses come from ClusterSetProvider).
 
     def secret_statuses(self) -> dict[str, SecretStatus]:
         """What the provider made of each Secret it saw last, by ``namespace/name``."""

@@ -238,14 +238,14 @@ class Manager:
         return EventRecorder(controller, self.get_cluster)
 
     def _cluster_states(self) -> dict[str, str]:
-        statuses = getattr(self.provider, "statuses", None)
-        if not callable(statuses):
+        if self.provider is None:
             return {}
         try:
-            found = statuses()
-        except Exception:
+            found = self.provider.statuses()
+        except Exception:  # a provider's report must never break /readyz or /metrics
+            log.exception("the provider's statuses() failed")
             return {}
-        return {name: getattr(status.state, "value", str(status.state)) for name, status in found.items()}
+        return {name: status.phase.value for name, status in found.items()}
 
     def _cluster_ready(self, name: str, cluster: Cluster) -> str | None:
         # The cluster's own health record decides reachability, exactly as

@@ -149,13 +149,13 @@ class _Case:
             what=f"ConfigMap {configmap!r} of {plane.name} reconciled as cluster {key[0]!r}",
         )
 
-    async def state(self, source_name: str, state: mcr.ClusterState) -> mcr.ClusterStatus:
+    async def phase(self, source_name: str, state: mcr.ClusterPhase) -> mcr.ClusterStatus:
         """Wait until the provider reports ``source_name`` in ``state``; return the status."""
         driver = self.driver
 
         def reached() -> bool:
             status = driver.status(source_name)
-            return status is not None and status.state is state
+            return status is not None and status.phase is state
 
         await wait_until(reached, what=f"cluster {source_name!r} reported {state.value}")
         status = driver.status(source_name)
@@ -226,7 +226,7 @@ class ProviderConformance:
             assert await provider.get(case.name("alpha")) is alpha
             assert await manager.get_cluster(case.name("alpha")) is alpha
             await case.reconciled("alpha", first, "marker")
-            await case.state("alpha", mcr.ClusterState.READY)
+            await case.phase("alpha", mcr.ClusterPhase.READY)
             if not (
                 _supports(driver, Capability.RUNTIME_CHANGES)
                 and _supports(driver, Capability.MULTIPLE_CLUSTERS)
@@ -319,7 +319,7 @@ class ProviderConformance:
         await driver.add("alpha", Target.of(plane))
         async with case.running():
             cluster = await case.engaged("alpha")
-            await case.state("alpha", mcr.ClusterState.READY)  # at least one probe went by
+            await case.phase("alpha", mcr.ClusterPhase.READY)  # at least one probe went by
             if _supports(driver, Capability.RUNTIME_CHANGES):
                 for _touch in range(2):
                     await driver.touch("alpha", Target.of(plane))
@@ -354,7 +354,7 @@ class ProviderConformance:
             assert case.recorder.count(case.name("alpha")) <= 2, "more than one re-engagement"
             await case.seeder.configmap(plane, "after-rotation")
             await case.reconciled("alpha", plane, "after-rotation")
-            await case.state("alpha", mcr.ClusterState.READY)
+            await case.phase("alpha", mcr.ClusterPhase.READY)
 
     # --- removal -------------------------------------------------------------------------
 
@@ -410,7 +410,7 @@ class ProviderConformance:
             await driver.add("alpha", Target.of(healthy))
         await driver.add(broken_name, broken)
         async with case.running() as (provider, manager):
-            status = await case.state(broken_name, mcr.ClusterState.UNHEALTHY)
+            status = await case.phase(broken_name, mcr.ClusterPhase.UNHEALTHY)
             assert status.error, "an unhealthy cluster says why"
             _assert_no_secret(status.error, broken, broken_plane.token_user)
             cluster = await case.engaged(broken_name)  # unavailable is not gone
@@ -420,9 +420,9 @@ class ProviderConformance:
                 await case.reconciled("alpha", healthy, "marker")
                 await case.seeder.configmap(healthy, "while-broken")
                 await case.reconciled("alpha", healthy, "while-broken")
-                await case.state("alpha", mcr.ClusterState.READY)
+                await case.phase("alpha", mcr.ClusterPhase.READY)
             still = driver.status(broken_name)
-            assert still is not None and still.state is mcr.ClusterState.UNHEALTHY
+            assert still is not None and still.phase is mcr.ClusterPhase.UNHEALTHY
             assert case.name(broken_name) in manager.clusters()
 
     async def test_a_cluster_broken_while_running_stays_and_recovers(self, case: _Case, fleet: Fleet) -> None:
@@ -439,7 +439,7 @@ class ProviderConformance:
         async with case.running() as (provider, _manager):
             await case.reconciled("alpha", first, "marker")
             await driver.break_cluster("alpha", Target.of(first, breakage=Breakage.UNREACHABLE))
-            await case.state("alpha", mcr.ClusterState.UNHEALTHY)
+            await case.phase("alpha", mcr.ClusterPhase.UNHEALTHY)
             await case.engaged("alpha")
             await provider.get(case.name("alpha"))
             if others:
@@ -447,7 +447,7 @@ class ProviderConformance:
                 await case.reconciled("beta", second, "while-broken")
             await driver.change("alpha", Target.of(first))
             await case.serving("alpha", first)
-            await case.state("alpha", mcr.ClusterState.READY)
+            await case.phase("alpha", mcr.ClusterPhase.READY)
             await case.seeder.configmap(first, "after-repair")
             await case.reconciled("alpha", first, "after-repair")
 
@@ -520,7 +520,7 @@ class ProviderConformance:
             for source_name, plane in expected.items():
                 await case.serving(source_name, plane)
                 await case.reconciled(source_name, plane, "marker")
-                await case.state(source_name, mcr.ClusterState.READY)
+                await case.phase(source_name, mcr.ClusterPhase.READY)
             with pytest.raises(mcr.ClusterNotFound):
                 await provider.get(case.name("epsilon"))
             assert driver.status("epsilon") is None
