@@ -566,4 +566,9 @@ def render(results: dict[str, Any], out: Path) -> None:
         lines += section(results, spec, _load_line(results.get(spec.key, {})))
     goals += fleet_goals(results)
     lines[lines.index("## Machine") : lines.index("## Machine")] = ["## Goals", "", *goals, ""]
+    # What profiles of earlier runs pointed at and what changed in the core, written by
+    # hand (figures from named runs), so it survives every regeneration of this file.
+    fixes = Path(__file__).with_name("FIXES.md")
+    if fixes.exists():
+        lines += ["", fixes.read_text().rstrip()]
     (out / "RESULTS.md").write_text("\n".join(lines).rstrip() + "\n")

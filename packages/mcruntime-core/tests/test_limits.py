@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from mcruntime import _limits
+from mcruntime._base import limits as _limits
 
 # A fresh interpreter: lower the soft limit, then run a manager (StaticProvider, no
 # clusters) until it has started, and report the limits before and after.

@@ -382,7 +382,7 @@ def test_a_provider_needs_a_namespace(fleet: Fleet) -> None:
 # --- the guide ---------------------------------------------------------------------------
 
 CORE = Path(__file__).resolve().parent.parent
-GUIDE = CORE / "docs" / "writing-a-provider.md"
+GUIDE = CORE.parent.parent / "docs" / "guides" / "writing-a-provider.md"
 _INCLUDE = re.compile(
     r"(?P<off><!-- fmt: off -->\n)?<!-- include: (?P<path>\S+)#(?P<region>[\w-]+) -->\n```python\n(?P<body>.*?)```",
     re.S,

@@ -33,13 +33,20 @@ NAMESPACE = mcr.Kind("v1", "Namespace")
 
 
 def _docker_reachable() -> bool:
+    if not os.environ.get("DOCKER_HOST") and not os.path.exists("/var/run/docker.sock"):
+        return False  # asking docker-py anyway leaks its failed socket (a warning at exit)
     try:
         import docker
 
-        docker.from_env().ping()
+        client = docker.from_env()
     except Exception:
         return False
-    return True
+    try:  # closed either way: a client left open warns at exit when no daemon answered
+        return bool(client.ping())
+    except Exception:
+        return False
+    finally:
+        client.close()
 
 
 if not _docker_reachable() and os.environ.get("MCRUNTIME_TESTBED_BACKEND") != "container":

@@ -11,7 +11,7 @@ the last kubeconfig that worked stays in use. A Secret's content is input we do
 not control: each version is parsed once, in a worker thread, and a value
 above a size limit is refused without being decoded or parsed.
 
-This module is also the worked example of ``docs/writing-a-provider.md``,
+This module is also the worked example of the guide ``docs/guides/writing-a-provider.md`` (repository root),
 which quotes the regions between ``--8<--`` markers; a test keeps the guide
 and this file identical. Everything it uses is public API of ``mcruntime``.
 """

@@ -26,7 +26,7 @@ planes) and never break a control plane itself: a broken cluster is a broken
 *description* of one (a closed port, a foreign CA, an unknown token), so the
 session's clusters stay shared. A case that needs a capability the driver
 lists in :attr:`ProviderDriver.unsupported` is skipped with the driver's
-reason. See ``docs/writing-a-provider.md`` for the whole story.
+reason. See the guide ``docs/guides/writing-a-provider.md`` (repository root) for the whole story.
 """
 
 from __future__ import annotations
