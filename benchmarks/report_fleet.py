@@ -137,9 +137,10 @@ INTRO = {
     ),
     "s10": (
         "{cached:,} ConfigMaps cached; after the sync a writer patches them at {rate:g} writes/s",
-        "for {seconds:g} s; write -> reconcile-start latency. *mcruntime gc.freeze* calls",
-        "`gc.collect(); gc.freeze()` once after the sync, so the cached objects leave the",
-        "collector's generations.",
+        "for {seconds:g} s; write -> reconcile-start latency. *mcruntime gc.freeze* is mcruntime",
+        "as shipped: the manager calls `gc.collect(); gc.freeze()` once after a burst of cache",
+        "syncs, so the cached objects leave the collector's generations; *mcruntime* runs with",
+        "`Manager(gc_freeze=False)`.",
     ),
     "s11": (
         "Three clusters; the reconcile reads live (`client.get`; Go: the API reader), default",

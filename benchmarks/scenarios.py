@@ -371,13 +371,11 @@ async def write_run(
     seconds: float,
     label: str,
     extra: Sequence[str] = (),
-    freeze: bool = False,
 ) -> dict[str, Any]:
     """One peer over every plane: initial sync, then ``rate`` writes/s for ``seconds``.
 
     Returns the write -> reconcile-start latencies and the peer's CPU seconds
     from the first write until every write's reconcile was seen (or 15 s more).
-    ``freeze`` asks the peer to ``gc.freeze()`` after the initial sync.
     """
     sizes = bench.sizes
     total = len(bench.planes) * objects
@@ -387,8 +385,6 @@ async def write_run(
         write_kubeconfig(directory / f"{plane.name}.kubeconfig", [(context, plane)])
     async with running(bench.peer(kind, directory, namespace, extra)) as peer:
         await peer.wait_until(lambda: _reconciled(peer) >= total, sizes.timeout, "the initial sync")
-        if freeze:
-            await peer.command("freeze")
         await asyncio.sleep(1.0)
         peer.reset()
         cpu_before = peer.cpu_seconds()

@@ -26,7 +26,13 @@ CONFIGMAP = mcr.Kind("v1", "ConfigMap")
 
 
 async def serve(
-    directory: Path, namespace: str, workers: int | None, debounce: float | None, mode: str, run_id: str
+    directory: Path,
+    namespace: str,
+    workers: int | None,
+    debounce: float | None,
+    mode: str,
+    run_id: str,
+    gc_freeze: bool = True,
 ) -> None:
     """Run the manager until stdin closes.
 
@@ -38,7 +44,7 @@ async def serve(
         provider = KubeconfigFileProvider(directory, naming="context", options=options)
     else:
         provider = KubeconfigFileProvider(directory, naming="context", options=options, debounce=debounce)
-    manager = mcr.Manager(provider, handle_signals=False)
+    manager = mcr.Manager(provider, handle_signals=False, gc_freeze=gc_freeze)
     io = PeerIO(lambda: len(manager.clusters()))
     io.emit(start_record())
 
@@ -99,15 +105,27 @@ def main() -> None:
         help="read: from the cache; write: patch data.observed once per write; live: GET from the server",
     )
     parser.add_argument("--profile", type=Path, help="write cProfile statistics here")
+    parser.add_argument(
+        "--no-gc-freeze", action="store_true", help="Manager(gc_freeze=False): the collector sees the cache"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    arguments = (
+        args.kubeconfig_dir,
+        args.namespace,
+        args.workers,
+        args.debounce,
+        args.mode,
+        args.run_id,
+        not args.no_gc_freeze,
+    )
     if args.profile is None:
-        asyncio.run(serve(args.kubeconfig_dir, args.namespace, args.workers, args.debounce, args.mode, args.run_id))
+        asyncio.run(serve(*arguments))
         return
     profiler = cProfile.Profile()
     profiler.enable()
     try:
-        asyncio.run(serve(args.kubeconfig_dir, args.namespace, args.workers, args.debounce, args.mode, args.run_id))
+        asyncio.run(serve(*arguments))
     finally:
         profiler.disable()
         profiler.dump_stats(args.profile)

@@ -113,10 +113,6 @@ class PeerIO:
             gc.collect()
             trim_malloc()
             self.emit({"ev": "gc", "heap": heap_bytes()})
-        elif line == "freeze":  # after the initial sync: the cached objects leave the GC's generations
-            gc.collect()
-            gc.freeze()
-            self.emit({"ev": "freeze", "frozen": gc.get_freeze_count()})
         self.flush()
 
     async def run(self) -> None:
