@@ -10,6 +10,7 @@ import pytest
 from kube_helpers import wait_for
 
 import mcruntime as mcr
+from mcruntime._fleet.reconcile import as_reconcile_function
 
 
 def _controller(
@@ -129,7 +130,7 @@ async def test_reconcilers_can_be_objects_with_a_reconcile_method() -> None:
             self.seen.append(request)
 
     counting = Counting()
-    controller, channel = _controller(mcr._reconcile.as_reconcile_function(counting))
+    controller, channel = _controller(as_reconcile_function(counting))
     runner = asyncio.create_task(controller.start())
     await channel.put(mcr.Request("east", "ns", "x"))
     await wait_for(lambda: counting.seen == [mcr.Request("east", "ns", "x")])

@@ -37,7 +37,6 @@ EXPORTED = [
     "ClusterOptions",
     "ClusterPhase",
     "ClusterSelection",
-    "ClusterPhase",
     "ClusterStatus",
     "Conflict",
     "Controller",

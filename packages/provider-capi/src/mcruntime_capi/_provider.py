@@ -3,7 +3,7 @@
 It watches ``cluster.x-k8s.io`` ``Cluster`` objects in whichever of v1beta2 and
 v1beta1 the hub serves (discovered, never assumed), and the kubeconfig Secrets
 Cluster API writes for them (``<cluster>-kubeconfig``, key ``value``, label
-``cluster.x-k8s.io/cluster-name``), and keeps a :class:`mcruntime.ClusterSet`
+``cluster.x-k8s.io/cluster-name``), and keeps a :class:`mcruntime.provider.ClusterSet`
 equal to the ready ones. Only a deleted or deleting Cluster gives up its
 workload cluster: a missing or malformed Secret keeps the last good kubeconfig
 and is reported, and a rotated one is followed (a new token swapped in place).

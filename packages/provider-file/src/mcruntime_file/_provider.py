@@ -2,7 +2,7 @@
 
 Discovery only: each pass finds the files, reads them through their symlinks,
 decides which contexts are clusters under which names, and hands the whole
-answer to a :class:`mcruntime.ClusterSet`, which engages, replaces (or swaps a
+answer to a :class:`mcruntime.provider.ClusterSet`, which engages, replaces (or swaps a
 rotated credential in place) and removes by content fingerprint. A pass runs on
 any change in a watched directory (after a short debounce), when a pending
 removal is due, and every ``rescan_interval`` seconds as a safety net.

@@ -5,7 +5,7 @@ names, then ``kind get kubeconfig --name <name>`` for *every* listed cluster on
 *every* poll. Fetching known names again is the point: a cluster deleted and
 recreated under the same name between two polls comes back with a new CA and a
 new port, and only its kubeconfig's content tells. The provider hands the
-whole picture to a :class:`mcruntime.ClusterSet`, whose fingerprints decide
+whole picture to a :class:`mcruntime.provider.ClusterSet`, whose fingerprints decide
 what is new, changed or gone; starting, engaging, replacing and stopping
 clusters is the set's job, never the provider's.
 

@@ -1,7 +1,7 @@
 """The KubeFed provider: members registered as KubeFedCluster objects on a hub.
 
 It watches ``KubeFedCluster`` objects and the Secrets of the KubeFed namespace
-on the hub, and keeps a :class:`mcruntime.ClusterSet` equal to them. Only the
+on the hub, and keeps a :class:`mcruntime.provider.ClusterSet` equal to them. Only the
 object's deletion (or a deletionTimestamp) removes a member: a missing or
 unreadable Secret keeps the last good token, so ``kubefedctl unjoin``, which
 deletes the Secret first, still disengages the member when the object goes. A
