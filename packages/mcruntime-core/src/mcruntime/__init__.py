@@ -233,13 +233,15 @@ __all__ = [
 
 if TYPE_CHECKING:
     from ._manager.settings import ManagerSettings, SettingsError
+else:
+    # Hidden from type checkers: a module-level __getattr__ would make every
+    # ``mcruntime.<anything>`` type-check as Any, so a stale name would pass mypy.
 
+    def __getattr__(name: str) -> Any:
+        # The settings pull in pydantic (~0.1 s of import time) and only programs
+        # configured from the environment need them.
+        if name in ("ManagerSettings", "SettingsError"):
+            from ._manager import settings as _settings
 
-def __getattr__(name: str) -> Any:
-    # The settings pull in pydantic (~0.1 s of import time) and only programs
-    # configured from the environment need them.
-    if name in ("ManagerSettings", "SettingsError"):
-        from ._manager import settings as _settings
-
-        return getattr(_settings, name)
-    raise AttributeError(f"module 'mcruntime' has no attribute {name!r}")
+            return getattr(_settings, name)
+        raise AttributeError(f"module 'mcruntime' has no attribute {name!r}")

@@ -83,7 +83,7 @@ class APIError(MCRuntimeError):
         self.kind = kind
         self.namespace = namespace
         self.name = name
-        self.details = details or {}
+        self.details: dict[str, Any] = details or {}
         self.retry_after = retry_after
         self.message = message
         super().__init__(self._describe())

@@ -166,11 +166,11 @@ class Informer:
         self.client = client
         self.kind = kind
         self.namespace = namespace
-        self.label_selector = LabelSelector.parse(label_selector)
+        self.label_selector: LabelSelector = LabelSelector.parse(label_selector)
         self.field_selector = field_selector
-        self.store = Store()
-        self.stats = InformerStats()
-        self.resource_version = ""
+        self.store: Store = Store()
+        self.stats: InformerStats = InformerStats()
+        self.resource_version: str = ""
         self._transform = transform
         self._resync_period = resync_period
         self._read_timeout = read_timeout

@@ -63,7 +63,7 @@ class Client:
 
     def __init__(self, transport: Transport, discovery: Discovery | None = None) -> None:
         self.transport = transport
-        self.discovery = discovery or Discovery(transport)
+        self.discovery: Discovery = discovery or Discovery(transport)
 
     @property
     def cluster(self) -> str:

@@ -41,8 +41,8 @@ class Discovery:
         self._resources: dict[Kind, Resource] = {}
         self._loaded_at: float | None = None
         self._refreshing: asyncio.Task[None] | None = None
-        self.refreshes = 0
-        self.requests = 0
+        self.refreshes: int = 0
+        self.requests: int = 0
 
     async def resource_for(self, kind: Kind) -> Resource:
         """The resource serving ``kind``; raises :class:`KindNotFound` if none does."""

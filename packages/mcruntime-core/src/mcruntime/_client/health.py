@@ -121,9 +121,9 @@ class HealthRecord:
 
     def __init__(self, cluster: str) -> None:
         self.cluster = cluster
-        self.state = HealthState.UNKNOWN
+        self.state: HealthState = HealthState.UNKNOWN
         self.reason: str | None = "not probed yet"
-        self.since = time.time()
+        self.since: float = time.time()
         self.last_contact: float | None = None
         self.last_error: str | None = None
         self.last_error_at: float | None = None

@@ -102,9 +102,9 @@ class Transport:
         retry: RetryPolicy | None = None,
         connect_timeout: float = _CONNECT_TIMEOUT,
     ) -> None:
-        self.config = config
+        self.config: ClusterConfig = config
         self.cluster = cluster
-        self.health = HealthRecord(cluster)
+        self.health: HealthRecord = HealthRecord(cluster)
         self.health.open_listeners.append(self._interrupt)
         self._request_timeout = request_timeout
         self._connect_timeout = connect_timeout

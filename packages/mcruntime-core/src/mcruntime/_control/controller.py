@@ -127,7 +127,7 @@ class Controller:
             group_limit=max_concurrent_reconciles,
         )
         self._slots = asyncio.Semaphore(max_total_reconciles)
-        self.tasks = TaskSet(f"controller:{name}")
+        self.tasks: TaskSet = TaskSet(f"controller:{name}")
         self.dispatcher_backoff: Backoff = DEFAULT_BACKOFF
         """How long the dispatcher waits before it is restarted after dying (a test may shorten it)."""
         self._cache_sync_timeout = cache_sync_timeout
@@ -140,9 +140,9 @@ class Controller:
         self._inflight: set[asyncio.Task[None]] = set()
         self._readers: list[asyncio.Task[None]] = []
         self._started = False
-        self.stats = ReconcileStats()
+        self.stats: ReconcileStats = ReconcileStats()
         self.observers: list[ReconcileObserver] = []
-        self.active_workers = 0
+        self.active_workers: int = 0
         self.leader: LeaderGate | None = None
         self.gate: RequestGate | None = None
         self._current: dict[asyncio.Task[None], Request] = {}

@@ -59,7 +59,7 @@ class EventRecorder:
         instance: str | None = None,
     ) -> None:
         self.controller = controller
-        self.instance = instance or f"{controller}-{uuid.uuid4().hex[:8]}"
+        self.instance: str = instance or f"{controller}-{uuid.uuid4().hex[:8]}"
         self._lookup = lookup
         self._series: OrderedDict[tuple[str, ...], _Series] = OrderedDict()
 

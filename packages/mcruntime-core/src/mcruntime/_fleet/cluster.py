@@ -85,21 +85,21 @@ class Cluster:
 
     def __init__(self, name: str, config: ClusterConfig, options: ClusterOptions | None = None) -> None:
         self.name = name
-        self.config = config
-        self.options = options or ClusterOptions()
+        self.config: ClusterConfig = config
+        self.options: ClusterOptions = options or ClusterOptions()
         self._tasks = TaskSet(f"cluster {name}")
-        self.transport = Transport(
+        self.transport: Transport = Transport(
             config,
             name,
             request_timeout=self.options.request_timeout,
             retry=self.options.retry,
             connect_timeout=self.options.connect_timeout,
         )
-        self.client = Client(
+        self.client: Client = Client(
             self.transport,
             Discovery(self.transport, min_refresh_interval=self.options.discovery_refresh_interval),
         )
-        self.cache = Cache(
+        self.cache: Cache = Cache(
             self.client,
             self._tasks,
             sync_timeout=self.options.cache_sync_timeout,

@@ -35,7 +35,7 @@ class ClusterSetProvider:
         options: ClusterOptions | None = None,
         probe_interval: float | None = None,
     ) -> None:
-        self.clusters = ClusterSet(options=options, probe_interval=probe_interval, owner=owner)
+        self.clusters: ClusterSet = ClusterSet(options=options, probe_interval=probe_interval, owner=owner)
 
     async def get(self, name: str) -> Cluster:
         """The engaged cluster of this name; raises :class:`ClusterNotFound`."""

@@ -34,7 +34,7 @@ class CacheFreezer:
         self.enabled = enabled
         self._delay = delay
         self._pending: asyncio.TimerHandle | None = None
-        self.freezes = 0
+        self.freezes: int = 0
 
     def synced(self) -> None:
         """A cluster's caches finished their initial list: freeze after the burst settles."""

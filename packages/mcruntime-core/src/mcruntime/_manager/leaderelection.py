@@ -61,13 +61,13 @@ class LeaderElector:
         self._cluster: Cluster | None = None
         self.config = config
         self.backoff = backoff
-        self.leading = asyncio.Event()
+        self.leading: asyncio.Event = asyncio.Event()
         self._lost = asyncio.Event()
         self._observed: tuple[str, str] | None = None
         self._observed_at = 0.0
-        self.transitions = 0
+        self.transitions: int = 0
         self.last_reason: str | None = None
-        self.failures = 0
+        self.failures: int = 0
         """Consecutive unexpected failures of the campaign (0 once an attempt got an answer)."""
 
     @property

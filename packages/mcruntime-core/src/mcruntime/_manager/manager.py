@@ -124,12 +124,16 @@ class Manager:
         self._stop = asyncio.Event()
         self._started = asyncio.Event()
         self._running = False
-        self.client = RoutedClient(self.get_cluster)
-        self.fleet = FleetClient(self.clusters)
+        self.client: RoutedClient = RoutedClient(self.get_cluster)
+        self.fleet: FleetClient = FleetClient(self.clusters)
         self.engage_listeners: list[Callable[[str, Cluster], None]] = []
         self.disengage_listeners: list[Callable[[str, Cluster], None]] = []
-        self.elector = LeaderElector(leader_election) if leader_election is not None else None
-        self.metrics = ManagerMetrics(lambda: self.controllers.values(), self.clusters, self._cluster_states)
+        self.elector: LeaderElector | None = (
+            LeaderElector(leader_election) if leader_election is not None else None
+        )
+        self.metrics: ManagerMetrics = ManagerMetrics(
+            lambda: self.controllers.values(), self.clusters, self._cluster_states
+        )
         self._metrics_address = metrics_address
         self._probe_address = health_probe_address
         self._ready_min_share = ready_min_share
@@ -138,11 +142,11 @@ class Manager:
         self._healthz.add("ping", lambda: None)
         self._healthz.add("loops", self._loops_alive)
         self._readyz.add_group("clusters", self._cluster_readiness)
-        self.endpoints = Endpoints(self._healthz, self._readyz, self.metrics.registry)
+        self.endpoints: Endpoints = Endpoints(self._healthz, self._readyz, self.metrics.registry)
         self._engage_started: dict[str, float] = {}
-        self.freezer = CacheFreezer(gc_freeze)
+        self.freezer: CacheFreezer = CacheFreezer(gc_freeze)
         self.coordinator = coordinator
-        self.work = WorkGate(lambda: list(self.controllers.values()))
+        self.work: WorkGate = WorkGate(lambda: list(self.controllers.values()))
 
     @classmethod
     def from_settings(

@@ -90,81 +90,81 @@ class ManagerMetrics:
         clusters: Callable[[], dict[str, Cluster]],
         states: Callable[[], dict[str, str]],
     ) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry: CollectorRegistry = CollectorRegistry(auto_describe=True)
         registry = self.registry
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         # Cluster labels engaged now (the only ones with series), each with its series' keys,
         # so forgetting a cluster costs its own series, not a scan of the whole fleet's.
         self._live: dict[str, list[tuple[Any, tuple[str, ...]]]] = {}
-        self.reconcile_total = Counter(
+        self.reconcile_total: Counter = Counter(
             "controller_runtime_reconcile_total",
             "Reconciles per controller, result and cluster.",
             ["controller", "result", "cluster"],
             registry=registry,
         )
-        self.reconcile_errors = Counter(
+        self.reconcile_errors: Counter = Counter(
             "controller_runtime_reconcile_errors_total",
             "Reconciles that raised, per controller and cluster.",
             ["controller", "cluster"],
             registry=registry,
         )
-        self.terminal_errors = Counter(
+        self.terminal_errors: Counter = Counter(
             "controller_runtime_terminal_reconcile_errors_total",
             "Reconciles that raised TerminalError, per controller and cluster.",
             ["controller", "cluster"],
             registry=registry,
         )
-        self.reconcile_time = Histogram(
+        self.reconcile_time: Histogram = Histogram(
             "controller_runtime_reconcile_time_seconds",
             "How long reconciles take, per controller and cluster.",
             ["controller", "cluster"],
             buckets=_BUCKETS,
             registry=registry,
         )
-        self.queue_adds = Counter(
+        self.queue_adds: Counter = Counter(
             "workqueue_adds_total",
             "Adds to the work queue.",
             ["name", "controller", "cluster"],
             registry=registry,
         )
-        self.queue_retries = Counter(
+        self.queue_retries: Counter = Counter(
             "workqueue_retries_total",
             "Rate-limited re-adds.",
             ["name", "controller", "cluster"],
             registry=registry,
         )
-        self.queue_latency = Histogram(
+        self.queue_latency: Histogram = Histogram(
             "workqueue_queue_duration_seconds",
             "How long a request waits in the queue before a worker takes it.",
             ["name", "controller"],
             buckets=_BUCKETS,
             registry=registry,
         )
-        self.work_duration = Histogram(
+        self.work_duration: Histogram = Histogram(
             "workqueue_work_duration_seconds",
             "How long a worker holds a request.",
             ["name", "controller"],
             buckets=_BUCKETS,
             registry=registry,
         )
-        self.engage_duration = Histogram(
+        self.engage_duration: Histogram = Histogram(
             "mcruntime_cluster_engage_duration_seconds",
             "From engaging a cluster to every controller's caches being synced in it.",
             buckets=_BUCKETS,
             registry=registry,
         )
         # Fleet-wide: a per-cluster count of departures could never be removed, so would grow with churn.
-        self.engagements = Counter(
+        self.engagements: Counter = Counter(
             "mcruntime_cluster_engagements_total",
             "Clusters engaged (a replaced cluster counts again), fleet-wide.",
             registry=registry,
         )
-        self.disengagements = Counter(
+        self.disengagements: Counter = Counter(
             "mcruntime_cluster_disengagements_total",
             "Clusters disengaged (removed, replaced or stopped), fleet-wide.",
             registry=registry,
         )
-        self.loop_crashes = Counter(
+        self.loop_crashes: Counter = Counter(
             "mcruntime_loop_crashes_total",
             "Long-lived loops (informers, health probes, leader election, ...) that died and were restarted.",
             ["loop"],

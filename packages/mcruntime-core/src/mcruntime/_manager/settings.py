@@ -9,7 +9,7 @@ variable and what is wrong with it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -26,7 +26,9 @@ class SettingsError(MCRuntimeError, ValueError):
 class ManagerSettings(BaseSettings):
     """Everything an operator tunes without code. Each field is ``MCRUNTIME_<FIELD>``."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+    model_config: ClassVar[SettingsConfigDict] = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="ignore", frozen=True
+    )
 
     metrics_bind_address: str | None = Field(
         default=":8080", description="host:port for /metrics; empty disables"

@@ -171,38 +171,38 @@ class ShardMetrics:
     """What an operator watches: ownership, its changes, and what this replica writes on the hub."""
 
     def __init__(self, registry: Any) -> None:
-        self.owned = Gauge(
+        self.owned: Gauge = Gauge(
             "mcruntime_shard_clusters_owned",
             "Clusters whose fence this replica holds",
             registry=registry,
         )
-        self.peers = Gauge("mcruntime_shard_peers", "Live peers in the shard group", registry=registry)
-        self.ownership_changes = Counter(
+        self.peers: Gauge = Gauge("mcruntime_shard_peers", "Live peers in the shard group", registry=registry)
+        self.ownership_changes: Counter = Counter(
             "mcruntime_shard_ownership_changes_total",
             "Clusters that became or stopped being this replica's by rendezvous hashing",
             ["direction"],
             registry=registry,
         )
-        self.fence_acquisitions = Counter(
+        self.fence_acquisitions: Counter = Counter(
             "mcruntime_shard_fence_acquisitions_total", "Fences this replica acquired", registry=registry
         )
-        self.fence_releases = Counter(
+        self.fence_releases: Counter = Counter(
             "mcruntime_shard_fence_releases_total",
             "Fences this replica released on handover or shutdown",
             registry=registry,
         )
-        self.fence_losses = Counter(
+        self.fence_losses: Counter = Counter(
             "mcruntime_shard_fence_losses_total",
             "Fences lost: taken over, deleted, or dropped when this replica missed its renew deadline",
             registry=registry,
         )
-        self.hub_writes = Counter(
+        self.hub_writes: Counter = Counter(
             "mcruntime_shard_hub_writes_total",
             "Lease writes (create, update, delete) this replica sent to the hub, by purpose",
             ["purpose"],
             registry=registry,
         )
-        self.loop_failures = Counter(
+        self.loop_failures: Counter = Counter(
             "mcruntime_shard_loop_failures_total",
             "Coordination rounds that failed unexpectedly (logged and retried with backoff)",
             registry=registry,
@@ -221,11 +221,11 @@ class ShardedCoordinator:
     """
 
     def __init__(self, config: ShardingConfig | None = None, *, backoff: Backoff = DEFAULT_BACKOFF) -> None:
-        self.config = config or ShardingConfig()
+        self.config: ShardingConfig = config or ShardingConfig()
         self.backoff = backoff
-        self.failures = 0
+        self.failures: int = 0
         """Consecutive rounds that failed unexpectedly (0 after a good round)."""
-        self.renew_failures = 0
+        self.renew_failures: int = 0
         """Consecutive peer renewals that failed unexpectedly (API errors are expected and not counted)."""
         self._peers: dict[str, _Peer] = {}
         self._peer_names: dict[str, str] = {}  # peer Lease name → identity
@@ -634,34 +634,12 @@ class ShardedCoordinator:
         so a peer that renewed meanwhile (it was alive after all) keeps its
         Lease: the delete fails with a Conflict.
         """
-        assert self._client is not None
-        client = self._client
         for identity, peer in list(self._peers.items()):
             if identity == self.identity or peer.observed.quiet_for(now) <= self.config.peer_gc_after:
                 continue
             if owner(f"peer-gc\x00{identity}", live) != self.identity:
                 continue  # another survivor collects this one
-            meta = peer.lease.get("metadata") or {}
-            name = str(meta.get("name", ""))
-            version = str(meta.get("resourceVersion", ""))
-            if not name or not version:
-                continue
-            try:
-                async with asyncio.timeout(self._request_timeout):
-                    await self._write(
-                        "peer-gc",
-                        functools.partial(
-                            client.delete,
-                            LEASE,
-                            name,
-                            namespace=self.config.namespace,
-                            resource_version=version,
-                        ),
-                    )
-            except (NotFound, Conflict):
-                continue
-            except _API_ERRORS as error:
-                log.warning("sharding %s: could not delete a dead peer's Lease: %s", self.config.name, error)
+            if not await self._delete_as_seen("peer-gc", peer.lease, "a dead peer's Lease"):
                 continue
             log.info(
                 "sharding %s: deleted the peer Lease of %r, silent for %.0fs",
@@ -681,8 +659,7 @@ class ShardedCoordinator:
         fence meanwhile keeps it (Conflict). Deleting a fence whose cluster is
         merely not discovered here yet is harmless: its owner creates it again.
         """
-        assert self._client is not None and self._seat is not None
-        client = self._client
+        assert self._seat is not None
         clusters = self._seat.clusters()
         for cluster, seen in list(self._fence_seen.items()):
             holder = seen.observed.holder
@@ -695,27 +672,7 @@ class ShardedCoordinator:
                 or owner(f"fence-gc\x00{cluster}", live) != self.identity
             ):
                 continue
-            meta = seen.lease.get("metadata") or {}
-            name = str(meta.get("name", ""))
-            version = str(meta.get("resourceVersion", ""))
-            if not name or not version:
-                continue
-            try:
-                async with asyncio.timeout(self._request_timeout):
-                    await self._write(
-                        "fence-gc",
-                        functools.partial(
-                            client.delete,
-                            LEASE,
-                            name,
-                            namespace=self.config.namespace,
-                            resource_version=version,
-                        ),
-                    )
-            except (NotFound, Conflict):
-                continue
-            except _API_ERRORS as error:
-                log.warning("sharding %s: could not delete an orphaned fence: %s", self.config.name, error)
+            if not await self._delete_as_seen("fence-gc", seen.lease, "an orphaned fence"):
                 continue
             log.info(
                 "sharding %s: deleted the fence of %r (cluster gone, holder %s), quiet for %.0fs",
@@ -724,6 +681,34 @@ class ShardedCoordinator:
                 holder or "none",
                 seen.observed.quiet_for(now),
             )
+
+    async def _delete_as_seen(self, purpose: str, lease: JSON, what: str) -> bool:
+        """Delete ``lease`` only if it is still the version watched; whether this call deleted it.
+
+        The resourceVersion precondition is what makes collecting safe: a
+        Lease renewed or taken since it was seen survives (Conflict).
+        """
+        assert self._client is not None
+        client = self._client
+        meta = lease.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        version = str(meta.get("resourceVersion", ""))
+        if not name or not version:
+            return False
+        try:
+            async with asyncio.timeout(self._request_timeout):
+                await self._write(
+                    purpose,
+                    functools.partial(
+                        client.delete, LEASE, name, namespace=self.config.namespace, resource_version=version
+                    ),
+                )
+        except (NotFound, Conflict):
+            return False
+        except _API_ERRORS as error:
+            log.warning("sharding %s: could not delete %s: %s", self.config.name, what, error)
+            return False
+        return True
 
     def _prune_gone(self, now: float) -> None:
         horizon = self.config.peer_gc_after + self.config.lease_duration

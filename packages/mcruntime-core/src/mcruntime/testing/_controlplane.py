@@ -205,12 +205,12 @@ class ControlPlane:
         self.etcd = etcd
         self.binary = binary
         self.directory = directory
-        self.etcd_prefix = f"/{name}-{uuid.uuid4().hex[:8]}/registry"
-        self.ca = CertificateAuthority(f"mcruntime-testbed-{name}")
-        self.admin = self.add_cert_user("admin", groups=(ADMIN_GROUP,))
-        self.cert_user = self.add_cert_user("cert-user", groups=(ADMIN_GROUP,))
-        self.token_user = User("token-user", (ADMIN_GROUP,), token=secrets.token_urlsafe(32))
-        self.apiserver = APIServer(self, "primary", 0)
+        self.etcd_prefix: str = f"/{name}-{uuid.uuid4().hex[:8]}/registry"
+        self.ca: CertificateAuthority = CertificateAuthority(f"mcruntime-testbed-{name}")
+        self.admin: User = self.add_cert_user("admin", groups=(ADMIN_GROUP,))
+        self.cert_user: User = self.add_cert_user("cert-user", groups=(ADMIN_GROUP,))
+        self.token_user: User = User("token-user", (ADMIN_GROUP,), token=secrets.token_urlsafe(32))
+        self.apiserver: APIServer = APIServer(self, "primary", 0)
         self._secondaries: list[APIServer] = []
         self._ssl_context: ssl.SSLContext | None = None
         self._write_files()

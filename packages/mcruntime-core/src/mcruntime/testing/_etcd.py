@@ -22,7 +22,7 @@ class Etcd:
         self._binary = binary
         self._workdir = workdir
         self._backend = backend or ProcessBackend()
-        self.client_port = 0
+        self.client_port: int = 0
         self._process: Process | None = None
 
     @property

@@ -58,7 +58,7 @@ class Fleet:
         )
         self._progress = progress
         self._own_workdir = workdir is None
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="mcruntime-testbed-"))
+        self.workdir: Path = workdir or Path(tempfile.mkdtemp(prefix="mcruntime-testbed-"))
         self._etcd = etcd
         self._own_etcd = etcd is None
         self._clusters: dict[str, ControlPlane] = {}

@@ -113,8 +113,8 @@ class Seeder:
     """
 
     def __init__(self) -> None:
-        self.token = uuid.uuid4().hex[:10]
-        self.namespace = f"conformance-{self.token}"
+        self.token: str = uuid.uuid4().hex[:10]
+        self.namespace: str = f"conformance-{self.token}"
         self._admins: dict[str, mcr.Cluster] = {}
 
     async def _admin(self, plane: ControlPlane) -> mcr.Cluster:

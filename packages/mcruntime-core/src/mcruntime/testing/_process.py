@@ -99,7 +99,7 @@ class ManagedProcess:
         env: dict[str, str] | None = None,
     ) -> None:
         self.name = name
-        self.argv = list(argv)
+        self.argv: list[str] = list(argv)
         self.log_path = log_path
         self._env = env
         self._popen: subprocess.Popen[bytes] | None = None

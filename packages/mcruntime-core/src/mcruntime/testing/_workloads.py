@@ -23,6 +23,7 @@ import functools
 import ssl
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -87,7 +88,7 @@ class Workloads:
         self._backend = backend
         self.nodes = nodes
         self.pod_run_seconds = pod_run_seconds
-        self.directory = plane.directory / "workloads"
+        self.directory: Path = plane.directory / "workloads"
         self.controller_manager: Process | None = None
         self.scheduler: Process | None = None
         self.kwok: Process | None = None
