@@ -91,7 +91,6 @@ EXPORTED = [
     "RetryPolicy",
     "RoutedClient",
     "Runnable",
-    "SecretStatus",
     "ServerError",
     "ServerTimeout",
     "SettingsError",

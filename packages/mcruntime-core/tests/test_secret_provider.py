@@ -14,13 +14,15 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import pytest_asyncio
 import yaml
 from kube_helpers import CONFIGMAP, configmap, unique, wait_for
 
 import mcruntime as mcr
-from mcruntime._fleet.secret_provider import KubeconfigSecretProvider, SecretStatus
+from mcruntime._fleet.secret_provider import KubeconfigSecretProvider
+from mcruntime.provider import SourceStatus
 from mcruntime.testing import ControlPlane, Fleet
 from mcruntime.testing._harness import EngagementRecorder, running
 from mcruntime.testing.conformance import (
@@ -112,18 +114,18 @@ class SecretDriver(ProviderDriver):
 
     def duplicate_reported(self, name: str) -> bool:
         assert self.provider is not None
-        statuses = self.provider.secret_statuses().values()
-        return any(status.cluster == name and status.duplicate_of for status in statuses)
+        sources = self.provider.sources().values()
+        return any(source.cluster == name and "duplicate_of" in source.detail for source in sources)
 
     async def settle(self) -> None:
         provider = self.provider
         assert provider is not None
 
         def caught_up() -> bool:
-            seen = provider.secret_statuses()
+            seen = provider.sources()
             for secret, version in self.written.items():
                 key = f"{self.namespace}/{secret}"
-                if (seen[key].resource_version if key in seen else None) != version:
+                if (seen[key].version if key in seen else None) != version:
                     return False
             return True
 
@@ -184,13 +186,13 @@ def manager_for(provider: mcr.Provider) -> tuple[mcr.Manager, EngagementRecorder
     return manager, recorder
 
 
-async def processed(provider: KubeconfigSecretProvider, key: str, resource_version: str) -> SecretStatus:
+async def processed(provider: KubeconfigSecretProvider, key: str, resource_version: str) -> SourceStatus:
     def caught_up() -> bool:
-        status = provider.secret_statuses().get(key)
-        return status is not None and status.resource_version == resource_version
+        status = provider.sources().get(key)
+        return status is not None and status.version == resource_version
 
     await wait_for(caught_up)
-    return provider.secret_statuses()[key]
+    return provider.sources()[key]
 
 
 async def test_an_unusable_secret_is_reported_by_name_and_quotes_nothing(
@@ -207,21 +209,40 @@ async def test_an_unusable_secret_is_reported_by_name_and_quotes_nothing(
     no_key_rv = (await hub.writer.client.apply(no_key, field_manager="test"))["metadata"]["resourceVersion"]
     await hub.write("good", Target.of(plane).kubeconfig())
     provider = hub.provider()
-    manager, _recorder = manager_for(provider)
-    async with running(manager, _recorder):
+    manager = mcr.Manager(provider, handle_signals=False, health_probe_address="127.0.0.1:0")
+    recorder = EngagementRecorder()
+    manager.add(recorder)
+    async with running(manager, recorder):
         await wait_for(lambda: "good" in manager.clusters())
         broken = await processed(provider, hub.key("broken"), broken_rv)
         missing = await processed(provider, hub.key("no-key"), no_key_rv)
-        assert not broken.active and broken.cluster == "broken"
+        assert not broken.engaged and broken.cluster == "broken"
         assert broken.error == f"Secret {hub.key('broken')} key 'kubeconfig': not valid YAML at line 3"
         assert missing.error == f"Secret {hub.key('no-key')}: has no data key 'kubeconfig'"
         assert set(provider.clusters.names()) == {"good"}  # nothing to keep: never engaged
         for name in ("broken", "no-key"):
             with pytest.raises(mcr.ClusterNotFound):
                 await provider.get(name)
+        # One status shape: the broken Secret's cluster is FAILED and carries its Secret; the
+        # good one carries its own; a kept snapshot does not change under the caller.
+        statuses = provider.statuses()
+        failed = statuses["broken"]
+        assert failed.phase is mcr.ClusterPhase.FAILED and failed.engagements == 0
+        assert failed.source == broken and failed.error == broken.error
+        await wait_for(lambda: provider.statuses()["good"].phase is mcr.ClusterPhase.READY)
+        good = provider.statuses()["good"].source
+        assert good is not None and good.kind == "Secret" and good.name == hub.key("good") and good.engaged
+        with pytest.raises(TypeError):
+            good.detail["duplicate_of"] = "x"  # type: ignore[index]
+        assert statuses["broken"].since == provider.statuses()["broken"].since  # first seen, kept
+        url = manager.endpoints.url("/readyz") + "?verbose"
+        async with aiohttp.ClientSession() as session, session.get(url) as response:
+            readyz = await response.text()
+        # Shown, so an operator sees it, but not counted: nothing was engaged to be ready.
+        assert f"[-]cluster:broken failed: never engaged: {broken.error}" in readyz, readyz
         logged = caplog.text
         assert hub.key("broken") in logged and hub.key("no-key") in logged
-        exposed = logged + repr(provider) + repr(provider.secret_statuses()) + repr(provider.statuses())
+        exposed = logged + repr(provider) + repr(provider.sources()) + repr(provider.statuses())
         leaked = token in exposed
         assert not leaked, "a token reached a log, a status or a repr"
 
@@ -248,7 +269,7 @@ async def test_a_broken_update_keeps_the_last_good_kubeconfig(hub: Hub, fleet: F
         engaged = manager.clusters()["alpha"]
         bad_rv = await hub.write("alpha", "users: [unclosed\n")
         status = await processed(provider, hub.key("alpha"), bad_rv)
-        assert status.stale and status.active and status.cluster == "alpha"
+        assert status.stale and status.engaged and status.cluster == "alpha"
         assert status.error is not None and "not valid YAML" in status.error
         assert manager.clusters()["alpha"] is engaged and not engaged.stopped  # unavailable is not gone
         async with mcr.Cluster("seed", admin_config(first)) as seed:
@@ -264,7 +285,7 @@ async def test_a_broken_update_keeps_the_last_good_kubeconfig(hub: Hub, fleet: F
 
         fixed_rv = await hub.write("alpha", Target.of(second).kubeconfig())
         status = await processed(provider, hub.key("alpha"), fixed_rv)
-        assert not status.stale and status.error is None and status.active
+        assert not status.stale and status.error is None and status.engaged
         await wait_for(lambda: manager.clusters()["alpha"].config.server == second.server)
         assert engaged.transport.closed and len(engaged.tasks) == 0 and recorder.count("alpha") == 2
 
@@ -286,7 +307,7 @@ async def test_an_oversized_kubeconfig_is_refused_unparsed_and_the_last_good_one
             f"Secret {hub.key('big')}: data key 'kubeconfig' is larger than the limit of "
             f"{len(good) + 100} bytes; not parsed"
         )
-        assert status.stale and status.active
+        assert status.stale and status.engaged
         assert manager.clusters()["big"] is engaged and recorder.count("big") == 1
 
 
@@ -332,7 +353,7 @@ async def test_when_the_holder_of_a_name_goes_the_duplicate_takes_over(hub: Hub,
         await wait_for(lambda: "shared" in manager.clusters())
         copy_rv = await hub.write("copy", Target.of(second).kubeconfig(), **{NAME_ANNOTATION: "shared"})
         copy = await processed(provider, hub.key("copy"), copy_rv)
-        assert copy.duplicate_of == hub.key("original") and not copy.active
+        assert copy.detail.get("duplicate_of") == hub.key("original") and not copy.engaged
         assert copy.error == (
             f"Secret {hub.key('copy')}: cluster name 'shared' is already provided by Secret {hub.key('original')}"
         )
@@ -344,8 +365,8 @@ async def test_when_the_holder_of_a_name_goes_the_duplicate_takes_over(hub: Hub,
                 and manager.clusters()["shared"].config.server == second.server
             )
         )
-        await wait_for(lambda: provider.secret_statuses().get(hub.key("copy"), copy).active)
-        assert provider.secret_statuses()[hub.key("copy")].duplicate_of is None
+        await wait_for(lambda: provider.sources().get(hub.key("copy"), copy).engaged)
+        assert "duplicate_of" not in provider.sources()[hub.key("copy")].detail
         assert recorder.count("shared") == 2
 
 

@@ -90,12 +90,12 @@ from ._control.source import (
 from ._control.workqueue import QueueMetrics, QueueShutDown, WorkQueue
 from ._fleet.clients import FleetClient, FleetResult, RoutedClient
 from ._fleet.cluster import Cluster, ClusterOptions
-from ._fleet.clusterset import ClusterPhase, ClusterStatus
 from ._fleet.context import ReconcileContext, current_reconcile, current_request
 from ._fleet.provider import Aware, Provider, ProviderRunnable
 from ._fleet.providers import MultiProvider, SingleProvider, StaticProvider
 from ._fleet.reconcile import LOCAL_CLUSTER, ReconcileFunction, Reconciler, Request, Result, TerminalError
-from ._fleet.secret_provider import KubeconfigSecretProvider, SecretStatus
+from ._fleet.secret_provider import KubeconfigSecretProvider
+from ._fleet.status import ClusterPhase, ClusterStatus
 from ._manager.builder import Builder, BuilderError, controller_managed_by
 from ._manager.coordinator import Coordinator
 from ._manager.leaderelection import LeaderElectionConfig, LeaderElector
@@ -180,7 +180,6 @@ __all__ = [
     "RetryPolicy",
     "RoutedClient",
     "Runnable",
-    "SecretStatus",
     "ServerError",
     "ServerTimeout",
     "SettingsError",

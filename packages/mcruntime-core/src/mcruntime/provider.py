@@ -4,17 +4,19 @@ A provider turns an outside source of truth (files, Secrets, Cluster API
 objects, a cloud's API) into engaged clusters. Start from
 :class:`ClusterSetProvider`: put what the source says into ``self.clusters``
 and the base answers the rest of the :class:`~mcruntime.Provider` protocol the
-way every other provider does. Providers that watch a hub use
+way every other provider does; report what you read with
+:meth:`ClusterSetProvider.sources`, one :class:`SourceStatus` each. Providers that watch a hub use
 :func:`hub_connection`, :func:`wait_for_kind` and :func:`follow_informers`.
 Run :mod:`mcruntime.testing.conformance` against the result.
 """
 
 from __future__ import annotations
 
-from ._fleet.clusterset import ClusterPhase, ClusterSet, ClusterStatus
+from ._fleet.clusterset import ClusterSet
 from ._fleet.follow import follow_informers, hub_connection, wait_for_kind
 from ._fleet.kit import ClusterSetProvider
 from ._fleet.provider import Aware, Provider, ProviderRunnable
+from ._fleet.status import ClusterPhase, ClusterStatus, SourceStatus
 
 __all__ = [
     "Aware",
@@ -24,6 +26,7 @@ __all__ = [
     "ClusterStatus",
     "Provider",
     "ProviderRunnable",
+    "SourceStatus",
     "follow_informers",
     "hub_connection",
     "wait_for_kind",

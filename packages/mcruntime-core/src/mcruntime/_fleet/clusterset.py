@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import enum
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -35,33 +34,9 @@ from .._client.health import HealthState
 from .._config.kubeconfig import ClusterConfig
 from .cluster import Cluster, ClusterOptions
 from .provider import Aware
+from .status import ClusterPhase, ClusterStatus
 
 log = logging.getLogger("mcruntime.clusterset")
-
-
-class ClusterPhase(enum.Enum):
-    """Where a cluster is in its provider's lifecycle (its API server's health is :class:`HealthState`)."""
-
-    ENGAGING = "engaging"
-    READY = "ready"
-    UNHEALTHY = "unhealthy"
-
-
-@dataclass(frozen=True)
-class ClusterStatus:
-    """A snapshot of one cluster in a set: its phase, why, since when, and how often it changed.
-
-    ``phase`` comes from the cluster's health record (the probe's verdict), so
-    it agrees with ``/readyz`` and the metrics: engaging until the cluster is
-    handed to the manager and first probed, then ready or unhealthy.
-    """
-
-    name: str
-    phase: ClusterPhase
-    since: float
-    error: str | None = None
-    engagements: int = 1
-    credential_rotations: int = 0
 
 
 @dataclass
@@ -76,17 +51,20 @@ class _Entry:
 
     def status(self, name: str) -> ClusterStatus:
         health = self.cluster.health
-        counts = {"engagements": self.engagements, "credential_rotations": self.credential_rotations}
+
+        def status(phase: ClusterPhase, since: float, error: str | None) -> ClusterStatus:
+            return ClusterStatus(name, phase, since, error, self.engagements, self.credential_rotations)
+
         if health.state is HealthState.UNHEALTHY:
-            return ClusterStatus(name, ClusterPhase.UNHEALTHY, health.since, health.reason, **counts)
+            return status(ClusterPhase.UNHEALTHY, health.since, health.reason)
         if not self.engaged.is_set() or health.state is HealthState.UNKNOWN:
             if self.start_error is not None:
-                return ClusterStatus(name, ClusterPhase.UNHEALTHY, self.created, self.start_error, **counts)
-            return ClusterStatus(name, ClusterPhase.ENGAGING, self.created, None, **counts)
+                return status(ClusterPhase.UNHEALTHY, self.created, self.start_error)
+            return status(ClusterPhase.ENGAGING, self.created, None)
         failing = self.cluster.failing_loops()
         if failing:
-            return ClusterStatus(name, ClusterPhase.UNHEALTHY, health.since, "; ".join(failing), **counts)
-        return ClusterStatus(name, ClusterPhase.READY, max(health.since, self.created), None, **counts)
+            return status(ClusterPhase.UNHEALTHY, health.since, "; ".join(failing))
+        return status(ClusterPhase.READY, max(health.since, self.created), None)
 
 
 class ClusterSet:

@@ -17,7 +17,7 @@ from .._cache.informer import IndexFunc
 
 if TYPE_CHECKING:
     from .cluster import Cluster
-    from .clusterset import ClusterStatus
+    from .status import ClusterStatus
 
 
 @runtime_checkable

@@ -15,9 +15,9 @@ from .._base.kind import Kind
 from .._cache.informer import IndexFunc
 from .._config.kubeconfig import ClusterConfig
 from .cluster import Cluster, ClusterOptions
-from .clusterset import ClusterStatus
 from .kit import ClusterSetProvider
 from .provider import Aware, Provider, ProviderRunnable
+from .status import ClusterStatus
 
 
 class SingleProvider(ClusterSetProvider):

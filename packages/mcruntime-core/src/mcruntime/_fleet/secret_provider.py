@@ -34,6 +34,7 @@ from .cluster import Cluster, ClusterOptions
 from .follow import follow_informers, hub_connection
 from .kit import ClusterSetProvider
 from .provider import Aware
+from .status import SourceStatus
 
 log = logging.getLogger("mcruntime.providers.secrets")
 
@@ -52,30 +53,6 @@ def secret_name(secret: Mapping[str, Any]) -> str | None:
     """The default cluster name: the Secret's own name (unique in its namespace)."""
     name = (secret.get("metadata") or {}).get("name")
     return name if isinstance(name, str) else None
-
-
-# --8<-- [start:status]
-@dataclass(frozen=True)
-class SecretStatus:
-    """What the provider made of one Secret, for operators and tests.
-
-    ``cluster`` is the name the Secret claims; ``active`` says whether its
-    kubeconfig is the one engaged under that name. ``error`` says why its
-    current version is not used (unparsable, refused by the trust policy,
-    a duplicate name); ``stale`` means the cluster still runs on an earlier
-    version of this Secret that worked.
-    """
-
-    secret: str
-    resource_version: str
-    cluster: str | None
-    active: bool
-    error: str | None = None
-    stale: bool = False
-    duplicate_of: str | None = None
-
-
-# --8<-- [end:status]
 
 
 @dataclass(frozen=True)
@@ -142,14 +119,15 @@ class KubeconfigSecretProvider(ClusterSetProvider):
         self._versions: dict[str, _Version] = {}  # by "namespace/name": the latest version read
         self._last_good: dict[str, tuple[str, ClusterConfig]] = {}  # by Secret: last name and config
         self._holders: dict[str, str] = {}  # cluster name -> the Secret providing it
-        self._statuses: dict[str, SecretStatus] = {}
+        self._statuses: dict[str, SourceStatus] = {}  # by Secret, as last acted on
 
     def __repr__(self) -> str:
         return f"<KubeconfigSecretProvider namespace={self.namespace!r} clusters={self.clusters.names()}>"
 
-    # Reporting (get, index_field and statuses come from ClusterSetProvider).
+    # Reporting: get, index_field and statuses come from ClusterSetProvider, which
+    # joins each cluster to the Secret this reports for it.
 
-    def secret_statuses(self) -> dict[str, SecretStatus]:
+    def sources(self) -> dict[str, SourceStatus]:
         """What the provider made of each Secret it saw last, by ``namespace/name``."""
         return dict(self._statuses)
 
@@ -167,7 +145,7 @@ class KubeconfigSecretProvider(ClusterSetProvider):
                 transform=self._slim,
                 read_timeout=hub.options.watch_read_timeout,
             )
-            pending: dict[str, SecretStatus] = {}
+            pending: dict[str, SourceStatus] = {}
 
             async def desired() -> dict[str, ClusterConfig]:
                 read = await self._read_changed(informer.store.objects)  # parsed in a thread
@@ -214,7 +192,7 @@ class KubeconfigSecretProvider(ClusterSetProvider):
 
     def _desired(
         self, secrets: Mapping[str, Mapping[str, Any]], read: Mapping[str, _Version]
-    ) -> tuple[dict[str, ClusterConfig], dict[str, SecretStatus]]:
+    ) -> tuple[dict[str, ClusterConfig], dict[str, SourceStatus]]:
         """The clusters the Secrets ask for, and what became of every Secret.
 
         ``read`` holds the versions parsed ahead; a version that arrived since
@@ -270,9 +248,9 @@ class KubeconfigSecretProvider(ClusterSetProvider):
 
     def _report(
         self, live: Mapping[str, Mapping[str, Any]], holders: Mapping[str, str]
-    ) -> dict[str, SecretStatus]:
+    ) -> dict[str, SourceStatus]:
         """A status per Secret; each newly found duplicate is logged once."""
-        statuses: dict[str, SecretStatus] = {}
+        statuses: dict[str, SourceStatus] = {}
         for key in sorted(live):
             version = self._versions[key]
             usable = self._usable(key)
@@ -283,16 +261,17 @@ class KubeconfigSecretProvider(ClusterSetProvider):
             if duplicate_of is not None:
                 error = f"Secret {key}: cluster name {cluster!r} is already provided by Secret {duplicate_of}"
                 previous = self._statuses.get(key)
-                if previous is None or previous.duplicate_of != duplicate_of:
+                if previous is None or previous.detail.get("duplicate_of") != duplicate_of:
                     log.warning("%s: %s; this Secret is ignored", self._owner, error)
-            statuses[key] = SecretStatus(
-                secret=key,
-                resource_version=version.resource_version,
+            statuses[key] = SourceStatus(
+                "Secret",
+                key,
                 cluster=cluster,
-                active=holder == key,
+                engaged=holder == key,
+                version=version.resource_version,
                 error=error,
                 stale=holder == key and version.config is None,
-                duplicate_of=duplicate_of,
+                detail={"duplicate_of": duplicate_of} if duplicate_of is not None else {},
             )
         return statuses
 

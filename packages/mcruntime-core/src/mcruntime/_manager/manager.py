@@ -17,7 +17,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .._base.errors import ClusterNotFound
@@ -33,6 +33,7 @@ from .._fleet.clients import FleetClient, RoutedClient
 from .._fleet.cluster import Cluster, ClusterOptions
 from .._fleet.provider import Aware, Provider, ProviderRunnable
 from .._fleet.reconcile import LOCAL_CLUSTER
+from .._fleet.status import ClusterPhase, ClusterStatus
 from .coordinator import Coordinator, WorkGate
 from .gcfreeze import CacheFreezer
 from .leaderelection import LeaderElectionConfig, LeaderElector
@@ -241,15 +242,17 @@ class Manager:
         """A recorder whose events go to the cluster of the request being reconciled."""
         return EventRecorder(controller, self.get_cluster)
 
-    def _cluster_states(self) -> dict[str, str]:
+    def _cluster_statuses(self) -> Mapping[str, ClusterStatus]:
         if self.provider is None:
             return {}
         try:
-            found = self.provider.statuses()
+            return self.provider.statuses()
         except Exception:  # a provider's report must never break /readyz or /metrics
             log.exception("the provider's statuses() failed")
             return {}
-        return {name: status.phase.value for name, status in found.items()}
+
+    def _cluster_states(self) -> dict[str, str]:
+        return {name: status.phase.value for name, status in self._cluster_statuses().items()}
 
     def _cluster_ready(self, name: str, cluster: Cluster) -> str | None:
         # The cluster's own health record decides reachability, exactly as
@@ -285,9 +288,15 @@ class Manager:
         lines: list[CheckLine] = []
         members = 0
         passing = 0
-        known: dict[str, Cluster | None] = dict.fromkeys(self._cluster_states())
+        statuses = self._cluster_statuses()
+        known: dict[str, Cluster | None] = dict.fromkeys(statuses)
         known.update(self._engaged)
         for name, cluster in sorted(known.items()):
+            status = statuses.get(name)
+            if cluster is None and status is not None and status.phase is ClusterPhase.FAILED:
+                # Never engaged: shown, so an operator sees it, but there is nothing to be ready.
+                lines.append((f"cluster:{name}", f"never engaged: {status.error}", False))
+                continue
             reason = self._cluster_ready(name, cluster) if cluster is not None else "engaging"
             if name == LOCAL_CLUSTER:
                 lines.append(("cluster:local", reason, True))
