@@ -150,7 +150,7 @@ class Hub:
 
     async def settled(self, provider: ClusterAPIProvider) -> None:
         def caught_up() -> bool:
-            seen = provider.workload_statuses()
+            seen = provider.sources()
             for name, versions in self.written.items():
                 status = seen.get(self.key(name))
                 if versions is None:
@@ -158,8 +158,8 @@ class Hub:
                         return False
                 elif (
                     status is None
-                    or status.resource_version != versions[0]
-                    or (versions[1] is not None and status.secret_resource_version != versions[1])
+                    or status.version != versions[0]
+                    or (versions[1] is not None and status.detail.get("secret_version") != versions[1])
                 ):
                     return False
             return True
@@ -257,14 +257,22 @@ async def test_a_cluster_is_engaged_once_ready_even_if_its_secret_comes_later(hu
         await hub.write_secret("w1", fleet["cluster-2"].kubeconfig(fleet["cluster-2"].token_user))
         await hub.settled(provider)
         assert provider.clusters.names() == []
-        assert not provider.workload_statuses()[hub.key("w1")].ready
+        waiting = provider.sources()[hub.key("w1")]  # not ready is waiting: no error, not a failed cluster
+        assert (
+            waiting.detail["ready"] == "false"
+            and waiting.error is None
+            and "initialized" in waiting.detail["waiting"]
+        )
+        assert hub.key("w1") not in provider.statuses()
         await hub.set_ready("w1")
         cluster = await provider.clusters.wait_engaged(hub.key("w1"))
         await cluster.client.list(CONFIGMAP, namespace="default")
         # Ready first, Secret later:
         await hub.create_cluster("w2", ready=True)
         await hub.settled(provider)
-        assert "does not exist" in (provider.workload_statuses()[hub.key("w2")].error or "")
+        assert "does not exist" in (provider.sources()[hub.key("w2")].error or "")
+        failed = provider.statuses()[hub.key("w2")]
+        assert failed.phase is mcr.ClusterPhase.FAILED and failed.source == provider.sources()[hub.key("w2")]
         await hub.write_secret("w2", fleet["cluster-3"].kubeconfig(fleet["cluster-3"].token_user))
         await provider.clusters.wait_engaged(hub.key("w2"))
 
@@ -317,7 +325,7 @@ async def test_a_secret_without_value_is_reported_and_harms_no_one(hub: Hub, fle
         await hub.write_secret("bad", fleet["cluster-3"].kubeconfig(), key="wrong-key")
         await hub.create_cluster("bad", ready=True)
         await hub.settled(provider)
-        assert "has no key 'value'" in (provider.workload_statuses()[hub.key("bad")].error or "")
+        assert "has no key 'value'" in (provider.sources()[hub.key("bad")].error or "")
         await provider.clusters.wait_engaged(hub.key("good"))
         assert hub.key("bad") not in provider.clusters.names()
 
@@ -381,6 +389,8 @@ async def test_a_hub_without_cluster_api_is_waited_for_and_the_manager_keeps_run
         await wait_until(lambda: said(logging.DEBUG) >= 3, what="the provider looked again a few times")
         assert "Cluster API not installed" in (provider.waiting or "")
         assert "waiting" in (provider.waiting or "")
+        crd = provider.sources()["clusters.cluster.x-k8s.io"]  # reported where every problem is
+        assert crd.error == provider.waiting and crd.cluster is None
         assert said(logging.WARNING) == 1  # one line for the whole wait, not one per look
         assert manager.clusters() == {}
         await install_crd(writer, ("v1beta2", "v1beta1"))
@@ -401,7 +411,7 @@ async def test_an_oversized_kubeconfig_secret_is_refused_unparsed_and_named(hub:
         await hub.write_secret("huge", "# padding\n" * 1000)  # 10 KB of YAML comments
         await hub.create_cluster("huge", ready=True)
         await hub.settled(provider)
-        error = provider.workload_statuses()[hub.key("huge")].error or ""
+        error = provider.sources()[hub.key("huge")].error or ""
         assert f"Secret {hub.key('huge')}-kubeconfig key 'value'" in error
         assert "limit of 4096 bytes" in error
         await provider.clusters.wait_engaged(hub.key("good"))

@@ -36,7 +36,15 @@ from mcruntime.testing.conformance import (
     Target,
     wait_until,
 )
-from mcruntime_kind import NO_CLUSTERS, KindCLI, KindCommandError, KindProvider, KindSettings, context_name
+from mcruntime_kind import (
+    LISTING,
+    NO_CLUSTERS,
+    KindCLI,
+    KindCommandError,
+    KindProvider,
+    KindSettings,
+    context_name,
+)
 
 POLL = 0.1
 """Poll interval of every provider under test: changes show within a few tenths of a second."""
@@ -218,7 +226,21 @@ async def running(provider: KindProvider) -> AsyncIterator[mcr.Manager]:
 
 
 def recovered(provider: KindProvider) -> bool:
-    return provider.last_error is None
+    return listing_error(provider) is None
+
+
+def listing_error(provider: KindProvider) -> str | None:
+    """Why the last listing failed, as every provider reports a source: ``None`` when it worked."""
+    return provider.sources()[LISTING].error
+
+
+def kubeconfig_errors(provider: KindProvider) -> dict[str, str]:
+    """Listed clusters whose kubeconfig could not be used, read off their sources."""
+    return {
+        name: source.error
+        for name, source in provider.sources().items()
+        if source.cluster is not None and source.error is not None
+    }
 
 
 async def released(cluster: mcr.Cluster) -> None:
@@ -310,7 +332,7 @@ async def test_no_kind_clusters_found_is_zero_clusters_not_an_error(kind: FakeKi
     kind_provider = provider()
     async with running(kind_provider) as manager:
         await kind_provider.next_poll()
-        assert kind_provider.last_error is None and kind_provider.listed() == []
+        assert listing_error(kind_provider) is None and kind_provider.listed() == []
         assert engaged(manager) == set() and kind_provider.statuses() == {}
 
 
@@ -337,7 +359,7 @@ async def test_clusters_appear_and_disappear_under_their_kind_names(kind: FakeKi
         with pytest.raises(mcr.ClusterNotFound):
             await kind_provider.get("alpha")
         assert await kind_provider.get("beta") is beta and not beta.stopped
-        assert kind_provider.last_error is None
+        assert listing_error(kind_provider) is None
 
 
 async def test_a_cluster_recreated_under_the_same_name_is_re_engaged(kind: FakeKind, fleet: Fleet) -> None:
@@ -371,14 +393,14 @@ async def test_a_runtime_down_is_a_retried_error_and_engaged_clusters_stay(
     async with running(kind_provider) as manager:
         alpha = await ready(kind_provider, "alpha")
         kind.runtime(up=False)
-        await wait_until(lambda: kind_provider.last_error is not None, what="the runtime reported down")
-        error = kind_provider.last_error
+        await wait_until(lambda: listing_error(kind_provider) is not None, what="the runtime reported down")
+        error = listing_error(kind_provider)
         assert error is not None
         assert error.startswith("`kind get clusters` failed with exit code 1: ERROR: failed to list clusters")
         assert "Is the docker daemon running?" in error
         failed_polls = kind_provider.polls
         await kind_provider.next_poll()  # retried, and still failing
-        assert kind_provider.polls > failed_polls and kind_provider.last_error == error
+        assert kind_provider.polls > failed_polls and listing_error(kind_provider) == error
         assert engaged(manager) == {"alpha"} and manager.clusters()["alpha"] is alpha and not alpha.stopped
         kind.create("beta", second.kubeconfig())  # created while kind could not be asked
         kind.runtime(up=True)
@@ -394,8 +416,8 @@ async def test_a_missing_kind_binary_is_reported_and_retried(tmp_path: Path, fle
     binary = tmp_path / "later" / "kind"
     kind_provider = provider(binary=str(binary))
     async with running(kind_provider) as manager:
-        await wait_until(lambda: kind_provider.last_error is not None, what="the missing binary reported")
-        assert kind_provider.last_error == (
+        await wait_until(lambda: listing_error(kind_provider) is not None, what="the missing binary reported")
+        assert listing_error(kind_provider) == (
             f"`kind get clusters` could not run: no kind executable {str(binary)!r} "
             "(install kind, or point the provider's `binary` option or MCRUNTIME_KIND_BINARY at it)"
         )
@@ -403,7 +425,7 @@ async def test_a_missing_kind_binary_is_reported_and_retried(tmp_path: Path, fle
         binary.parent.mkdir()
         fake.install(binary)  # kind installed while the provider runs
         await ready(kind_provider, "alpha")
-        assert kind_provider.last_error is None
+        assert listing_error(kind_provider) is None
 
 
 async def test_discovery_survives_5000_consecutive_failures_at_its_capped_delay(tmp_path: Path) -> None:
@@ -419,7 +441,7 @@ async def test_discovery_survives_5000_consecutive_failures_at_its_capped_delay(
     try:
         async with running(kind_provider):
             await wait_until(lambda: len(chosen) >= 5000, timeout=120, what="5,000 failed polls")
-            assert kind_provider.last_error is not None and "no kind executable" in kind_provider.last_error
+            assert "no kind executable" in (listing_error(kind_provider) or "")
     finally:
         logging.getLogger("mcruntime.providers.kind").disabled = False
     assert max(chosen) <= 30.0 and min(chosen[-1000:]) >= 24.0  # at its cap, jittered by a fifth
@@ -434,8 +456,8 @@ async def test_a_kubeconfig_not_readable_yet_is_retried_neither_engaged_nor_remo
     kind_provider = provider()
     async with running(kind_provider) as manager:
         engaged_ready = await ready(kind_provider, "ready")
-        await wait_until(lambda: "creating" in kind_provider.kubeconfig_errors(), what="creating reported")
-        assert kind_provider.kubeconfig_errors()["creating"].startswith(
+        await wait_until(lambda: "creating" in kubeconfig_errors(kind_provider), what="creating reported")
+        assert kubeconfig_errors(kind_provider)["creating"].startswith(
             "`kind get kubeconfig --name creating` failed with exit code 1: "
             "ERROR: failed to get cluster internal kubeconfig"
         )
@@ -443,16 +465,16 @@ async def test_a_kubeconfig_not_readable_yet_is_retried_neither_engaged_nor_remo
         assert engaged(manager) == {"ready"}
         kind.readable("creating", True)
         creating = await ready(kind_provider, "creating")
-        assert creating.config.server == second.server and kind_provider.kubeconfig_errors() == {}
+        assert creating.config.server == second.server and kubeconfig_errors(kind_provider) == {}
 
         kind.readable("ready", False)  # its container stopped, say: unavailable, not gone
-        await wait_until(lambda: "ready" in kind_provider.kubeconfig_errors(), what="ready reported")
+        await wait_until(lambda: "ready" in kubeconfig_errors(kind_provider), what="ready reported")
         await kind_provider.next_poll()
         assert manager.clusters()["ready"] is engaged_ready and not engaged_ready.stopped
         kind.delete("ready")  # only the listing says "gone"
         await wait_until(lambda: engaged(manager) == {"creating"}, what="ready disengaged")
         await released(engaged_ready)
-        assert kind_provider.kubeconfig_errors() == {}
+        assert kubeconfig_errors(kind_provider) == {}
 
 
 async def test_prefix_and_allow_list_select_clusters(kind: FakeKind, fleet: Fleet) -> None:
@@ -502,15 +524,17 @@ async def test_nothing_of_a_kubeconfig_reaches_logs_errors_or_reprs(
     kind_provider = provider()
     async with running(kind_provider) as manager:
         await ready(kind_provider, "fine")
-        await wait_until(lambda: "refused" in kind_provider.kubeconfig_errors(), what="refused reported")
-        assert "trust policy refuses" in kind_provider.kubeconfig_errors()["refused"]
-        assert "kind cluster 'refused'" in kind_provider.kubeconfig_errors()["refused"]
+        await wait_until(lambda: "refused" in kubeconfig_errors(kind_provider), what="refused reported")
+        assert "trust policy refuses" in kubeconfig_errors(kind_provider)["refused"]
+        assert "kind cluster 'refused'" in kubeconfig_errors(kind_provider)["refused"]
         assert engaged(manager) == {"fine"}
+        failed = kind_provider.statuses()["refused"]  # never engaged: failed, with its source
+        assert failed.phase is mcr.ClusterPhase.FAILED and failed.source == kind_provider.sources()["refused"]
         exposed = (
             caplog.text
             + repr(kind_provider)
             + repr(kind_provider.statuses())
-            + repr(kind_provider.kubeconfig_errors())
+            + repr(kind_provider.sources())
             + repr(manager.clusters()["fine"])
         )
         leaked = token in exposed

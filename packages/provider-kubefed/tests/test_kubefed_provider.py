@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 
 import mcruntime as mcr
+from mcruntime.provider import SourceStatus
 from mcruntime.testing import ControlPlane, Fleet, Target, wait_until
 from mcruntime.testing.conformance import (
     CLUSTER_OPTIONS,
@@ -28,7 +29,6 @@ from mcruntime_kubefed import (
     MAX_TOKEN_BYTES,
     KubeFedNotInstalled,
     KubeFedProvider,
-    MemberStatus,
     endpoint_url,
 )
 
@@ -143,13 +143,13 @@ class Hub:
 
     async def settled(self, provider: KubeFedProvider) -> None:
         def caught_up() -> bool:
-            seen = provider.member_statuses()
+            seen = provider.sources()
             for name, versions in self.written.items():
                 status = seen.get(name)
                 if versions is None:
                     if status is not None:
                         return False
-                elif status is None or (status.resource_version, status.secret_resource_version) != versions:
+                elif status is None or (status.version, status.detail.get("secret_version")) != versions:
                     return False
             return True
 
@@ -278,7 +278,7 @@ async def test_a_secret_deleted_alone_keeps_the_member_on_its_last_token(hub: Hu
         await hub.writer.client.delete(SECRET, "kept-token", namespace=hub.namespace)
 
         def reported() -> bool:
-            status = provider.member_statuses().get("kept")
+            status = provider.sources().get("kept")
             return status is not None and status.stale and "missing" in (status.error or "")
 
         await wait_until(reported, what="the missing Secret is reported")
@@ -328,10 +328,12 @@ async def test_disabled_tls_validation_needs_an_explicit_opt_in(
         await hub.join("insecure", Target.of(member), disabled=["*"])
         await hub.join("subject", Target.of(member), disabled=["SubjectName"])
         await hub.settled(refusing)
-        statuses: dict[str, MemberStatus] = refusing.member_statuses()
+        statuses: dict[str, SourceStatus] = refusing.sources()
         assert not statuses["insecure"].engaged and "allow_insecure" in (statuses["insecure"].error or "")
         assert not statuses["subject"].engaged and "not supported" in (statuses["subject"].error or "")
         assert refusing.clusters.names() == []
+        failed = refusing.statuses()["insecure"]  # never engaged: failed, with its object
+        assert failed.phase is mcr.ClusterPhase.FAILED and failed.source == statuses["insecure"]
     caplog.set_level(logging.WARNING, logger="mcruntime_kubefed")
     accepting = hub.provider(allow_insecure=True)
     async with _running(_manager(accepting)):
@@ -347,6 +349,9 @@ async def test_wait_for_ready_holds_back_members_until_kubefed_says_ready(hub: H
         await hub.join("later", Target.of(fleet["cluster-2"]))
         await hub.settled(provider)
         assert provider.clusters.names() == []
+        waiting = provider.sources()["later"]  # held back is waiting, not failed
+        assert waiting.error is None and "Ready" in waiting.detail["waiting"] and not waiting.engaged
+        assert "later" not in provider.statuses()
         status = {"conditions": [{"type": "Ready", "status": "True", "reason": "ClusterReady"}]}
         await hub.writer.client.patch(
             KUBEFED_CLUSTER, "later", {"status": status}, namespace=hub.namespace, subresource="status"
@@ -381,6 +386,8 @@ async def test_a_hub_without_kubefed_is_waited_for_and_the_manager_keeps_running
     ):
         await wait_until(lambda: said(logging.DEBUG) >= 3, what="the provider looked again a few times")
         assert "KubeFed not installed" in (provider.waiting or "")
+        crd = provider.sources()["kubefedclusters.core.kubefed.io"]  # reported where every problem is
+        assert crd.error == provider.waiting and crd.cluster is None
         assert said(logging.WARNING) == 1  # one line for the whole wait, not one per look
         assert manager.clusters() == {}
         await install_kubefed_crd(writer)
@@ -390,7 +397,7 @@ async def test_a_hub_without_kubefed_is_waited_for_and_the_manager_keeps_running
         await Hub(fresh_cluster, writer, "federation").join("late", Target.of(fleet["cluster-2"]))
         cluster = await provider.clusters.wait_engaged("late")
         assert await manager.get_cluster("late") is cluster
-        assert provider.waiting is None
+        assert provider.waiting is None and "kubefedclusters.core.kubefed.io" not in provider.sources()
 
 
 async def test_an_oversized_token_is_refused_and_named(hub: Hub, fleet: Fleet) -> None:
@@ -400,7 +407,7 @@ async def test_an_oversized_token_is_refused_and_named(hub: Hub, fleet: Fleet) -
         await hub.join("huge", Target.of(fleet["cluster-3"]))
         await hub.write_token("huge", "x" * (MAX_TOKEN_BYTES + 1))
         await hub.settled(provider)
-        error = provider.member_statuses()["huge"].error or ""
+        error = provider.sources()["huge"].error or ""
         assert f"Secret {hub.namespace}/huge-token key 'token'" in error
         assert f"limit of {MAX_TOKEN_BYTES} bytes" in error
         await provider.clusters.wait_engaged("good")

@@ -17,7 +17,6 @@ from ._provider import (
     ClusterAPINotInstalled,
     ClusterAPIProvider,
     Readiness,
-    WorkloadStatus,
     control_plane_initialized,
 )
 
@@ -29,7 +28,6 @@ __all__ = [
     "ClusterAPINotInstalled",
     "ClusterAPIProvider",
     "Readiness",
-    "WorkloadStatus",
     "__version__",
     "control_plane_initialized",
 ]

@@ -21,12 +21,11 @@ import base64
 import binascii
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import mcruntime as mcr
 import mcruntime.provider as mcrp
-from mcruntime.provider import ClusterSetProvider
+from mcruntime.provider import ClusterSetProvider, SourceStatus
 
 log = logging.getLogger("mcruntime_capi")
 
@@ -59,20 +58,6 @@ def control_plane_initialized(obj: Mapping[str, Any], api_version: str) -> bool:
     if api_version.endswith("/v1beta2"):
         return bool((status.get("initialization") or {}).get("controlPlaneInitialized"))
     return bool(status.get("controlPlaneReady"))
-
-
-@dataclass(frozen=True)
-class WorkloadStatus:
-    """What the provider made of one Cluster object: engaged or not, and why not."""
-
-    name: str
-    engaged: bool
-    ready: bool
-    error: str | None = None
-    stale: bool = False
-    """Engaged with an earlier kubeconfig that worked, while the current Secret does not."""
-    resource_version: str = ""
-    secret_resource_version: str | None = None
 
 
 class ClusterAPIProvider(ClusterSetProvider):
@@ -128,7 +113,7 @@ class ClusterAPIProvider(ClusterSetProvider):
         super().__init__(self._owner, options=options, probe_interval=probe_interval)
         self.api_version: str | None = None
         self._last_good: dict[str, mcr.ClusterConfig] = {}
-        self._workloads: dict[str, WorkloadStatus] = {}
+        self._workloads: dict[str, SourceStatus] = {}  # by Cluster "namespace/name", as last acted on
         # Secret "namespace/name" -> (resourceVersion, config, error): each version is parsed once.
         self._parsed: dict[str, tuple[str, mcr.ClusterConfig | None, str | None]] = {}
         self.waiting: str | None = None
@@ -137,9 +122,20 @@ class ClusterAPIProvider(ClusterSetProvider):
     def __repr__(self) -> str:
         return f"<ClusterAPIProvider {self.api_version or GROUP} clusters={self.clusters.names()}>"
 
-    def workload_statuses(self) -> dict[str, WorkloadStatus]:
-        """What became of each Cluster object the provider saw last, by ``namespace/name``."""
-        return dict(self._workloads)
+    def sources(self) -> dict[str, SourceStatus]:
+        """What became of each Cluster object the provider saw last, by ``namespace/name``; and the CRD.
+
+        ``version`` is the Cluster's resourceVersion; ``detail`` holds
+        ``ready`` (``"true"``/``"false"``: the readiness rule's verdict),
+        ``secret_version`` (its kubeconfig Secret's, absent when there is none)
+        and ``waiting`` while the control plane is not initialized. While the
+        hub serves no Cluster kind, the CRD is reported with :attr:`waiting`.
+        """
+        found = dict(self._workloads)
+        if self.waiting is not None:
+            crd = f"clusters.{GROUP}"
+            found[crd] = SourceStatus("CustomResourceDefinition", crd, error=self.waiting)
+        return found
 
     async def run(self, aware: mcr.Aware) -> None:
         """Watch Clusters and kubeconfig Secrets until cancelled.
@@ -167,7 +163,7 @@ class ClusterAPIProvider(ClusterSetProvider):
                 transform=_value_only,
                 read_timeout=read_timeout,
             )
-            pending: dict[str, WorkloadStatus] = {}
+            pending: dict[str, SourceStatus] = {}
 
             async def desired() -> dict[str, mcr.ClusterConfig]:
                 await self._parse_changed(secrets.store.objects)
@@ -233,9 +229,9 @@ class ClusterAPIProvider(ClusterSetProvider):
 
     def _desired(
         self, objects: Mapping[str, Mapping[str, Any]], secrets: Mapping[str, Mapping[str, Any]]
-    ) -> tuple[dict[str, mcr.ClusterConfig], dict[str, WorkloadStatus]]:
+    ) -> tuple[dict[str, mcr.ClusterConfig], dict[str, SourceStatus]]:
         desired: dict[str, mcr.ClusterConfig] = {}
-        statuses: dict[str, WorkloadStatus] = {}
+        statuses: dict[str, SourceStatus] = {}
         live = set()
         for key, obj in objects.items():
             metadata = obj.get("metadata") or {}
@@ -245,32 +241,30 @@ class ClusterAPIProvider(ClusterSetProvider):
             namespace, name = str(metadata.get("namespace", "")), str(metadata.get("name", ""))
             ready = self._is_ready(obj)
             secret = secrets.get(f"{namespace}/{name}-kubeconfig")
-            config, error = (
-                (None, "waiting for the control plane to be initialized")
-                if not ready
-                else (self._config(key, secret))
-            )
+            config, error = (None, None) if not ready else self._config(key, secret)
             if config is not None:
                 self._last_good[key] = config
-            elif error is not None and ready:
+            elif error is not None:
                 previous = self._workloads.get(key)
                 if previous is None or previous.error != error:
                     log.warning("%s: Cluster %s: %s", self._owner, key, error)
             chosen = config or self._last_good.get(key)  # not ready is not gone
             if chosen is not None:
                 desired[key] = chosen
-            statuses[key] = WorkloadStatus(
+            detail = {"ready": "true" if ready else "false"}
+            if not ready:  # waiting, not failing: Cluster API has not initialized it yet
+                detail["waiting"] = "waiting for the control plane to be initialized"
+            if secret is not None:
+                detail["secret_version"] = str((secret.get("metadata") or {}).get("resourceVersion", ""))
+            statuses[key] = SourceStatus(
+                "Cluster",
                 key,
-                chosen is not None,
-                ready,
-                error,
+                cluster=key,
+                engaged=chosen is not None,
+                version=str(metadata.get("resourceVersion", "")),
+                error=error,
                 stale=config is None and chosen is not None,
-                resource_version=str(metadata.get("resourceVersion", "")),
-                secret_resource_version=(
-                    str((secret.get("metadata") or {}).get("resourceVersion", ""))
-                    if secret is not None
-                    else None
-                ),
+                detail=detail,
             )
         for key in [key for key in self._last_good if key not in live]:
             del self._last_good[key]

@@ -13,13 +13,14 @@ from __future__ import annotations
 from importlib.metadata import version
 
 from ._cli import NO_CLUSTERS, KindCLI, KindCommandError
-from ._provider import IndexFunc, KindProvider, context_name
+from ._provider import LISTING, IndexFunc, KindProvider, context_name
 from ._settings import ENV_PREFIX, KindSettings
 
 __version__ = version("mcruntime-provider-kind")
 
 __all__ = [
     "ENV_PREFIX",
+    "LISTING",
     "NO_CLUSTERS",
     "IndexFunc",
     "KindCLI",

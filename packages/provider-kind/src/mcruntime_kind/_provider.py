@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import mcruntime as mcr
+import mcruntime.provider as mcrp
 from mcruntime.provider import ClusterSetProvider
 
 from ._cli import KindCLI, KindCommandError
@@ -40,6 +41,10 @@ _CLUSTER_RETRY_POLLS = 5
 
 _FETCH_CONCURRENCY = 4
 """kind commands in flight at once: each costs a ``docker exec``, and laptops have few cores."""
+
+
+LISTING = "kind get clusters"
+"""The name of the listing's own source in :meth:`KindProvider.sources` (never a kind cluster's name)."""
 
 
 def context_name(name: str) -> str:
@@ -159,22 +164,32 @@ class KindProvider(ClusterSetProvider):
             f"clusters={self.clusters.names()}>"
         )
 
-    # --- the Provider protocol: the ClusterSet answers both ---------------------------------
+    # --- reporting (get, index_field and statuses come from ClusterSetProvider) ---------------
 
-    # --- reporting ---------------------------------------------------------------------------
+    def sources(self) -> dict[str, mcrp.SourceStatus]:
+        """The listing, and each listed cluster's kubeconfig, with what is wrong with them.
 
-    @property
-    def last_error(self) -> str | None:
-        """Why the last poll could not list clusters (kind missing, runtime down); ``None`` if it could."""
-        return self._last_error
-
-    def kubeconfig_errors(self) -> dict[str, str]:
-        """Listed clusters whose kubeconfig could not be used on their last attempt, with the reason.
-
-        Such a cluster keeps its last good kubeconfig if it had one, and is
-        otherwise not engaged until a kubeconfig can be read.
+        :data:`LISTING` (``"kind get clusters"``) is the listing itself: its
+        ``error`` says why the last poll could not list (kind missing, the
+        runtime down), and clusters already engaged stay meanwhile. Each listed
+        cluster has a ``"kind cluster"`` source; its ``error`` says why its
+        kubeconfig could not be used on the last attempt (still being created,
+        refused by the trust policy). Such a cluster keeps its last good
+        kubeconfig if it had one, and is otherwise not engaged until one can
+        be read.
         """
-        return {name: retry.error for name, retry in sorted(self._retries.items())}
+        found = {LISTING: mcrp.SourceStatus("kind CLI", LISTING, error=self._last_error)}
+        for name in self._listed:
+            retry = self._retries.get(name)
+            found[name] = mcrp.SourceStatus(
+                "kind cluster",
+                name,
+                cluster=name,
+                engaged=name in self._last_good,
+                error=retry.error if retry is not None else None,
+                stale=retry is not None and name in self._last_good,
+            )
+        return found
 
     def listed(self) -> list[str]:
         """The kind names the last successful listing held, after the prefix and allow-list."""

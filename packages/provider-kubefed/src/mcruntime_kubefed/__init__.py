@@ -18,7 +18,6 @@ from ._provider import (
     MAX_TOKEN_BYTES,
     KubeFedNotInstalled,
     KubeFedProvider,
-    MemberStatus,
 )
 
 __version__ = version("mcruntime-provider-kubefed")
@@ -30,7 +29,6 @@ __all__ = [
     "KubeFedNotInstalled",
     "KubeFedProvider",
     "MemberConfigError",
-    "MemberStatus",
     "__version__",
     "endpoint_url",
     "member_config",

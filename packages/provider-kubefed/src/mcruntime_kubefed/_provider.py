@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import mcruntime as mcr
 import mcruntime.provider as mcrp
-from mcruntime.provider import ClusterSetProvider
+from mcruntime.provider import ClusterSetProvider, SourceStatus
 
 from ._config import MemberConfigError, member_config, token_of
 
@@ -39,21 +38,6 @@ class KubeFedNotInstalled(mcr.MCRuntimeError):
     Raised by :meth:`KubeFedProvider.run` only with ``wait_for_crd=False``;
     by default the provider waits for the CRD instead.
     """
-
-
-@dataclass(frozen=True)
-class MemberStatus:
-    """What the provider made of one KubeFedCluster: engaged or not, and why not."""
-
-    name: str
-    engaged: bool
-    error: str | None = None
-    stale: bool = False
-    """Engaged with an earlier config that worked, while the current one does not."""
-    resource_version: str = ""
-    """The KubeFedCluster version this status was made from."""
-    secret_resource_version: str | None = None
-    """The token Secret's version used (``None``: no such Secret)."""
 
 
 class KubeFedProvider(ClusterSetProvider):
@@ -103,16 +87,25 @@ class KubeFedProvider(ClusterSetProvider):
         self._owner = f"kubefed members in {namespace!r}"
         super().__init__(self._owner, options=options, probe_interval=probe_interval)
         self._last_good: dict[str, mcr.ClusterConfig] = {}
-        self._members: dict[str, MemberStatus] = {}
+        self._members: dict[str, SourceStatus] = {}  # by KubeFedCluster name, as last acted on
         self.waiting: str | None = None
         """Why discovery has not started (KubeFed not installed yet, the hub not answering), else None."""
 
     def __repr__(self) -> str:
         return f"<KubeFedProvider namespace={self.namespace!r} clusters={self.clusters.names()}>"
 
-    def member_statuses(self) -> dict[str, MemberStatus]:
-        """What became of each KubeFedCluster the provider saw last, by name."""
-        return dict(self._members)
+    def sources(self) -> dict[str, SourceStatus]:
+        """What became of each KubeFedCluster the provider saw last, by name; and the CRD, while waiting.
+
+        ``version`` is the KubeFedCluster's resourceVersion; ``detail`` holds
+        ``secret_version`` (its token Secret's, absent when there is no such
+        Secret) and ``waiting`` (for KubeFed's ``Ready`` condition).
+        """
+        found = dict(self._members)
+        if self.waiting is not None:
+            crd = "kubefedclusters.core.kubefed.io"
+            found[crd] = SourceStatus("CustomResourceDefinition", crd, error=self.waiting)
+        return found
 
     async def run(self, aware: mcr.Aware) -> None:
         """Watch KubeFedClusters and Secrets and keep the members engaged until cancelled.
@@ -145,7 +138,7 @@ class KubeFedProvider(ClusterSetProvider):
             secrets = mcr.Informer(
                 hub.client, SECRET, namespace=self.namespace, transform=_token_only, read_timeout=read_timeout
             )
-            pending: dict[str, MemberStatus] = {}
+            pending: dict[str, SourceStatus] = {}
 
             def desired() -> dict[str, mcr.ClusterConfig]:
                 configs, statuses = self._desired(members.store.objects, secrets.store.objects)
@@ -171,9 +164,9 @@ class KubeFedProvider(ClusterSetProvider):
 
     def _desired(
         self, objects: Mapping[str, Mapping[str, Any]], secrets: Mapping[str, Mapping[str, Any]]
-    ) -> tuple[dict[str, mcr.ClusterConfig], dict[str, MemberStatus]]:
+    ) -> tuple[dict[str, mcr.ClusterConfig], dict[str, SourceStatus]]:
         desired: dict[str, mcr.ClusterConfig] = {}
-        statuses: dict[str, MemberStatus] = {}
+        statuses: dict[str, SourceStatus] = {}
         live_names = set()
         for obj in objects.values():
             metadata = obj.get("metadata") or {}
@@ -182,6 +175,9 @@ class KubeFedProvider(ClusterSetProvider):
                 continue  # deleting: gone, whatever its Secret says
             live_names.add(name)
             config, error = self._config(name, obj, secrets)
+            waiting = None
+            if error == _NOT_READY:
+                waiting, error = error, None  # not a failure: KubeFed has not said Ready yet
             if config is not None:
                 self._last_good[name] = config
             elif error is not None:
@@ -193,17 +189,18 @@ class KubeFedProvider(ClusterSetProvider):
                 desired[name] = chosen
             secret_ref = str((obj.get("spec") or {}).get("secretRef", {}).get("name", ""))
             secret = secrets.get(f"{self.namespace}/{secret_ref}")
-            statuses[name] = MemberStatus(
+            detail = {"waiting": waiting} if waiting is not None else {}
+            if secret is not None:
+                detail["secret_version"] = str((secret.get("metadata") or {}).get("resourceVersion", ""))
+            statuses[name] = SourceStatus(
+                "KubeFedCluster",
                 name,
-                chosen is not None,
-                error,
+                cluster=name,
+                engaged=chosen is not None,
+                version=str(metadata.get("resourceVersion", "")),
+                error=error,
                 stale=config is None and chosen is not None,
-                resource_version=str(metadata.get("resourceVersion", "")),
-                secret_resource_version=(
-                    str((secret.get("metadata") or {}).get("resourceVersion", ""))
-                    if secret is not None
-                    else None
-                ),
+                detail=detail,
             )
         for name in [name for name in self._last_good if name not in live_names]:
             del self._last_good[name]
@@ -214,7 +211,7 @@ class KubeFedProvider(ClusterSetProvider):
     ) -> tuple[mcr.ClusterConfig | None, str | None]:
         spec = obj.get("spec") or {}
         if self.wait_for_ready and not _ready(obj) and name not in self._last_good:
-            return None, "waiting for KubeFed's Ready condition"
+            return None, _NOT_READY
         secret_name = (spec.get("secretRef") or {}).get("name")
         if not secret_name:
             return None, "spec.secretRef.name is empty"
@@ -235,6 +232,9 @@ class KubeFedProvider(ClusterSetProvider):
         if config.insecure:
             log.warning("%s: KubeFedCluster %s: TLS verification is off for this member", self._owner, name)
         return config, None
+
+
+_NOT_READY = "waiting for KubeFed's Ready condition"
 
 
 def _ready(obj: Mapping[str, Any]) -> bool:
