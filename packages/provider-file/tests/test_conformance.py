@@ -91,23 +91,20 @@ class FileDriver(ProviderDriver):
 
     def duplicate_reported(self, name: str) -> bool:
         assert self.provider is not None
-        return any(
-            context.cluster == name and context.duplicate_of is not None
-            for status in self.provider.file_statuses().values()
-            for context in status.contexts.values()
-        )
+        sources = self.provider.sources().values()
+        return any(source.cluster == name and "duplicate_of" in source.detail for source in sources)
 
     async def settle(self) -> None:
         provider = self.provider
         assert provider is not None
 
         def caught_up() -> bool:
-            seen = provider.file_statuses()
+            seen = provider.sources()
             for path, digest in self.written.items():
                 status = seen.get(path)
-                if (status.digest if status is not None else None) != digest:
+                if (status.version if status is not None else None) != digest:
                     return False
-                if status is not None and status.removing:
+                if status is not None and status.detail.get("removing"):
                     return False
             return True
 

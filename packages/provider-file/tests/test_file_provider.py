@@ -21,6 +21,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,10 @@ import pytest
 import yaml
 
 import mcruntime as mcr
+import mcruntime.provider as mcrp
 from mcruntime.testing import Breakage, ControlPlane, Fleet, Target, User, wait_until
 from mcruntime.testing.conformance import CLUSTER_OPTIONS, PROBE_INTERVAL
-from mcruntime_file import FileStatus, KubeconfigFileProvider
+from mcruntime_file import KubeconfigFileProvider
 
 
 class Recorder:
@@ -100,16 +102,47 @@ async def state(provider: KubeconfigFileProvider, name: str, wanted: mcr.Cluster
     return provider.statuses()[name]
 
 
-async def processed(provider: KubeconfigFileProvider, path: Path, content: bytes) -> FileStatus:
+@dataclass(frozen=True)
+class FileView:
+    """One file's source and its contexts' sources, as ``provider.sources()`` reports them."""
+
+    file: mcrp.SourceStatus
+    contexts: dict[str, mcrp.SourceStatus]
+
+    @property
+    def error(self) -> str | None:
+        return self.file.error
+
+    @property
+    def removing(self) -> tuple[str, ...]:
+        listed = self.file.detail.get("removing")
+        return tuple(listed.split(", ")) if listed else ()
+
+    def errors(self) -> list[str]:
+        return [s.error for s in (self.file, *self.contexts.values()) if s.error is not None]
+
+
+def view(provider: KubeconfigFileProvider, path: Path) -> FileView:
+    sources = provider.sources()
+    contexts = {s.detail["context"]: s for s in sources.values() if s.detail.get("file") == str(path)}
+    return FileView(sources[str(path)], contexts)
+
+
+def errors(provider: KubeconfigFileProvider) -> list[str]:
+    """Every current problem, file-level first, in input order."""
+    return [source.error for source in provider.sources().values() if source.error is not None]
+
+
+async def processed(provider: KubeconfigFileProvider, path: Path, content: bytes) -> FileView:
     """Wait until the provider's last pass read exactly ``content`` from ``path``."""
     digest = hashlib.sha256(content).hexdigest()
 
     def read() -> bool:
-        status = provider.file_statuses().get(str(path))
-        return status is not None and status.digest == digest
+        status = provider.sources().get(str(path))
+        return status is not None and status.version == digest
 
     await wait_until(read, what=f"{path} processed")
-    return provider.file_statuses()[str(path)]
+    return view(provider, path)
 
 
 def kubeconfig(*entries: tuple[str, ControlPlane, User | None], current: str | None = None) -> dict[str, Any]:
@@ -195,7 +228,7 @@ async def test_a_partial_write_never_disengages(tmp_path: Path, fleet: Fleet) ->
         write_in_place(path, b"")
         status = await processed(provider, path, b"")
         assert status.error == f"{path}: the file is empty"
-        assert all(context.stale and context.active for context in status.contexts.values())
+        assert all(context.stale and context.engaged for context in status.contexts.values())
 
         cut = full[: len(full) // 2]
         write_in_place(path, cut)
@@ -258,7 +291,9 @@ async def test_a_secret_volume_rotation_is_seen(tmp_path: Path, fleet: Fleet) ->
         await state(provider, name, mcr.ClusterPhase.READY)
         assert await uses_token(cluster, before.token)
         assert cluster.config.cluster["certificate-authority"] == str(volume / "ca.crt")
-        assert list(provider.file_statuses()) == [str(volume / "kubeconfig")]  # no ..data, no ..2026_*
+        assert [s.name for s in provider.sources().values() if s.kind == "kubeconfig file"] == [
+            str(volume / "kubeconfig")
+        ]  # no ..data, no ..2026_*
 
         new = _secret_volume_version(volume, "2026_11_21_10_05_00.000000002", files(after))
         _publish(volume, new, ["kubeconfig", "ca.crt"])
@@ -267,7 +302,7 @@ async def test_a_secret_volume_rotation_is_seen(tmp_path: Path, fleet: Fleet) ->
         status = await state(provider, name, mcr.ClusterPhase.READY)
         assert await provider.get(name) is cluster and recorder.count(name) == 1
         assert status.credential_rotations == 1
-        assert provider.errors() == []
+        assert errors(provider) == []
 
 
 async def test_relative_certificate_paths_and_their_changes(tmp_path: Path, fleet: Fleet) -> None:
@@ -320,7 +355,7 @@ async def test_a_broken_context_fails_only_itself(
         await engaged(provider, f"{path}/good")
         status = await processed(provider, path, dump(document))
         assert provider.clusters.names() == [f"{path}/good"]
-        assert status.contexts["good"].active and status.contexts["good"].error is None
+        assert status.contexts["good"].engaged and status.contexts["good"].error is None
         assert (
             status.contexts["dangling"].error
             == f"{path}, context 'dangling': cluster entry 'nowhere' not found"
@@ -328,10 +363,14 @@ async def test_a_broken_context_fails_only_itself(
         plugin = status.contexts["plugin"].error
         assert plugin is not None and plugin.startswith(f"{path}, context 'plugin':")
         assert "trust policy refuses" in plugin
-        assert provider.errors() == [status.contexts["dangling"].error, plugin]
+        assert errors(provider) == [status.contexts["dangling"].error, plugin]
+        statuses = provider.statuses()  # the good one carries its context; the others never engaged
+        assert statuses[f"{path}/good"].source == status.contexts["good"]
+        dangling = statuses[f"{path}/dangling"]
+        assert dangling.phase is mcr.ClusterPhase.FAILED and dangling.error == status.contexts["dangling"].error
         assert caplog.text.count("cluster entry 'nowhere' not found") == 1  # logged once, not per pass
         secret = plane.kubeconfig()["users"][0]["user"]["client-key-data"]
-        assert secret not in caplog.text + repr(provider) + repr(provider.file_statuses())
+        assert secret not in caplog.text + repr(provider) + repr(provider.sources())
 
 
 async def test_two_files_with_one_context_name(tmp_path: Path, fleet: Fleet) -> None:
@@ -350,15 +389,15 @@ async def test_two_files_with_one_context_name(tmp_path: Path, fleet: Fleet) -> 
     async with running(by_context) as recorder:
         holder = await engaged(by_context, "admin", fleet["cluster-1"].server)
         status = await processed(by_context, second, second.read_bytes())
-        assert status.contexts["admin"].duplicate_of == f"{first}/admin"
-        assert not status.contexts["admin"].active
-        assert by_context.errors() == [
+        assert status.contexts["admin"].detail["duplicate_of"] == f"{first}#admin"
+        assert not status.contexts["admin"].engaged
+        assert errors(by_context) == [
             f"{second}, context 'admin': cluster name 'admin' is already provided by context 'admin' "
             f"of {first}; this context is ignored"
         ]
         first.unlink()  # the holder's file is gone: the other claim takes the name
         await engaged(by_context, "admin", fleet["cluster-2"].server)
-        assert holder.stopped and recorder.count("admin") == 2 and by_context.errors() == []
+        assert holder.stopped and recorder.count("admin") == 2 and errors(by_context) == []
 
 
 async def test_a_context_removed_from_a_file_disengages_only_that_cluster(
@@ -448,7 +487,7 @@ async def test_a_rewrite_in_two_steps_keeps_the_same_cluster(tmp_path: Path, fle
         assert (
             status.error is not None and "an incomplete kubeconfig (no 'contexts', 'users')" in status.error
         )
-        assert all(context.stale and context.active for context in status.contexts.values())
+        assert all(context.stale and context.engaged for context in status.contexts.values())
         assert status.removing == ()
         loop = asyncio.get_running_loop()
         since, passes = loop.time(), provider.passes
@@ -478,7 +517,7 @@ async def test_current_selection_losing_its_current_context_is_reported_and_kept
         write_atomic(path, dump(document))
         status = await processed(provider, path, dump(document))
         assert status.error == f"{path}: sets no current-context, and only the current context is selected"
-        assert status.contexts["alpha"].stale and provider.errors() == [status.error]
+        assert status.contexts["alpha"].stale and errors(provider) == [status.error]
         assert await provider.get("alpha") is cluster and recorder.count("alpha") == 1
 
 
@@ -497,11 +536,11 @@ async def test_a_huge_file_is_refused_by_its_size_and_never_slows_a_pass(
         await engaged(provider, f"{first}/first")
         await wait_until(lambda: provider.passes >= 5, what="a few passes")
         limit = provider.max_file_bytes
-        assert provider.file_statuses()[str(huge)].error == (
+        assert provider.sources()[str(huge)].error == (
             f"{huge}: the file is {50 * 1024 * 1024} bytes, more than the limit of {limit} bytes; not read"
         )
         assert provider.file_reads == 1  # the aged kubeconfig once; the huge file never
-        assert f"{huge}: the file is" in provider.errors()[0]
+        assert f"{huge}: the file is" in errors(provider)[0]
         second = tmp_path / "second.kubeconfig"
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -533,6 +572,6 @@ async def test_five_thousand_failed_passes_are_retried_and_the_loop_recovers(
         await wait_until(lambda: provider.passes >= 1, timeout=60, what="a pass after 5,000 failures")
         assert provider.failed_passes == 5000
         loop = tmp_path / "loop.kubeconfig"  # and the symlink loop it then found is reported
-        assert provider.file_statuses()[str(loop)].error == (
+        assert provider.sources()[str(loop)].error == (
             f"{loop}: a symlink loop (too many levels of links); skipped"
         )

@@ -13,21 +13,22 @@ from importlib.metadata import version
 from ._naming import ContextSelection, Naming, NamingFunction, context_name, file_context_name
 from ._provider import IndexFunction, KubeconfigFileProvider, PathInput
 from ._scan import DEFAULT_INCLUDE, split_path_list
-from ._status import ContextStatus, FileStatus
+from ._status import CONTEXT, FILE, context_key
 
 __version__ = version("mcruntime-provider-file")
 
 __all__ = [
+    "CONTEXT",
     "DEFAULT_INCLUDE",
+    "FILE",
     "ContextSelection",
-    "ContextStatus",
-    "FileStatus",
     "IndexFunction",
     "KubeconfigFileProvider",
     "Naming",
     "NamingFunction",
     "PathInput",
     "__version__",
+    "context_key",
     "context_name",
     "file_context_name",
     "split_path_list",

@@ -13,7 +13,7 @@ held for ``removal_delay`` seconds (a writer that truncates before it writes
 must not cost a cluster its caches). Everything else (unreadable, not YAML,
 empty, cut short, too large, a broken entry, refused by the trust policy)
 keeps the last good config and is reported in
-:meth:`KubeconfigFileProvider.file_statuses`, as is every path that could not
+:meth:`KubeconfigFileProvider.sources`, as is every path that could not
 be searched (an unreadable directory, a symlink loop).
 
 A pass reads only the files whose stamp moved (see ``_reader``) and never a
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import mcruntime as mcr
+import mcruntime.provider as mcrp
 from mcruntime.provider import ClusterSetProvider
 
 from ._naming import ContextSelection, Naming, context_filter, naming_function
@@ -46,7 +47,7 @@ from ._scan import (
     find_files,
     split_path_list,
 )
-from ._status import ContextStatus, FileStatus
+from ._status import context_source, file_source
 from ._watch import DirectoryWatcher
 
 log = logging.getLogger("mcruntime.providers.file")
@@ -167,7 +168,7 @@ class KubeconfigFileProvider(ClusterSetProvider):
         super().__init__(self._owner, options=options, probe_interval=probe_interval)
         self._files: dict[Path, _File] = {}
         self._holders: dict[str, tuple[Path, str]] = {}  # cluster name -> (file, context)
-        self._statuses: dict[str, FileStatus] = {}
+        self._statuses: dict[str, mcrp.SourceStatus] = {}  # files and contexts, as last acted on
         self._problems: dict[Path, str] = {}  # paths that could not be searched, from the last pass
         self._reported: dict[tuple[str, str], str] = {}  # (path, context or "") -> the problem logged
         self._changed = asyncio.Event()
@@ -180,13 +181,21 @@ class KubeconfigFileProvider(ClusterSetProvider):
 
     # Reporting (get, index_field and statuses come from ClusterSetProvider).
 
-    def file_statuses(self) -> dict[str, FileStatus]:
-        """What the last pass made of each kubeconfig file, by absolute path as seen."""
-        return dict(self._statuses)
+    def sources(self) -> dict[str, mcrp.SourceStatus]:
+        """What the last pass made of each kubeconfig file and each selected context, in input order.
 
-    def errors(self) -> list[str]:
-        """Every current problem, per file and per context, in input order."""
-        return [error for status in self._statuses.values() for error in status.errors()]
+        A file is keyed by its absolute path as seen (kind ``"kubeconfig
+        file"``: ``version`` is the SHA-256 of the content read, ``None`` while
+        it is missing; ``error`` a file-level problem, in which case every
+        context keeps its last good config; ``detail["removing"]`` the
+        contexts, comma-separated, that left the file and are disengaged once
+        it has stayed that way for ``removal_delay``). A path that could not be
+        searched (an unreadable directory, a symlink loop) is reported the
+        same way. Each selected context follows its file, keyed
+        ``"<path>#<context>"`` (kind ``"kubeconfig context"``, ``detail``
+        ``file``, ``context`` and ``duplicate_of``).
+        """
+        return dict(self._statuses)
 
     @property
     def max_file_bytes(self) -> int:
@@ -360,51 +369,51 @@ class KubeconfigFileProvider(ClusterSetProvider):
             ].error = f"{path}, context {context!r}: naming failed ({type(error).__name__})"
             return None
 
-    def _report(self) -> dict[str, FileStatus]:
-        """A status per file; each new problem is logged once, naming the file and the context."""
-        statuses: dict[str, FileStatus] = {}
+    def _report(self) -> dict[str, mcrp.SourceStatus]:
+        """A source per file, then per context; each new problem is logged once, naming both."""
+        statuses: dict[str, mcrp.SourceStatus] = {}
         seen: set[tuple[str, str]] = set()
         for path, state in self._files.items():
             if state.ignored and not state.contexts:
                 continue
             key = str(path)
-            contexts: dict[str, ContextStatus] = {}
+            missing = state.missing_since is not None
+            self._log_once((key, ""), None if missing else state.error, seen)
+            statuses[key] = file_source(
+                key,
+                digest=None if missing else state.digest,
+                error=None if missing else state.error,
+                removing=tuple(state.contexts if missing else state.leaving),
+            )
             for name, context in state.contexts.items():
                 cluster = self._cluster_name(path, name)
                 holder = self._holders.get(cluster) if cluster else None
                 duplicate_of = None
                 error = context.error
                 if holder is not None and holder != (path, name) and context.config is not None:
-                    duplicate_of = f"{holder[0]}/{holder[1]}"
+                    duplicate_of = f"{holder[0]}#{holder[1]}"
                     error = (
                         f"{path}, context {name!r}: cluster name {cluster!r} is already provided by "
                         f"context {holder[1]!r} of {holder[0]}; this context is ignored"
                     )
-                contexts[name] = ContextStatus(
-                    context=name,
+                source = context_source(
+                    key,
+                    name,
                     cluster=cluster,
-                    active=holder == (path, name),
+                    engaged=holder == (path, name),
                     error=error,
                     stale=context.config is not None and (context.error or state.error) is not None,
                     duplicate_of=duplicate_of,
                 )
+                statuses[source.name] = source
                 self._log_once((key, name), error, seen)
                 if context.config is not None and context.config.insecure:
                     insecure = f"{path}, context {name!r}: TLS verification is off (trust allows it)"
                     self._log_once((key, f"{name}:insecure"), insecure, seen)
-            missing = state.missing_since is not None
-            self._log_once((key, ""), None if missing else state.error, seen)
-            statuses[key] = FileStatus(
-                path=key,
-                digest=None if missing else state.digest,
-                error=None if missing else state.error,
-                contexts=contexts,
-                removing=tuple(state.contexts if missing else state.leaving),
-            )
-        for path, problem in self._problems.items():  # what could not be searched: a status of its own
+        for path, problem in self._problems.items():  # what could not be searched: a source of its own
             key = str(path)
             self._log_once((key, ""), problem, seen)
-            statuses.setdefault(key, FileStatus(path=key, digest=None, error=problem))
+            statuses.setdefault(key, file_source(key, digest=None, error=problem))
         self._reported = {key: value for key, value in self._reported.items() if key in seen}
         return statuses
 

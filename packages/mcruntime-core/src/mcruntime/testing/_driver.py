@@ -209,7 +209,7 @@ class ProviderDriver(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not implement add_duplicate")
 
     def duplicate_reported(self, name: str) -> bool:
-        """Whether the provider reports (status, error list) that ``name`` is claimed twice."""
+        """Whether the provider reports ``name`` as claimed twice (a source with ``duplicate_of``)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement duplicate_reported")
 
     async def settle(self) -> None:
