@@ -367,7 +367,9 @@ async def test_a_broken_context_fails_only_itself(
         statuses = provider.statuses()  # the good one carries its context; the others never engaged
         assert statuses[f"{path}/good"].source == status.contexts["good"]
         dangling = statuses[f"{path}/dangling"]
-        assert dangling.phase is mcr.ClusterPhase.FAILED and dangling.error == status.contexts["dangling"].error
+        assert (
+            dangling.phase is mcr.ClusterPhase.FAILED and dangling.error == status.contexts["dangling"].error
+        )
         assert caplog.text.count("cluster entry 'nowhere' not found") == 1  # logged once, not per pass
         secret = plane.kubeconfig()["users"][0]["user"]["client-key-data"]
         assert secret not in caplog.text + repr(provider) + repr(provider.sources())

@@ -15,7 +15,6 @@ import pytest
 import pytest_asyncio
 
 import mcruntime as mcr
-from mcruntime.provider import SourceStatus
 from mcruntime.testing import ControlPlane, Fleet, Target, wait_until
 from mcruntime.testing.conformance import (
     CLUSTER_OPTIONS,
@@ -328,7 +327,7 @@ async def test_disabled_tls_validation_needs_an_explicit_opt_in(
         await hub.join("insecure", Target.of(member), disabled=["*"])
         await hub.join("subject", Target.of(member), disabled=["SubjectName"])
         await hub.settled(refusing)
-        statuses: dict[str, SourceStatus] = refusing.sources()
+        statuses = refusing.sources()
         assert not statuses["insecure"].engaged and "allow_insecure" in (statuses["insecure"].error or "")
         assert not statuses["subject"].engaged and "not supported" in (statuses["subject"].error or "")
         assert refusing.clusters.names() == []

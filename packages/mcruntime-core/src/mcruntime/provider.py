@@ -14,16 +14,19 @@ from __future__ import annotations
 
 from ._fleet.clusterset import ClusterSet
 from ._fleet.follow import follow_informers, hub_connection, wait_for_kind
-from ._fleet.kit import ClusterSetProvider
+from ._fleet.kit import Answer, ClusterSetProvider
+from ._fleet.lastgood import LastGoodConfigs
 from ._fleet.provider import Aware, Provider, ProviderRunnable
 from ._fleet.status import ClusterPhase, ClusterStatus, SourceStatus
 
 __all__ = [
+    "Answer",
     "Aware",
     "ClusterPhase",
     "ClusterSet",
     "ClusterSetProvider",
     "ClusterStatus",
+    "LastGoodConfigs",
     "Provider",
     "ProviderRunnable",
     "SourceStatus",

@@ -80,6 +80,13 @@ class ClusterAPIProvider(ClusterSetProvider):
         crd_backoff: How often a missing CRD is looked for again (default: 1 s
             doubling to 30 s).
         retry_backoff: How long a failed discovery pass waits before the next.
+
+    Reports (from :class:`mcruntime.provider.ClusterSetProvider`): ``sources()``
+    holds one ``SourceStatus`` per Cluster object, by ``namespace/name``
+    (``version`` its resourceVersion; ``detail``: ``ready``,
+    ``secret_version`` and ``waiting`` while the control plane is not
+    initialized, which is not an error), and the CRD while the hub serves no
+    Cluster kind (also :attr:`waiting`).
     """
 
     def __init__(
@@ -112,30 +119,17 @@ class ClusterAPIProvider(ClusterSetProvider):
         self._owner = f"cluster api clusters in {namespace!r}" if namespace else "cluster api clusters"
         super().__init__(self._owner, options=options, probe_interval=probe_interval)
         self.api_version: str | None = None
-        self._last_good: dict[str, mcr.ClusterConfig] = {}
-        self._workloads: dict[str, SourceStatus] = {}  # by Cluster "namespace/name", as last acted on
+        self._kept = mcrp.LastGoodConfigs(self._owner, log)
         # Secret "namespace/name" -> (resourceVersion, config, error): each version is parsed once.
         self._parsed: dict[str, tuple[str, mcr.ClusterConfig | None, str | None]] = {}
-        self.waiting: str | None = None
-        """Why discovery has not started (Cluster API not installed yet, the hub not answering), else None."""
 
     def __repr__(self) -> str:
         return f"<ClusterAPIProvider {self.api_version or GROUP} clusters={self.clusters.names()}>"
 
-    def sources(self) -> dict[str, SourceStatus]:
-        """What became of each Cluster object the provider saw last, by ``namespace/name``; and the CRD.
-
-        ``version`` is the Cluster's resourceVersion; ``detail`` holds
-        ``ready`` (``"true"``/``"false"``: the readiness rule's verdict),
-        ``secret_version`` (its kubeconfig Secret's, absent when there is none)
-        and ``waiting`` while the control plane is not initialized. While the
-        hub serves no Cluster kind, the CRD is reported with :attr:`waiting`.
-        """
-        found = dict(self._workloads)
-        if self.waiting is not None:
-            crd = f"clusters.{GROUP}"
-            found[crd] = SourceStatus("CustomResourceDefinition", crd, error=self.waiting)
-        return found
+    # Reporting comes from ClusterSetProvider: sources() holds one SourceStatus per
+    # Cluster object ("namespace/name"; version is its resourceVersion; detail has
+    # "ready", "secret_version" and "waiting" while the control plane is not
+    # initialized), and the CRD while the hub serves no Cluster kind (see waiting).
 
     async def run(self, aware: mcr.Aware) -> None:
         """Watch Clusters and kubeconfig Secrets until cancelled.
@@ -163,38 +157,18 @@ class ClusterAPIProvider(ClusterSetProvider):
                 transform=_value_only,
                 read_timeout=read_timeout,
             )
-            pending: dict[str, SourceStatus] = {}
 
-            async def desired() -> dict[str, mcr.ClusterConfig]:
+            async def answer() -> tuple[dict[str, mcr.ClusterConfig], dict[str, SourceStatus]]:
                 await self._parse_changed(secrets.store.objects)
-                configs, statuses = self._desired(clusters.store.objects, secrets.store.objects)
-                pending.clear()
-                pending.update(statuses)
-                return configs
+                return self._desired(clusters.store.objects, secrets.store.objects)
 
-            def applied() -> None:
-                self._workloads = dict(pending)
-
-            await mcrp.follow_informers(
-                self.clusters,
-                aware,
-                [clusters, secrets],
-                desired,
-                owner=self._owner,
-                applied=applied,
-                backoff=self._retry_backoff,
-            )
+            await self.follow(aware, [clusters, secrets], answer, backoff=self._retry_backoff)
 
     async def _served_kind(self, hub: mcr.Cluster) -> mcr.Kind:
         candidates = [mcr.Kind(f"{GROUP}/{version}", "Cluster") for version in VERSIONS]
         if self.wait_for_crd:
-            return await mcrp.wait_for_kind(
-                hub,
-                candidates,
-                owner=self._owner,
-                what="Cluster API",
-                report=self._report_waiting,
-                backoff=self._crd_backoff,
+            return await self.wait_for_kind(
+                hub, candidates, what="Cluster API", crd=f"clusters.{GROUP}", backoff=self._crd_backoff
             )
         for kind in candidates:
             try:
@@ -206,9 +180,6 @@ class ClusterAPIProvider(ClusterSetProvider):
             f"Cluster API not installed: the hub {hub.config.server} serves no Cluster in "
             f"{', '.join(f'{GROUP}/{v}' for v in VERSIONS)}"
         )
-
-    def _report_waiting(self, problem: str | None) -> None:
-        self.waiting = problem
 
     async def _parse_changed(self, secrets: Mapping[str, Mapping[str, Any]]) -> None:
         """Parse the Secret versions not seen yet, in a thread: the event loop never parses YAML."""
@@ -232,6 +203,7 @@ class ClusterAPIProvider(ClusterSetProvider):
     ) -> tuple[dict[str, mcr.ClusterConfig], dict[str, SourceStatus]]:
         desired: dict[str, mcr.ClusterConfig] = {}
         statuses: dict[str, SourceStatus] = {}
+        reported = self.sources()  # as last published: each new error is logged once
         live = set()
         for key, obj in objects.items():
             metadata = obj.get("metadata") or {}
@@ -242,32 +214,18 @@ class ClusterAPIProvider(ClusterSetProvider):
             ready = self._is_ready(obj)
             secret = secrets.get(f"{namespace}/{name}-kubeconfig")
             config, error = (None, None) if not ready else self._config(key, secret)
-            if config is not None:
-                self._last_good[key] = config
-            elif error is not None:
-                previous = self._workloads.get(key)
-                if previous is None or previous.error != error:
-                    log.warning("%s: Cluster %s: %s", self._owner, key, error)
-            chosen = config or self._last_good.get(key)  # not ready is not gone
-            if chosen is not None:
-                desired[key] = chosen
             detail = {"ready": "true" if ready else "false"}
             if not ready:  # waiting, not failing: Cluster API has not initialized it yet
                 detail["waiting"] = "waiting for the control plane to be initialized"
             if secret is not None:
                 detail["secret_version"] = str((secret.get("metadata") or {}).get("resourceVersion", ""))
-            statuses[key] = SourceStatus(
-                "Cluster",
-                key,
-                cluster=key,
-                engaged=chosen is not None,
-                version=str(metadata.get("resourceVersion", "")),
-                error=error,
-                stale=config is None and chosen is not None,
-                detail=detail,
+            version = str(metadata.get("resourceVersion", ""))
+            chosen, statuses[key] = self._kept.judge(  # not ready is not gone: the last good config stays
+                "Cluster", key, config, error, previous=reported.get(key), version=version, detail=detail
             )
-        for key in [key for key in self._last_good if key not in live]:
-            del self._last_good[key]
+            if chosen is not None:
+                desired[key] = chosen
+        self._kept.retain(live)
         return desired, statuses
 
     def _is_ready(self, obj: Mapping[str, Any]) -> bool:

@@ -61,6 +61,12 @@ class KubeFedProvider(ClusterSetProvider):
         crd_backoff: How often a missing CRD is looked for again (default: 1 s
             doubling to 30 s).
         retry_backoff: How long a failed discovery pass waits before the next.
+
+    Reports (from :class:`mcruntime.provider.ClusterSetProvider`): ``sources()``
+    holds one ``SourceStatus`` per KubeFedCluster, by name (``version`` its
+    resourceVersion; ``detail``: ``secret_version``, and ``waiting`` while
+    ``wait_for_ready`` holds it back, which is not an error), and the CRD while
+    KubeFed is not installed (also :attr:`waiting`).
     """
 
     def __init__(
@@ -86,26 +92,15 @@ class KubeFedProvider(ClusterSetProvider):
         self._options = options
         self._owner = f"kubefed members in {namespace!r}"
         super().__init__(self._owner, options=options, probe_interval=probe_interval)
-        self._last_good: dict[str, mcr.ClusterConfig] = {}
-        self._members: dict[str, SourceStatus] = {}  # by KubeFedCluster name, as last acted on
-        self.waiting: str | None = None
-        """Why discovery has not started (KubeFed not installed yet, the hub not answering), else None."""
+        self._kept = mcrp.LastGoodConfigs(self._owner, log)
 
     def __repr__(self) -> str:
         return f"<KubeFedProvider namespace={self.namespace!r} clusters={self.clusters.names()}>"
 
-    def sources(self) -> dict[str, SourceStatus]:
-        """What became of each KubeFedCluster the provider saw last, by name; and the CRD, while waiting.
-
-        ``version`` is the KubeFedCluster's resourceVersion; ``detail`` holds
-        ``secret_version`` (its token Secret's, absent when there is no such
-        Secret) and ``waiting`` (for KubeFed's ``Ready`` condition).
-        """
-        found = dict(self._members)
-        if self.waiting is not None:
-            crd = "kubefedclusters.core.kubefed.io"
-            found[crd] = SourceStatus("CustomResourceDefinition", crd, error=self.waiting)
-        return found
+    # Reporting comes from ClusterSetProvider: sources() holds one SourceStatus per
+    # KubeFedCluster (by name; version is its resourceVersion; detail has
+    # "secret_version" and "waiting" for the Ready condition), and the CRD while
+    # KubeFed is not installed (see waiting).
 
     async def run(self, aware: mcr.Aware) -> None:
         """Watch KubeFedClusters and Secrets and keep the members engaged until cancelled.
@@ -115,14 +110,8 @@ class KubeFedProvider(ClusterSetProvider):
         """
         async with mcrp.hub_connection(self._hub, f"{self._owner} (hub)", self._options) as hub:
             if self.wait_for_crd:
-                await mcrp.wait_for_kind(
-                    hub,
-                    [KUBEFED_CLUSTER],
-                    owner=self._owner,
-                    what="KubeFed",
-                    report=self._report_waiting,
-                    backoff=self._crd_backoff,
-                )
+                crd, backoff = "kubefedclusters.core.kubefed.io", self._crd_backoff
+                await self.wait_for_kind(hub, [KUBEFED_CLUSTER], what="KubeFed", crd=crd, backoff=backoff)
             else:
                 try:
                     await hub.client.resource(KUBEFED_CLUSTER)
@@ -138,35 +127,18 @@ class KubeFedProvider(ClusterSetProvider):
             secrets = mcr.Informer(
                 hub.client, SECRET, namespace=self.namespace, transform=_token_only, read_timeout=read_timeout
             )
-            pending: dict[str, SourceStatus] = {}
 
-            def desired() -> dict[str, mcr.ClusterConfig]:
-                configs, statuses = self._desired(members.store.objects, secrets.store.objects)
-                pending.clear()
-                pending.update(statuses)
-                return configs
+            def answer() -> tuple[dict[str, mcr.ClusterConfig], dict[str, SourceStatus]]:
+                return self._desired(members.store.objects, secrets.store.objects)
 
-            def applied() -> None:
-                self._members = dict(pending)
-
-            await mcrp.follow_informers(
-                self.clusters,
-                aware,
-                [members, secrets],
-                desired,
-                owner=self._owner,
-                applied=applied,
-                backoff=self._retry_backoff,
-            )
-
-    def _report_waiting(self, problem: str | None) -> None:
-        self.waiting = problem
+            await self.follow(aware, [members, secrets], answer, backoff=self._retry_backoff)
 
     def _desired(
         self, objects: Mapping[str, Mapping[str, Any]], secrets: Mapping[str, Mapping[str, Any]]
     ) -> tuple[dict[str, mcr.ClusterConfig], dict[str, SourceStatus]]:
         desired: dict[str, mcr.ClusterConfig] = {}
         statuses: dict[str, SourceStatus] = {}
+        reported = self.sources()  # as last published: each new error is logged once
         live_names = set()
         for obj in objects.values():
             metadata = obj.get("metadata") or {}
@@ -178,39 +150,30 @@ class KubeFedProvider(ClusterSetProvider):
             waiting = None
             if error == _NOT_READY:
                 waiting, error = error, None  # not a failure: KubeFed has not said Ready yet
-            if config is not None:
-                self._last_good[name] = config
-            elif error is not None:
-                previous = self._members.get(name)
-                if previous is None or previous.error != error:
-                    log.warning("%s: KubeFedCluster %s: %s", self._owner, name, error)
-            chosen = config or self._last_good.get(name)
-            if chosen is not None:
-                desired[name] = chosen
             secret_ref = str((obj.get("spec") or {}).get("secretRef", {}).get("name", ""))
             secret = secrets.get(f"{self.namespace}/{secret_ref}")
             detail = {"waiting": waiting} if waiting is not None else {}
             if secret is not None:
                 detail["secret_version"] = str((secret.get("metadata") or {}).get("resourceVersion", ""))
-            statuses[name] = SourceStatus(
+            chosen, statuses[name] = self._kept.judge(
                 "KubeFedCluster",
                 name,
-                cluster=name,
-                engaged=chosen is not None,
+                config,
+                error,
+                previous=reported.get(name),
                 version=str(metadata.get("resourceVersion", "")),
-                error=error,
-                stale=config is None and chosen is not None,
                 detail=detail,
             )
-        for name in [name for name in self._last_good if name not in live_names]:
-            del self._last_good[name]
+            if chosen is not None:
+                desired[name] = chosen
+        self._kept.retain(live_names)
         return desired, statuses
 
     def _config(
         self, name: str, obj: Mapping[str, Any], secrets: Mapping[str, Mapping[str, Any]]
     ) -> tuple[mcr.ClusterConfig | None, str | None]:
         spec = obj.get("spec") or {}
-        if self.wait_for_ready and not _ready(obj) and name not in self._last_good:
+        if self.wait_for_ready and not _ready(obj) and name not in self._kept:
             return None, _NOT_READY
         secret_name = (spec.get("secretRef") or {}).get("name")
         if not secret_name:

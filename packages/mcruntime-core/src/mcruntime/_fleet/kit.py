@@ -10,15 +10,22 @@ code is only its discovery and what it reports about its sources
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+from .._base.backoff import Backoff
 from .._base.kind import Kind
-from .._cache.informer import IndexFunc
+from .._cache.informer import IndexFunc, Informer
+from .._config.kubeconfig import ClusterConfig
 from .cluster import Cluster, ClusterOptions
 from .clusterset import ClusterSet
+from .follow import follow_informers, wait_for_kind
 from .provider import Aware
 from .status import ClusterPhase, ClusterStatus, SourceStatus
+
+Answer = tuple[Mapping[str, ClusterConfig], Mapping[str, SourceStatus]]
+"""What a watching provider's pass decides: the clusters that should exist, and a source per thing read."""
 
 
 class ClusterSetProvider:
@@ -33,6 +40,11 @@ class ClusterSetProvider:
     (files, Secrets, objects) override :meth:`sources`; :meth:`statuses` then
     carries each cluster's source, and lists as ``FAILED`` the clusters a
     source names whose config was never usable.
+
+    A provider that watches a hub calls :meth:`follow` from its ``run``
+    (and :meth:`wait_for_kind` first, if its CRD may be missing); the base
+    then publishes its sources and reports the wait itself, so such a
+    provider needs no ``sources`` of its own.
     """
 
     def __init__(
@@ -43,7 +55,64 @@ class ClusterSetProvider:
         probe_interval: float | None = None,
     ) -> None:
         self.clusters: ClusterSet = ClusterSet(options=options, probe_interval=probe_interval, owner=owner)
+        self.owner = owner
         self._failed_since: dict[str, float] = {}
+        self._published: dict[str, SourceStatus] = {}
+        self._waiting: SourceStatus | None = None
+
+    @property
+    def waiting(self) -> str | None:
+        """Why discovery has not started (a CRD not installed yet, the hub not answering), else ``None``."""
+        return self._waiting.error if self._waiting is not None else None
+
+    async def wait_for_kind(
+        self, hub: Cluster, candidates: Sequence[Kind], *, what: str, crd: str, backoff: Backoff | None = None
+    ) -> Kind:
+        """:func:`wait_for_kind`, with the wait reported as :attr:`waiting` and as the source ``crd``.
+
+        ``crd`` names the CustomResourceDefinition the operator should install
+        (``"clusters.cluster.x-k8s.io"``); ``what`` names the product in messages.
+        """
+
+        def report(problem: str | None) -> None:
+            missing = SourceStatus("CustomResourceDefinition", crd, error=problem)
+            self._waiting = None if problem is None else missing
+
+        owner = self.owner
+        return await wait_for_kind(hub, candidates, owner=owner, what=what, report=report, backoff=backoff)
+
+    async def follow(
+        self,
+        aware: Aware,
+        informers: Sequence[Informer],
+        answer: Callable[[], Answer | Awaitable[Answer]],
+        *,
+        backoff: Backoff | None = None,
+    ) -> None:
+        """Run ``informers`` and keep the clusters equal to ``answer()``'s until cancelled.
+
+        ``answer()`` reads the informers' stores after each batch of events and
+        returns the configs that should be engaged and a source per object
+        read (it may be async, to parse off the event loop). Its sources are
+        published, as :meth:`sources`, only once the ClusterSet has acted on
+        the configs, so a status is never ahead of the clusters it describes.
+        See :func:`follow_informers` for retries (``backoff``).
+        """
+        pending: dict[str, SourceStatus] = {}
+
+        async def desired() -> Mapping[str, ClusterConfig]:
+            result = answer()
+            configs, sources = await result if inspect.isawaitable(result) else result
+            pending.clear()
+            pending.update(sources)
+            return configs
+
+        def applied() -> None:
+            self._published = dict(pending)
+
+        await follow_informers(
+            self.clusters, aware, informers, desired, owner=self.owner, applied=applied, backoff=backoff
+        )
 
     async def get(self, name: str) -> Cluster:
         """The engaged cluster of this name; raises :class:`ClusterNotFound`."""
@@ -56,11 +125,16 @@ class ClusterSetProvider:
     def sources(self) -> Mapping[str, SourceStatus]:
         """What the provider made of each thing it read: the one place a broken source is reported.
 
-        Override it in a provider that reads sources; the base reports none.
-        Include sources that name no cluster (an unreadable file, a failed
-        listing) so nothing wrong goes unreported. Keyed by ``SourceStatus.name``.
+        The base reports what :meth:`follow` last published and, while
+        :meth:`wait_for_kind` waits, the missing CRD. A provider that discovers
+        another way overrides it; include sources that name no cluster (an
+        unreadable file, a failed listing) so nothing wrong goes unreported.
+        Keyed by ``SourceStatus.name``.
         """
-        return {}
+        found = dict(self._published)
+        if self._waiting is not None:
+            found[self._waiting.name] = self._waiting
+        return found
 
     def statuses(self) -> Mapping[str, ClusterStatus]:
         """Frozen snapshots of every cluster's phase and source, by name; a copy kept never changes.

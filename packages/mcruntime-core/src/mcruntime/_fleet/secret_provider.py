@@ -31,7 +31,7 @@ from .._base.kind import Kind
 from .._cache.informer import Informer
 from .._config.kubeconfig import ClusterConfig, TrustPolicy, kubeconfig_from_dict, parse_kubeconfig
 from .cluster import Cluster, ClusterOptions
-from .follow import follow_informers, hub_connection
+from .follow import hub_connection
 from .kit import ClusterSetProvider
 from .provider import Aware
 from .status import SourceStatus
@@ -119,17 +119,12 @@ class KubeconfigSecretProvider(ClusterSetProvider):
         self._versions: dict[str, _Version] = {}  # by "namespace/name": the latest version read
         self._last_good: dict[str, tuple[str, ClusterConfig]] = {}  # by Secret: last name and config
         self._holders: dict[str, str] = {}  # cluster name -> the Secret providing it
-        self._statuses: dict[str, SourceStatus] = {}  # by Secret, as last acted on
 
     def __repr__(self) -> str:
         return f"<KubeconfigSecretProvider namespace={self.namespace!r} clusters={self.clusters.names()}>"
 
-    # Reporting: get, index_field and statuses come from ClusterSetProvider, which
-    # joins each cluster to the Secret this reports for it.
-
-    def sources(self) -> dict[str, SourceStatus]:
-        """What the provider made of each Secret it saw last, by ``namespace/name``."""
-        return dict(self._statuses)
+    # Reporting comes from ClusterSetProvider: get, index_field, statuses, and
+    # sources(), one SourceStatus per Secret ("namespace/name"), as published by follow().
 
     # --8<-- [end:provider]
 
@@ -145,21 +140,12 @@ class KubeconfigSecretProvider(ClusterSetProvider):
                 transform=self._slim,
                 read_timeout=hub.options.watch_read_timeout,
             )
-            pending: dict[str, SourceStatus] = {}
 
-            async def desired() -> dict[str, ClusterConfig]:
+            async def answer() -> tuple[dict[str, ClusterConfig], dict[str, SourceStatus]]:
                 read = await self._read_changed(informer.store.objects)  # parsed in a thread
-                configs, statuses = self._desired(informer.store.objects, read)
-                pending.clear()
-                pending.update(statuses)
-                return configs
+                return self._desired(informer.store.objects, read)
 
-            def applied() -> None:  # publish statuses once acted on: what tests settle on
-                self._statuses = dict(pending)
-
-            await follow_informers(
-                self.clusters, aware, [informer], desired, owner=self._owner, applied=applied
-            )
+            await self.follow(aware, [informer], answer)
 
     # --8<-- [end:run]
 
@@ -251,6 +237,7 @@ class KubeconfigSecretProvider(ClusterSetProvider):
     ) -> dict[str, SourceStatus]:
         """A status per Secret; each newly found duplicate is logged once."""
         statuses: dict[str, SourceStatus] = {}
+        reported = self.sources()  # as last published: each new duplicate is logged once
         for key in sorted(live):
             version = self._versions[key]
             usable = self._usable(key)
@@ -260,7 +247,7 @@ class KubeconfigSecretProvider(ClusterSetProvider):
             error = version.error
             if duplicate_of is not None:
                 error = f"Secret {key}: cluster name {cluster!r} is already provided by Secret {duplicate_of}"
-                previous = self._statuses.get(key)
+                previous = reported.get(key)
                 if previous is None or previous.detail.get("duplicate_of") != duplicate_of:
                     log.warning("%s: %s; this Secret is ignored", self._owner, error)
             statuses[key] = SourceStatus(
