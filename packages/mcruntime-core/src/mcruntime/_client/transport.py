@@ -33,6 +33,7 @@ from .._config.credentials import _Credentials
 from .._config.kubeconfig import ClusterConfig, _redacted
 from .._config.material import MaterialFiles
 from .health import HealthRecord
+from .pool import session_pool
 
 if TYPE_CHECKING:
     # Imported where used: kubernetes-asyncio's generated models take ~0.3 s and
@@ -101,6 +102,7 @@ class Transport:
         request_timeout: float = 30.0,
         retry: RetryPolicy | None = None,
         connect_timeout: float = _CONNECT_TIMEOUT,
+        share_connections: bool = True,
     ) -> None:
         self.config: ClusterConfig = config
         self.cluster = cluster
@@ -114,9 +116,13 @@ class Transport:
         self._retry = retry or RetryPolicy()
         self._material: MaterialFiles | None = None
         self._session: aiohttp.ClientSession | None = None
-        # Sessions replaced by a certificate rotation: their open watches keep
-        # running on the old identity until they reconnect; closed with the transport.
-        self._retired: list[aiohttp.ClientSession] = []
+        # The sharing key of self._session when it is a pooled one (see pool.py), else None.
+        self._lease: str | None = None
+        self._share = share_connections
+        # Sessions replaced by a certificate rotation, with their sharing keys: their
+        # open watches keep running on the old identity until they reconnect; closed
+        # (or given back) with the transport.
+        self._retired: list[tuple[str | None, aiohttp.ClientSession]] = []
         self._credentials: _Credentials | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._files: dict[str, str] = {}
@@ -143,6 +149,12 @@ class Transport:
             material = MaterialFiles()
             self._material = material
             self._credentials = self._new_credentials(self.config)
+            key = self._sharing_key()
+            if key is not None:
+                shared = session_pool().existing(key)
+                if shared is not None:  # same server, same trust, identity per request: no handshake
+                    self._session, self._lease = shared, key
+                    return
             try:
                 context = await asyncio.to_thread(self._ssl_context)
             except BaseException as error:
@@ -156,7 +168,26 @@ class Transport:
             if self.closed:  # closed while the TLS context was being built: open nothing
                 self._discard_material(material)
                 raise Unreachable("the cluster was stopped", cluster=self.cluster)
-            self._session = self._new_session(context)
+            if key is None:
+                self._session = self._new_session(context)
+            else:
+                self._session = session_pool().lease(key, lambda: self._new_session(context))
+                self._lease = key
+
+    def _sharing_key(self) -> str | None:
+        """The key this transport's session is shared under, or ``None`` if it keeps its own.
+
+        Shared only when the identity travels in a header: a client
+        certificate is part of the TLS handshake, so its connections are its own.
+        """
+        if not self._share or _certificate_of(self.config.user) != (None, None):
+            return None
+        return self.config.endpoint_fingerprint()
+
+    @property
+    def shared(self) -> bool:
+        """Whether this transport's connections are pooled with other clusters' (same server and trust)."""
+        return self._lease is not None
 
     def _new_session(self, context: ssl.SSLContext) -> aiohttp.ClientSession:
         # Idle connections stay open longer than the slowest paced probe interval of a
@@ -189,11 +220,17 @@ class Transport:
             await credentials.close()
         for closing in list(self._closing):
             await closing
+        self._interrupt("the cluster was stopped")  # a pooled session outlives this transport
         session, self._session = self._session, None
+        lease, self._lease = self._lease, None
         retired, self._retired = self._retired, []
-        for old in [*retired, session]:
-            if old is not None:
+        for key, old in [*retired, (lease, session)]:
+            if old is None:
+                continue
+            if key is None:
                 await old.close()
+            else:
+                await session_pool().release(key, old)
         if self._material is not None:
             self._discard_material(self._material)
 
@@ -267,9 +304,14 @@ class Transport:
         if self._closed or self._session is None:
             return
         old, self._session = self._session, self._new_session(context)
-        self._retired.append(old)
+        old_lease, self._lease = self._lease, None  # a certificate identity never shares
+        self._retired.append((old_lease, old))
         while len(self._retired) > 2:  # bound them: a watch this old has reconnected long since
-            await self._retired.pop(0).close()
+            key, oldest = self._retired.pop(0)
+            if key is None:
+                await oldest.close()
+            else:
+                await session_pool().release(key, oldest)
 
     async def kubernetes_configuration(self) -> k8s_client.Configuration:
         """An isolated kubernetes-asyncio ``Configuration`` for typed API calls.
@@ -384,6 +426,8 @@ class Transport:
                     method, path, params, body, content_type, accept, timeout or self._request_timeout
                 )
             except _NoAnswer as failure:
+                if self._closed:  # cut by close(): the cluster stopped, the server did nothing wrong
+                    raise Unreachable("the cluster was stopped", cluster=self.cluster) from None
                 self.health.failure(failure.message)
                 if (safe or failure.never_sent) and attempt + 1 < self._retry.attempts:
                     await asyncio.sleep(self._retry.delay(attempt))

@@ -58,6 +58,15 @@ class ClusterOptions:
     failing request still probes its cluster at once, and a failing cluster is
     re-probed on its backoff, so trouble seen by traffic shows just as fast.
     ``None`` probes every cluster every ``health_probe_interval``."""
+    share_connections: bool = True
+    """Pool connections with other clusters that reach the same API server the same way.
+
+    Clusters with the same server, CA, proxy and TLS server name whose
+    identity is a bearer token (or nothing) share one connection pool, and
+    each request carries its own cluster's credential, as client-go does: a
+    fleet of token users on a few servers pays a TLS handshake per connection
+    it really needs, not per cluster. A client certificate always keeps its
+    own pool. Health, watches and failures stay per cluster."""
     watch_read_timeout: float = 90.0
     cache_sync_timeout: float = 60.0
     resync_period: float | None = None
@@ -94,6 +103,7 @@ class Cluster:
             request_timeout=self.options.request_timeout,
             retry=self.options.retry,
             connect_timeout=self.options.connect_timeout,
+            share_connections=self.options.share_connections,
         )
         self.client: Client = Client(
             self.transport,

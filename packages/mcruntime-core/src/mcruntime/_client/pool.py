@@ -1,0 +1,90 @@
+"""Connection pools shared by every cluster that reaches the same API server the same way.
+
+A fleet often holds many clusters per API server: a token user per tenant,
+per team, per namespace. Each with a pool of its own pays a TLS handshake for
+every connection it opens and keeps its own idle connections, so 1,000
+clusters on 10 servers cost thousands of handshakes to engage and thousands
+of file descriptors at rest. client-go shares one transport per TLS
+configuration and sends each client's credential per request; this does the
+same: clusters whose endpoint (server, CA, proxy, TLS server name) is the
+same and whose identity travels in a header (a bearer token, from a file or a
+plugin, or none) share one aiohttp session and its connections.
+
+Sharing stops where identity is in the TLS handshake: a client certificate
+keeps a session of its own, so pooled connections never authenticate one
+cluster as another. Sharing never couples failures either: each transport
+keeps its own health record and interrupts only its own requests and watches,
+and a cluster that stops closes only its own streams; the session closes
+with its last user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import aiohttp
+
+
+@dataclass
+class _Shared:
+    session: aiohttp.ClientSession
+    users: int
+
+
+class SessionPool:
+    """Reference-counted sessions by sharing key, on one event loop."""
+
+    def __init__(self) -> None:
+        self._shared: dict[str, _Shared] = {}
+
+    def existing(self, key: str) -> aiohttp.ClientSession | None:
+        """The open session of ``key``, leased to the caller (release it), or ``None``."""
+        entry = self._shared.get(key)
+        if entry is None or entry.session.closed:
+            return None
+        entry.users += 1
+        return entry.session
+
+    def lease(self, key: str, make: Callable[[], aiohttp.ClientSession]) -> aiohttp.ClientSession:
+        """The session of ``key``, made with ``make()`` if there is none; release it when done."""
+        found = self.existing(key)
+        if found is not None:
+            return found
+        entry = self._shared[key] = _Shared(make(), 1)
+        return entry.session
+
+    async def release(self, key: str, session: aiohttp.ClientSession) -> None:
+        """Give a lease back; the last one closes the session."""
+        entry = self._shared.get(key)
+        if entry is None or entry.session is not session:
+            await session.close()  # replaced meanwhile (it had closed): nobody else holds it
+            return
+        entry.users -= 1
+        if entry.users <= 0:
+            del self._shared[key]
+            await session.close()
+
+    def __len__(self) -> int:
+        return len(self._shared)
+
+    def users(self, key: str) -> int:
+        """How many transports hold ``key``'s session (for tests and metrics)."""
+        entry = self._shared.get(key)
+        return entry.users if entry is not None else 0
+
+
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SessionPool] = weakref.WeakKeyDictionary()
+
+
+def session_pool() -> SessionPool:
+    """The running event loop's pool: aiohttp sessions belong to one loop."""
+    loop = asyncio.get_running_loop()
+    pool = _pools.get(loop)
+    if pool is None:
+        pool = _pools[loop] = SessionPool()
+    return pool

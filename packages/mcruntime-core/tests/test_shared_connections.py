@@ -1,0 +1,125 @@
+"""Clusters that reach one API server the same way share connections, and nothing else.
+
+A fleet of token users on a few servers must not pay a TLS handshake and an
+idle socket per cluster (client-go shares a transport per TLS configuration).
+Sharing must never couple the clusters: a revoked token, a stopped cluster or
+a client-certificate identity stays that cluster's own business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from contextlib import AsyncExitStack
+
+from kube_helpers import CONFIGMAP, configmap, unique, wait_for
+
+import mcruntime as mcr
+from mcruntime.testing import ControlPlane
+
+
+def _config(plane: ControlPlane, user: object = None) -> mcr.ClusterConfig:
+    return mcr.kubeconfig_from_dict(plane.kubeconfig(user))  # type: ignore[arg-type]
+
+
+def _connections_to(port: int) -> int:
+    """This process's established TCP connections to ``port`` on loopback, read from /proc."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = 0
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as lines:
+            next(lines)
+            for line in lines:
+                fields = line.split()
+                remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+                if remote_port == port and fields[3] == "01" and fields[9] in inodes:
+                    found += 1
+    return found
+
+
+async def _open_one_by_one(
+    stack: AsyncExitStack, plane: ControlPlane, users: list[object], share: bool
+) -> list[mcr.Cluster]:
+    """Start each cluster once the last is idle, so a shared pool can hand on its connection."""
+    options = mcr.ClusterOptions(share_connections=share)
+    clusters = []
+    for i, user in enumerate(users):
+        cluster = await stack.enter_async_context(mcr.Cluster(f"tenant-{i}", _config(plane, user), options))
+        await wait_for(lambda cluster=cluster: cluster.health.healthy, timeout=30)  # first probe answered
+        await cluster.client.list(CONFIGMAP, namespace="default")
+        clusters.append(cluster)
+    return clusters
+
+
+async def test_token_users_of_one_server_share_connections_and_keep_their_own_identity(
+    fresh_cluster: ControlPlane,
+) -> None:
+    plane = fresh_cluster
+    port = plane.apiserver.port
+    users: list[object] = [plane.add_token_user(unique("shared")) for _ in range(8)]
+    async with AsyncExitStack() as stack:
+        apart = await _open_one_by_one(stack, plane, users, share=False)
+        unshared = _connections_to(port)
+        assert not any(cluster.transport.shared for cluster in apart)
+    async with AsyncExitStack() as stack:
+        clusters = await _open_one_by_one(stack, plane, users, share=True)
+        shared = _connections_to(port)
+        assert all(cluster.transport.shared for cluster in clusters)
+        admin = await stack.enter_async_context(mcr.Cluster("admin", _config(plane)))  # a client certificate
+        assert not admin.transport.shared  # identity in the handshake: never pooled with others
+        # Eight clusters opened one after another: each kept its own connections apart,
+        # and handed them on when pooled.
+        print(f"connections to the server: {unshared} with a pool per cluster, {shared} pooled")
+        assert unshared >= len(users) and shared <= 3
+        # Each request still carries its own cluster's token: the server tells them apart.
+        for cluster, user in zip(clusters, users, strict=True):
+            review = await cluster.client.create(
+                {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview", "metadata": {}}
+            )
+            name = getattr(user, "name", "")
+            assert review["status"]["userInfo"]["username"].endswith(":" + name.rsplit(":", 1)[-1])
+
+
+async def test_a_revoked_or_stopped_cluster_costs_its_pool_partners_nothing(
+    fresh_cluster: ControlPlane,
+) -> None:
+    plane = fresh_cluster
+    revoked_name, healthy_name = unique("revoked"), unique("healthy")
+    revoked_user, healthy_user = plane.add_token_user(revoked_name), plane.add_token_user(healthy_name)
+    namespace = "default"
+    seen: list[str] = []
+    options = mcr.ClusterOptions(health_probe_interval=0.5)
+    async with mcr.Cluster("healthy", _config(plane, healthy_user), options) as healthy:
+        informer = mcr.Informer(healthy.client, CONFIGMAP, namespace=namespace)
+        informer.add_handler(
+            mcr.ResourceEventHandler(on_add=lambda obj, _initial: seen.append(obj["metadata"]["name"]))
+        )
+        watching = asyncio.create_task(informer.run())
+        try:
+            assert await informer.wait_for_sync(30)
+            restarts = informer.stats.watch_restarts
+            async with mcr.Cluster("revoked", _config(plane, revoked_user), options) as revoked:
+                assert revoked.transport.shared and healthy.transport.shared
+                await revoked.client.list(CONFIGMAP, namespace=namespace)
+                plane.revoke_token_user(revoked_name)
+                await wait_for(lambda: not revoked.health.healthy, timeout=30)
+                assert healthy.health.healthy
+                first = unique("during")
+                await healthy.client.create(configmap(first, namespace))
+                await wait_for(lambda: first in seen, timeout=30)
+            # The revoked cluster stopped, closing its own watches and requests only.
+            assert healthy.transport.shared and not healthy.transport.closed
+            second = unique("after")
+            await healthy.client.create(configmap(second, namespace))
+            await wait_for(lambda: second in seen, timeout=30)  # the same watch, still delivering
+            assert informer.stats.watch_restarts == restarts  # never cut by its partner's revocation or stop
+        finally:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
