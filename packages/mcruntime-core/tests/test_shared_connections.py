@@ -15,6 +15,7 @@ from contextlib import AsyncExitStack
 from kube_helpers import CONFIGMAP, configmap, unique, wait_for
 
 import mcruntime as mcr
+from mcruntime._client.pool import session_pool
 from mcruntime.testing import ControlPlane
 
 
@@ -72,8 +73,15 @@ async def test_token_users_of_one_server_share_connections_and_keep_their_own_id
         clusters = await _open_one_by_one(stack, plane, users, share=True)
         shared = _connections_to(port)
         assert all(cluster.transport.shared for cluster in clusters)
-        admin = await stack.enter_async_context(mcr.Cluster("admin", _config(plane)))  # a client certificate
-        assert not admin.transport.shared  # identity in the handshake: never pooled with others
+        # A client certificate is part of the handshake: pooled only with the very same certificate.
+        admin = await stack.enter_async_context(mcr.Cluster("admin", _config(plane)))
+        again = await stack.enter_async_context(mcr.Cluster("admin-again", _config(plane)))
+        await admin.client.list(CONFIGMAP, namespace="default")
+        await again.client.list(CONFIGMAP, namespace="default")
+        assert admin.transport.shared and again.transport.shared
+        pool = session_pool()
+        assert pool.users(admin.transport._sharing_key() or "") == 2
+        assert pool.users(clusters[0].transport._sharing_key() or "") == len(clusters)
         # Eight clusters opened one after another: each kept its own connections apart,
         # and handed them on when pooled.
         print(f"connections to the server: {unshared} with a pool per cluster, {shared} pooled")

@@ -10,9 +10,9 @@ same: clusters whose endpoint (server, CA, proxy, TLS server name) is the
 same and whose identity travels in a header (a bearer token, from a file or a
 plugin, or none) share one aiohttp session and its connections.
 
-Sharing stops where identity is in the TLS handshake: a client certificate
-keeps a session of its own, so pooled connections never authenticate one
-cluster as another. Sharing never couples failures either: each transport
+Where identity is in the TLS handshake, a client certificate shares only
+with clusters presenting the very same certificate, so pooled connections
+never authenticate one cluster as another. Sharing never couples failures either: each transport
 keeps its own health record and interrupts only its own requests and watches,
 and a cluster that stops closes only its own streams; the session closes
 with its last user.

@@ -177,12 +177,17 @@ class Transport:
     def _sharing_key(self) -> str | None:
         """The key this transport's session is shared under, or ``None`` if it keeps its own.
 
-        Shared only when the identity travels in a header: a client
-        certificate is part of the TLS handshake, so its connections are its own.
+        The endpoint decides, and so does the identity when it is part of the
+        TLS handshake: clusters with a client certificate share only with
+        clusters whose user entry is the very same (a certificate from an exec
+        plugin moves to a session of its own when it arrives).
         """
-        if not self._share or _certificate_of(self.config.user) != (None, None):
+        if not self._share:
             return None
-        return self.config.endpoint_fingerprint()
+        endpoint = self.config.endpoint_fingerprint()
+        if _certificate_of(self.config.user) == (None, None):
+            return endpoint  # the identity travels per request, in a header
+        return f"{endpoint}/{self.config.credential_fingerprint()}"
 
     @property
     def shared(self) -> bool:

@@ -65,8 +65,9 @@ class ClusterOptions:
     identity is a bearer token (or nothing) share one connection pool, and
     each request carries its own cluster's credential, as client-go does: a
     fleet of token users on a few servers pays a TLS handshake per connection
-    it really needs, not per cluster. A client certificate always keeps its
-    own pool. Health, watches and failures stay per cluster."""
+    it really needs, not per cluster. A client certificate shares only with
+    clusters presenting the same certificate. Health, watches and failures
+    stay per cluster."""
     watch_read_timeout: float = 90.0
     cache_sync_timeout: float = 60.0
     resync_period: float | None = None
