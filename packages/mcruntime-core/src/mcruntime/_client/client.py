@@ -453,10 +453,9 @@ class Client:
             options["preconditions"] = preconditions
         if grace_period_seconds is not None:
             options["gracePeriodSeconds"] = grace_period_seconds
-        params = {"dryRun": "All"} if dry_run else None
-        result = await self._call(
-            "DELETE", resource, namespace=namespace, name=name, body=options, params=params
-        )
+        if dry_run:  # in the body: the server ignores query parameters when DeleteOptions come in it
+            options["dryRun"] = ["All"]
+        result = await self._call("DELETE", resource, namespace=namespace, name=name, body=options)
         if isinstance(result, dict) and result.get("kind") == "Status":
             return None
         return result if isinstance(result, dict) else None

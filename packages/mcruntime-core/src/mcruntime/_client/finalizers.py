@@ -75,7 +75,9 @@ async def remove_finalizer(
     ``None`` when the object is gone (removing the last finalizer of an
     object being deleted lets the server delete it, and a second remover
     finds nothing: both are success). Conflicts retry as :func:`add_finalizer`
-    does.
+    does. Whether there is anything to remove is decided on ``obj`` as
+    given (no request when it lacks the finalizer), so pass the object as
+    recently read as you have it: a cache copy is fine.
     """
 
     def change(finalizers: list[str]) -> list[str] | None:
