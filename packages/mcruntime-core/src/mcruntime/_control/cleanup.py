@@ -267,7 +267,7 @@ class ChildCleanup:
         except APIError as error:  # best effort: the log line above already said it
             log.debug("could not write condition %s: %s", self.condition_type, error)
 
-    async def delete_orphans(self, cluster: str, owner_kind: Kind) -> int:
+    async def delete_orphans(self, cluster: str, owner_kind: Kind, *, namespace: str | None = None) -> int:
         """Delete children in ``cluster`` whose owner of ``owner_kind`` is gone; returns how many.
 
         For a cluster that was away (disengaged) while an owner was deleted:
@@ -276,6 +276,7 @@ class ChildCleanup:
         uid; an owner whose cluster is not engaged, or does not answer, is
         assumed to exist. Lists every child of the owner kind in ``cluster``:
         run it when a cluster is engaged, not on every reconcile.
+        ``namespace`` limits it to one namespace (``None``: all).
         """
         clusters = dict(self._clusters())
         target = clusters.get(cluster)
@@ -285,7 +286,9 @@ class ChildCleanup:
         count = 0
         for kind in self.kinds:
             try:
-                children = await target.client.list(kind, label_selector=owned_by_kind_selector(owner_kind))
+                children = await target.client.list(
+                    kind, namespace=namespace, label_selector=owned_by_kind_selector(owner_kind)
+                )
             except KindNotFound:
                 continue
             for child in children.items:
