@@ -29,8 +29,8 @@ class AlreadyOwnedError(MCRuntimeError, ValueError):
     """
 
     def __init__(self, obj: Mapping[str, Any], owner: Mapping[str, Any]) -> None:
-        self.object_name = _describe(obj)
-        self.owner = f"{owner.get('kind')} {owner.get('name')!r}"
+        self.object_name: str = _describe(obj)
+        self.owner: str = f"{owner.get('kind')} {owner.get('name')!r}"
         super().__init__(f"{self.object_name} is already controlled by {self.owner}")
 
 
