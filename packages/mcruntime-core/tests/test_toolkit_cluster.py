@@ -217,3 +217,28 @@ async def test_dry_run_writes_are_answered_and_not_stored(fleet: Fleet) -> None:
         assert await cluster.client.get_or_none(CONFIGMAP, "other-ghost", namespace=namespace) is None
         with pytest.raises(ValueError, match="apply needs a field manager"):
             await cluster.client.apply(configmap("real", namespace))
+
+
+async def test_the_server_turns_before_into_after_with_the_computed_merge_patch(fleet: Fleet) -> None:
+    async with running_cluster(fleet["cluster-1"]) as cluster:
+        namespace = await new_namespace(cluster, "mp")
+        before = await cluster.client.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "m", "namespace": namespace, "labels": {"keep": "1", "drop": "1"}},
+                "data": {"changed": "old", "removed": "x", "same": "s"},
+            }
+        )
+        after = toolkit.apply_merge_patch(before, {})  # a deep copy to edit
+        del after["metadata"]["labels"]["drop"]
+        after["metadata"]["labels"]["added"] = "1"
+        after["data"] = {"changed": "new", "same": "s", "added": "y"}
+        patch = toolkit.merge_patch(before, after)
+        assert patch == {
+            "metadata": {"labels": {"drop": None, "added": "1"}},
+            "data": {"changed": "new", "removed": None, "added": "y"},
+        }
+        stored = await cluster.client.patch(CONFIGMAP, "m", patch, namespace=namespace)
+        assert stored["metadata"]["labels"] == after["metadata"]["labels"]
+        assert stored["data"] == after["data"]

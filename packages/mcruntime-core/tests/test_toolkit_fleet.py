@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -105,7 +106,12 @@ async def test_a_hung_cluster_holds_the_owners_finalizer_until_it_returns_and_it
             await admin.client.create(
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
             )
-    provider = mcr.StaticProvider({"member": config_of(planes["member"]), "away": config_of(planes["away"])})
+    # Probes every second: the hang is noticed within 2 s, and later passes fail fast on the
+    # open circuit instead of waiting out the silent server.
+    options = mcr.ClusterOptions(health_probe_interval=1.0, health_probe_timeout=1.0)
+    provider = mcr.StaticProvider(
+        {"member": config_of(planes["member"]), "away": config_of(planes["away"])}, options=options
+    )
     manager = mcr.Manager(provider, local=config_of(planes["hub"]), handle_signals=False)
     fanout = WidgetFanout(manager, widget, namespace)
     async with running(manager), running_cluster(planes["hub"]) as hub:
@@ -138,12 +144,13 @@ async def test_a_hung_cluster_holds_the_owners_finalizer_until_it_returns_and_it
 
         with hung(planes["away"]), caplog.at_level(logging.WARNING, logger="mcruntime.toolkit"):
             await hub.client.delete(widget, "w", namespace=namespace)
+            deleted_at = time.monotonic()
 
-            async def reported_twice() -> bool:
-                held = [result for result in fanout.results if not result.released]
-                return len(held) >= 2
+            async def held_after_the_circuit_opened() -> bool:
+                reasons = [result.pending.get("away", "") for result in fanout.results]
+                return len(reasons) >= 2 and reasons[-1].startswith("Unreachable")
 
-            await wait_for(reported_twice, timeout=30)
+            await wait_for(held_after_the_circuit_opened, timeout=30)
             assert all(not result.released for result in fanout.results)
             assert {tuple(result.pending) for result in fanout.results} == {("away",)}
             first = fanout.results[0]
@@ -169,19 +176,25 @@ async def test_a_hung_cluster_holds_the_owners_finalizer_until_it_returns_and_it
             assert await child_in(planes["hub"], namespace, "w") is None
             assert await child_in(planes["member"], namespace, "w") is None
             held_passes = len(fanout.results)
+            hung_for = time.monotonic() - deleted_at
+        resumed_at = time.monotonic()
 
         # Resumed: the next pass deletes the child there, and only then releases the Widget.
         async def widget_gone() -> bool:
             return await hub.client.get_or_none(widget, "w", namespace=namespace) is None
 
         await wait_for(widget_gone, timeout=60)
+        release_after_resume = time.monotonic() - resumed_at
         assert await child_in(planes["away"], namespace, "w") is None
         released = [index for index, result in enumerate(fanout.results) if result.released]
         assert released, "the Widget went without a pass that released it"
         last_held = max(index for index, result in enumerate(fanout.results) if not result.released)
         assert last_held >= held_passes - 1 and released[0] == last_held + 1
         assert fanout.results[released[0]].pending == {}
-        print(f"{len(fanout.results)} cleanup passes, {released[0]} held while 'away' was hung or recovering")
+        print(
+            f"{len(fanout.results)} cleanup passes, {released[0]} held; owner held {hung_for:.1f}s while "
+            f"hung, released {release_after_resume:.1f}s after SIGCONT"
+        )
 
 
 async def test_orphans_in_a_returning_cluster_are_found_by_their_owner_record(fleet: Fleet) -> None:
