@@ -223,3 +223,36 @@ async def test_orphans_in_a_returning_cluster_are_found_by_their_owner_record(fl
         assert await member.client.get_or_none(CONFIGMAP, "child-of-dead", namespace=namespace) is None
         assert await member.client.get_or_none(CONFIGMAP, "child-of-live", namespace=namespace) is not None
         assert await cleanup.delete_orphans("member", CONFIGMAP) == 0
+
+
+async def test_a_pending_cluster_that_leaves_the_fleet_is_not_waited_for_and_the_release_says_so(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    namespace = unique("left")
+    # A cluster nobody answers for: its server's port is closed, so every request fails.
+    kubeconfig = fleet["cluster-1"].kubeconfig()
+    kubeconfig["clusters"][0]["cluster"]["server"] = "https://127.0.0.1:9"
+    async with (
+        running_cluster(fleet["cluster-1"], HUB) as hub,
+        mcr.Cluster("gone", mcr.kubeconfig_from_dict(kubeconfig)) as gone,
+    ):
+        await hub.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        owner = await hub.client.create(configmap("owner", namespace))
+        owner = await toolkit.add_finalizer(hub.client, owner, FINALIZER)
+        await hub.client.delete(CONFIGMAP, "owner", namespace=namespace)
+        owner = await hub.client.get(CONFIGMAP, "owner", namespace=namespace)
+        fleet_now: dict[str, mcr.Cluster] = {HUB: hub, "gone": gone}
+        cleanup = toolkit.ChildCleanup(
+            lambda: fleet_now, FINALIZER, [CONFIGMAP], backoff=mcr.Backoff(base=0, cap=0), attempt_timeout=2.0
+        )
+        held = await cleanup.finalize(HUB, owner)
+        assert not held.released and list(held.pending) == ["gone"] and held.left_fleet == ()
+        assert held.result() == mcr.Result(requeue_after=0.0)
+        assert await hub.client.get_or_none(CONFIGMAP, "owner", namespace=namespace) is not None
+
+        del fleet_now["gone"]  # the provider disengaged it
+        with caplog.at_level(logging.WARNING, logger="mcruntime.toolkit"):
+            released = await cleanup.finalize(HUB, owner)
+        assert released.released and released.left_fleet == ("gone",) and released.result() is None
+        assert "released without deleting the children in 'gone'" in caplog.text
+        assert await hub.client.get_or_none(CONFIGMAP, "owner", namespace=namespace) is None

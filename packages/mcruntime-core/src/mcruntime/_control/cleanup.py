@@ -16,8 +16,9 @@ still lists it), so it is waited for, however long it is away. A cluster its
 provider has *disengaged* (kubeconfig deleted, Secret removed, Cluster API
 object gone) has left the fleet: nothing will ever announce its return, so
 waiting for it could hold the owner forever. It is not waited for, and the
-release log line names the clusters that were cleaned, so a cluster missing
-from it is visible. Children left in such a cluster keep their owner
+release log line names the clusters that were cleaned; one that was pending
+and left before the release is named in a warning and in
+:attr:`CleanupResult.left_fleet`. Children left in such a cluster keep their owner
 record; if the cluster is engaged again, :meth:`ChildCleanup.delete_orphans`
 finds them.
 """
@@ -26,9 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from .._base.backoff import DEFAULT_BACKOFF, Backoff
 from .._base.errors import APIError, Conflict, KindNotFound, NotFound
@@ -56,7 +57,9 @@ class CleanupResult:
     ``released`` is true only when the finalizer is off (or was never on):
     every engaged cluster confirmed its children deleted. Otherwise
     ``pending`` says, per cluster, why not, and ``requeue_after`` when to try
-    again.
+    again. ``left_fleet`` names clusters that were pending in an earlier pass
+    and have been disengaged since: the release did not wait for them, and
+    their children were not deleted.
     """
 
     released: bool
@@ -66,6 +69,8 @@ class CleanupResult:
     """Per cluster whose children are not confirmed deleted: the error that stopped it."""
     requeue_after: float | None = None
     """Seconds until the next pass should run; ``None`` once released."""
+    left_fleet: tuple[str, ...] = ()
+    """Clusters pending earlier and disengaged since: not waited for, their children not deleted."""
 
     def result(self) -> Result | None:
         """The reconcile result that retries a pass that did not release: return it from ``reconcile``."""
@@ -112,7 +117,9 @@ class ChildCleanup:
         self.propagation_policy: Literal["Foreground", "Background", "Orphan"] | None = propagation_policy
         self.condition_type = condition_type
         self.field_manager = field_manager
-        self._failures: dict[str, int] = {}  # owner uid -> consecutive passes that did not release
+        # owner uid -> (passes that did not release, clusters pending in the last one, clusters
+        # pending once and disengaged since)
+        self._held: dict[str, tuple[int, frozenset[str], frozenset[str]]] = {}
 
     def __repr__(self) -> str:
         return f"<ChildCleanup finalizer={self.finalizer!r} kinds={[str(kind) for kind in self.kinds]}>"
@@ -133,6 +140,9 @@ class ChildCleanup:
                 "deleted; finalize it only once it has a deletionTimestamp"
             )
         clusters = dict(self._clusters())
+        failures, pending_before, left_before = self._held.get(record.uid, (0, frozenset(), frozenset()))
+        left = {name for name in left_before | pending_before if name not in clusters}
+        left_fleet = tuple(sorted(left))
         deleted, pending = await self._delete_everywhere(record, clusters)
         owner_home = clusters.get(owner_cluster)
         if owner_home is None:
@@ -150,7 +160,19 @@ class ChildCleanup:
             except APIError as error:
                 pending[owner_cluster] = f"releasing the finalizer failed: {error}"
             else:
-                self._failures.pop(record.uid, None)
+                self._held.pop(record.uid, None)
+                if left_fleet:
+                    log.warning(
+                        "%s %s/%s of cluster %r: finalizer %s released without deleting the children "
+                        "in %s: pending before, they left the fleet (disengaged by the provider); "
+                        "delete_orphans deletes them if they return",
+                        record.kind,
+                        record.namespace,
+                        record.name,
+                        owner_cluster,
+                        self.finalizer,
+                        ", ".join(repr(name) for name in left_fleet),
+                    )
                 log.info(
                     "%s %s/%s of cluster %r: children deleted in every engaged cluster (%s); "
                     "finalizer %s released",
@@ -161,11 +183,11 @@ class ChildCleanup:
                     ", ".join(repr(name) for name in sorted(clusters)),
                     self.finalizer,
                 )
-                return CleanupResult(released=True, deleted=deleted)
-        failures = self._failures.pop(record.uid, 0)
-        self._failures[record.uid] = failures + 1
-        while len(self._failures) > _MAX_TRACKED:
-            del self._failures[next(iter(self._failures))]
+                return CleanupResult(released=True, deleted=deleted, left_fleet=left_fleet)
+        self._held.pop(record.uid, None)  # re-inserted last: the oldest entry goes first
+        self._held[record.uid] = (failures + 1, frozenset(pending), frozenset(left))
+        while len(self._held) > _MAX_TRACKED:
+            del self._held[next(iter(self._held))]
         delay = self.backoff.delay(failures)
         why = "; ".join(f"{name!r}: {reason}" for name, reason in sorted(pending.items()))
         log.warning(
@@ -182,7 +204,9 @@ class ChildCleanup:
         )
         if owner_home is not None and self.condition_type:
             await self._report(owner_home.client, owner, pending)
-        return CleanupResult(released=False, deleted=deleted, pending=pending, requeue_after=delay)
+        return CleanupResult(
+            released=False, deleted=deleted, pending=pending, requeue_after=delay, left_fleet=left_fleet
+        )
 
     async def _delete_everywhere(
         self, record: ClusterOwner, clusters: Mapping[str, Cluster]
@@ -205,7 +229,7 @@ class ChildCleanup:
                 raise outcome  # cancellation and the like are not a cluster's failure
         return deleted, pending
 
-    async def _bounded(self, work: Any) -> int:
+    async def _bounded(self, work: Awaitable[int]) -> int:
         async with asyncio.timeout(self.attempt_timeout):
             count: int = await work
             return count
@@ -255,16 +279,18 @@ class ChildCleanup:
         before = {"status": {"conditions": (owner.get("status") or {}).get("conditions") or []}}
         after = {"status": {"conditions": updated["status"]["conditions"]}}
         meta = metadata(owner)
+        # Guarded: the list is replaced whole, so a condition someone wrote since must not be lost.
+        guard = {"metadata": {"resourceVersion": meta.get("resourceVersion")}}
         try:
             await client.patch(
                 Kind.of(owner),
                 meta.get("name", ""),
-                merge_patch(before, after),
+                {**merge_patch(before, after), **guard},
                 namespace=meta.get("namespace") or None,
                 subresource="status",
                 field_manager=self.field_manager,
             )
-        except APIError as error:  # best effort: the log line above already said it
+        except APIError as error:  # best effort (a conflict retries next pass): the log line said it
             log.debug("could not write condition %s: %s", self.condition_type, error)
 
     async def delete_orphans(self, cluster: str, owner_kind: Kind, *, namespace: str | None = None) -> int:
