@@ -36,6 +36,7 @@ from typing import Any
 
 import orjson
 
+from .._base.errors import MCRuntimeError
 from .._base.kind import Kind
 from .._base.objects import JSON, metadata
 from .._fleet.reconcile import Request
@@ -156,7 +157,7 @@ class ClusterOwner:
         return cluster_owner_of(child) == self
 
 
-class AlreadyOwnedByClusterError(ValueError):
+class AlreadyOwnedByClusterError(MCRuntimeError, ValueError):
     """The child already has a different cross-cluster owner.
 
     Raised instead of taking the child over: its owner's controller would
