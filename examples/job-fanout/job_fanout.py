@@ -7,11 +7,13 @@ cluster, follows the Jobs' status in all of them, and sets the Test's
 ``status.phase`` to ``finished`` when every Job succeeded or ``error`` as soon
 as one failed. The article had to smuggle the cluster name into the request's
 namespace and keep a map of clients by hand; here the request carries its
-cluster, Job events from any cluster map to the Test on the main cluster with
-``enqueue_mapped``, and sub clusters come and go through a provider while the
-controller runs (a new cluster gets the Tests' Jobs too; a removed one drops
-out of their status). A finalizer deletes the Jobs everywhere when a Test is
-deleted.
+cluster, and the fan-out pattern is ``mcruntime.toolkit``'s: each Job records
+its Test (cluster, kind, namespace, name, uid) with ``set_cluster_owner``, Job
+events from any cluster reach the Test through ``enqueue_for_cluster_owner``,
+and ``ChildCleanup`` deletes the Jobs everywhere before it releases the Test's
+finalizer (holding it while a cluster is unreachable). Sub clusters come and
+go through a provider while the controller runs (a new cluster gets the Tests'
+Jobs too; a removed one drops out of their status).
 
 Run it against a main cluster and a directory of sub-cluster kubeconfigs::
 
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import mcruntime as mcr
+from mcruntime import toolkit
 from mcruntime_file import KubeconfigFileProvider
 
 GROUP = "demo.mcruntime.dev"
@@ -43,7 +46,7 @@ JOB = mcr.Kind("batch/v1", "Job")
 NAMESPACE = mcr.Kind("v1", "Namespace")
 CRD = mcr.Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 TEST_LABEL = f"{GROUP}/test"
-"""Label on every child Job: the name of its Test (same namespace, main cluster)."""
+"""Label on every child Job, for people: its Test's name (``toolkit.set_cluster_owner`` records the rest)."""
 EXIT_CODE_ANNOTATION = "testbed.mcruntime.dev/exit-code"
 """On the Pods of clusters listed in ``spec.failIn``: the exit code a kwok node of the testbed ends
 them with (``mcruntime.testing.EXIT_CODE_ANNOTATION``). A real node ignores it and runs the failing
@@ -67,6 +70,7 @@ def display_name(cluster: str) -> str:
 def crd_manifest() -> JSON:
     """The ``Test`` CustomResourceDefinition (namespaced, with a status subresource)."""
     string_list = {"type": "array", "items": {"type": "string"}}
+    preserve = {"x-kubernetes-preserve-unknown-fields": True}
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -107,6 +111,10 @@ def crd_manifest() -> JSON:
                                         "clusters": {
                                             "type": "object",
                                             "additionalProperties": {"type": "string"},
+                                        },
+                                        "conditions": {  # the cleanup's ChildrenDeleted, while it waits
+                                            "type": "array",
+                                            "items": {"type": "object", **preserve},
                                         },
                                     },
                                 },
@@ -161,7 +169,7 @@ def make_test(
 
 
 def job_for(test: JSON, cluster: str) -> JSON:
-    """The child Job of ``test`` in ``cluster``: same name and namespace, labelled with its Test.
+    """The child Job of ``test`` in ``cluster``: same name and namespace, owned by the Test.
 
     In the clusters of ``spec.failIn`` the Pod fails on purpose: its command
     exits 1 on a real node, and its annotation makes a kwok node end it with 1.
@@ -175,7 +183,7 @@ def job_for(test: JSON, cluster: str) -> JSON:
         container["command"] = list(FAILING_COMMAND)
     elif spec.get("command"):
         container["command"] = list(spec["command"])
-    return {
+    job: JSON = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
@@ -191,6 +199,8 @@ def job_for(test: JSON, cluster: str) -> JSON:
             },
         },
     }
+    toolkit.set_cluster_owner(job, mcr.LOCAL_CLUSTER, test)
+    return job
 
 
 def job_phase(job: JSON) -> str:
@@ -214,26 +224,13 @@ def overall_phase(children: Mapping[str, str]) -> str:
     return "running"
 
 
-def metadata_key(obj: JSON) -> tuple[str, str]:
-    """(namespace, name) of an object, for log lines."""
-    return obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
-
-
-def owning_test(_cluster: str, job: JSON) -> list[mcr.Request]:
-    """Map a child Job, in whichever cluster, to its Test on the main cluster."""
-    metadata = job.get("metadata") or {}
-    test = (metadata.get("labels") or {}).get(TEST_LABEL)
-    if not test:
-        return []
-    return [mcr.Request(mcr.LOCAL_CLUSTER, metadata.get("namespace", ""), test)]
-
-
 class JobFanout:
     """The reconciler of Tests, and an ``Aware`` so it hears clusters come and go.
 
     Tests are reconciled when they change, when one of their Jobs changes in
     any cluster, and when a cluster is engaged or stops: a new sub cluster gets
-    the Jobs of every Test, and a removed one drops out of their status.
+    the Jobs of every Test (and loses the Jobs of Tests deleted while it was
+    away), and a removed one drops out of their status.
     """
 
     def __init__(self, manager: mcr.Manager, *, namespace: str | None = None) -> None:
@@ -242,6 +239,9 @@ class JobFanout:
         self.namespace = namespace
         self.triggers: asyncio.Queue[mcr.Request | mcr.ObjectEvent] = asyncio.Queue()
         self._tests: set[mcr.Request] = set()
+        # Its Background deletion matters: the API server's default for batch/v1 Jobs is
+        # to orphan their Pods through a finalizer that only the garbage collector removes.
+        self.cleanup = toolkit.ChildCleanup(manager.clusters, FINALIZER, [JOB])
 
     def setup(self, *, max_concurrent_reconciles: int = 4) -> mcr.Controller:
         """Wire the controller into the manager and return it."""
@@ -251,10 +251,10 @@ class JobFanout:
             .for_(TEST, clusters=mcr.LOCAL_ONLY, namespace=self.namespace)
             .watches(
                 JOB,
-                mcr.enqueue_mapped(owning_test),
+                toolkit.enqueue_for_cluster_owner(TEST),
                 clusters=mcr.EVERY_CLUSTER,
                 namespace=self.namespace,
-                label_selector=TEST_LABEL,
+                label_selector=toolkit.owned_by_kind_selector(TEST),
             )
             .watches_channel(self.triggers)
             .with_options(max_concurrent_reconciles=max_concurrent_reconciles)
@@ -272,38 +272,29 @@ class JobFanout:
             self._retrigger()
 
         cluster.on_stop(left)
+        cluster.tasks.spawn(self._sweep(name), "job-fanout-orphans")
         self._retrigger()
+
+    async def _sweep(self, name: str) -> None:
+        """Delete the Jobs of Tests deleted while this cluster was out of the fleet."""
+        try:
+            await self.cleanup.delete_orphans(name, TEST, namespace=self.namespace)
+        except mcr.MCRuntimeError as error:  # best effort: it runs again when the cluster rejoins
+            log.warning("cluster %s: orphaned Jobs not swept: %s", display_name(name), error)
 
     def _retrigger(self) -> None:
         for request in list(self._tests):
             self.triggers.put_nowait(request)
 
     async def reconcile(self, request: mcr.Request) -> mcr.Result | None:
-        """Fan the Test's Job out to every engaged cluster and sum their status up.
-
-        A ``Conflict`` (the cache was behind a write of ours) needs no handling:
-        the controller retries it with one quiet log line.
-        """
+        """Fan the Test's Job out to every engaged cluster and sum their status up."""
         main = await self.manager.get_cluster(mcr.LOCAL_CLUSTER)
         test = await main.cache.get_or_none(TEST, request.name, namespace=request.namespace)
-        if test is None:
-            self._tests.discard(request)
-            return None
-        metadata = test["metadata"]
-        finalizers: list[str] = metadata.setdefault("finalizers", [])
-        if metadata.get("deletionTimestamp"):
-            self._tests.discard(request)
-            if FINALIZER in finalizers:
-                await self._delete_jobs(test)
-                finalizers.remove(FINALIZER)
-                with contextlib.suppress(mcr.NotFound):  # a stale cache: already released
-                    await main.client.update(test, field_manager=FIELD_MANAGER)
-                    log.info("Test %s/%s deleted: its Jobs are deleted in every cluster", *metadata_key(test))
-            return None
+        if test is None or test["metadata"].get("deletionTimestamp"):
+            self._tests.discard(request)  # deleting: the Jobs go everywhere, then the finalizer
+            return (await self.cleanup.finalize(mcr.LOCAL_CLUSTER, test)).result() if test else None
         self._tests.add(request)
-        if FINALIZER not in finalizers:
-            finalizers.append(FINALIZER)
-            test = await main.client.update(test, field_manager=FIELD_MANAGER)
+        test = await toolkit.add_finalizer(main.client, test, FINALIZER)
 
         clusters = self.manager.clusters()
         results = await asyncio.gather(
@@ -320,14 +311,15 @@ class JobFanout:
                 retry = True
             else:
                 children[display_name(name)] = result
+        before = test.get("status") or {}
         status: JSON = {"phase": overall_phase(children), "clusters": dict(sorted(children.items()))}
-        if test.get("status") != status:
-            previous = (test.get("status") or {}).get("phase")
-            test["status"] = status
-            await main.client.update_status(test, field_manager=FIELD_MANAGER)
-            if previous != status["phase"]:
+        if patch := toolkit.merge_patch(before, {**before, **status}):  # a cluster gone: its key null
+            await main.client.patch(
+                TEST, request.name, {"status": patch}, namespace=request.namespace, subresource="status"
+            )
+            if before.get("phase") != status["phase"]:
                 details = ", ".join(f"{cluster}: {phase}" for cluster, phase in status["clusters"].items())
-                log.info("Test %s/%s is %s (%s)", *metadata_key(test), status["phase"], details)
+                log.info("Test %s is %s (%s)", request, status["phase"], details)
         return mcr.Result(requeue_after=5.0) if retry else None
 
     async def _child(self, name: str, cluster: mcr.Cluster, test: JSON) -> str:
@@ -338,35 +330,20 @@ class JobFanout:
             return job_phase(job)
         manifest = job_for(test, name)
         try:
-            await cluster.client.create(manifest, field_manager=FIELD_MANAGER)
+            await cluster.client.create(manifest)
         except mcr.AlreadyExists:
             return "running"  # created by an earlier pass; the cache has not seen it yet
         except mcr.NotFound:  # the namespace does not exist in this cluster yet
             with contextlib.suppress(mcr.AlreadyExists):
                 await cluster.client.create(
-                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": metadata["namespace"]}},
-                    field_manager=FIELD_MANAGER,
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": metadata["namespace"]}}
                 )
             with contextlib.suppress(mcr.AlreadyExists):
-                await cluster.client.create(manifest, field_manager=FIELD_MANAGER)
+                await cluster.client.create(manifest)
         log.info(
             "created Job %s/%s in cluster %s", metadata["namespace"], metadata["name"], display_name(name)
         )
         return "running"
-
-    async def _delete_jobs(self, test: JSON) -> None:
-        """Delete the Test's Job in every engaged cluster (Jobs in clusters already gone stay there)."""
-        metadata = test["metadata"]
-
-        async def delete(cluster: mcr.Cluster) -> None:
-            # Background: the API server's default for batch/v1 Jobs is to orphan their
-            # Pods through a finalizer that only the garbage collector removes.
-            with contextlib.suppress(mcr.NotFound):
-                await cluster.client.delete(
-                    JOB, metadata["name"], namespace=metadata["namespace"], propagation_policy="Background"
-                )
-
-        await asyncio.gather(*(delete(cluster) for cluster in self.manager.clusters().values()))
 
 
 def build(
@@ -384,6 +361,7 @@ def build(
         metrics_address=metrics_address,
         handle_signals=handle_signals,
         graceful_shutdown_timeout=10.0,
+        field_manager=FIELD_MANAGER,
     )
     fanout = JobFanout(manager, namespace=namespace)
     fanout.setup()

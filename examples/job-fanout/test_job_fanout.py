@@ -32,10 +32,12 @@ from job_fanout import (
     TEST,
     TEST_LABEL,
     install_crd,
+    job_for,
     make_test,
     parse_arguments,
     run,
 )
+from mcruntime import toolkit
 from mcruntime.testing import EXIT_CODE_ANNOTATION as TESTBED_EXIT_CODE_ANNOTATION
 from mcruntime.testing import Fleet
 
@@ -194,3 +196,27 @@ async def test_deleting_a_test_deletes_its_jobs_and_their_pods_in_every_cluster(
 
         # Background propagation: the garbage collector deletes the Pods after their Jobs.
         await eventually(all_gone, "the Test, its Jobs and their Pods in main and cluster-2 deleted")
+
+
+async def test_a_cluster_joining_loses_the_jobs_of_tests_deleted_while_it_was_away(
+    workload_fleet: Fleet, tmp_path: Path
+) -> None:
+    async with (
+        fanout(workload_fleet, tmp_path, ["cluster-2"]) as (namespace, fleet_dir),
+        admin_cluster(workload_fleet["cluster-3"]) as away,
+    ):
+        # cluster-3 still holds the Job of a Test that was deleted while it was out of the fleet.
+        gone_test = make_test("gone", namespace)
+        gone_test["metadata"]["uid"] = str(uuid.uuid4())
+        orphan = job_for(gone_test, "cluster-3")
+        orphan["spec"]["suspend"] = True  # no Pod: only its deletion matters here
+        await create_namespace(away, namespace)
+        await away.client.create(orphan)
+        assert toolkit.cluster_owner_of(orphan) is not None
+
+        fleet_dir.add(workload_fleet["cluster-3"])
+
+        async def orphan_gone() -> bool:
+            return await away.client.get_or_none(JOB, "gone", namespace=namespace) is None
+
+        await eventually(orphan_gone, "the Job of the deleted Test deleted when cluster-3 joined")

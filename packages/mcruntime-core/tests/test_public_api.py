@@ -15,7 +15,10 @@ import itertools
 import sys
 from pathlib import Path
 
+import pytest
+
 import mcruntime
+from mcruntime import toolkit
 
 EXPORTED = [
     "APIError",
@@ -142,6 +145,38 @@ EXPORTED = [
 ]
 
 
+TOOLKIT = [
+    "AlreadyOwnedByClusterError",
+    "AlreadyOwnedError",
+    "ChildCleanup",
+    "CleanupResult",
+    "ClusterOwner",
+    "MutateFunction",
+    "OWNER_ANNOTATION",
+    "OWNER_KIND_LABEL",
+    "OWNER_UID_LABEL",
+    "Operation",
+    "add_finalizer",
+    "apply_merge_patch",
+    "cluster_owner_of",
+    "create_or_patch",
+    "create_or_update",
+    "enqueue_for_cluster_owner",
+    "find_status_condition",
+    "has_finalizer",
+    "is_status_condition_true",
+    "label_value",
+    "merge_patch",
+    "owned_by_kind_selector",
+    "remove_finalizer",
+    "remove_status_condition",
+    "set_cluster_owner",
+    "set_controller_reference",
+    "set_owner_reference",
+    "set_status_condition",
+]
+
+
 def test_the_exported_names_are_exactly_the_pinned_ones() -> None:
     assert sorted(mcruntime.__all__) == EXPORTED
     for name in EXPORTED:
@@ -177,12 +212,21 @@ def _defined_in(name: str) -> str | None:
     return None
 
 
-def test_every_exported_name_is_documented() -> None:
+def test_the_toolkit_exports_exactly_the_pinned_names() -> None:
+    assert sorted(toolkit.__all__) == TOOLKIT
+    for name in TOOLKIT:
+        assert getattr(toolkit, name) is not None
+
+
+@pytest.mark.parametrize(
+    ("public", "names"), [(mcruntime, EXPORTED), (toolkit, TOOLKIT)], ids=["mcruntime", "toolkit"]
+)
+def test_every_exported_name_is_documented(public: object, names: list[str]) -> None:
     undocumented = []
-    for name in EXPORTED:
+    for name in names:
         if name == "__version__":
             continue
-        value = getattr(mcruntime, name)
+        value = getattr(public, name)
         if inspect.isclass(value) or inspect.isfunction(value) or inspect.ismethod(value):
             if not (inspect.getdoc(value) or "").strip():
                 undocumented.append(name)

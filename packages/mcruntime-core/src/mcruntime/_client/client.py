@@ -59,11 +59,23 @@ def _selector(value: str | Mapping[str, str] | None) -> str | None:
 
 
 class Client:
-    """Reads and writes objects of any kind in one cluster."""
+    """Reads and writes objects of any kind in one cluster.
 
-    def __init__(self, transport: Transport, discovery: Discovery | None = None) -> None:
+    ``field_manager`` is the name every write carries unless the call names
+    another: the API server records it in ``managedFields``, which is how a
+    person (or server-side apply) tells which controller set a field. A
+    :class:`~mcruntime.Manager` built with ``field_manager=`` gives it to the
+    client of every cluster it engages. Every write also takes ``dry_run``:
+    the server validates and admits the change (webhooks included) and answers
+    with the result, but stores nothing.
+    """
+
+    def __init__(
+        self, transport: Transport, discovery: Discovery | None = None, *, field_manager: str | None = None
+    ) -> None:
         self.transport = transport
         self.discovery: Discovery = discovery or Discovery(transport)
+        self.field_manager: str | None = field_manager
 
     @property
     def cluster(self) -> str:
@@ -292,30 +304,48 @@ class Client:
 
     # --- writes -------------------------------------------------------------------------
 
+    def _write_params(self, field_manager: str | None, dry_run: bool) -> dict[str, str] | None:
+        params: dict[str, str] = {}
+        manager = field_manager or self.field_manager
+        if manager:
+            params["fieldManager"] = manager
+        if dry_run:
+            params["dryRun"] = "All"
+        return params or None
+
     async def create(
-        self, obj: Any, *, namespace: str | None = None, field_manager: str | None = None
+        self,
+        obj: Any,
+        *,
+        namespace: str | None = None,
+        field_manager: str | None = None,
+        dry_run: bool = False,
     ) -> JSON:
         """Create ``obj``; raises :class:`AlreadyExists` when its name is taken."""
         body, resource, target_namespace, _name = await self._target(obj, namespace)
-        params = {"fieldManager": field_manager} if field_manager else None
+        params = self._write_params(field_manager, dry_run)
         result: JSON = await self._call(
             "POST", resource, namespace=target_namespace, params=params, body=body
         )
         return result
 
-    async def update(self, obj: Any, *, field_manager: str | None = None) -> JSON:
+    async def update(self, obj: Any, *, field_manager: str | None = None, dry_run: bool = False) -> JSON:
         """Replace ``obj`` (optimistic concurrency: a stale resourceVersion is a :class:`Conflict`)."""
-        return await self._replace(obj, None, field_manager)
+        return await self._replace(obj, None, field_manager, dry_run)
 
-    async def update_status(self, obj: Any, *, field_manager: str | None = None) -> JSON:
+    async def update_status(
+        self, obj: Any, *, field_manager: str | None = None, dry_run: bool = False
+    ) -> JSON:
         """Replace the status subresource of ``obj``."""
-        return await self._replace(obj, "status", field_manager)
+        return await self._replace(obj, "status", field_manager, dry_run)
 
-    async def _replace(self, obj: Any, subresource: str | None, field_manager: str | None) -> JSON:
+    async def _replace(
+        self, obj: Any, subresource: str | None, field_manager: str | None, dry_run: bool
+    ) -> JSON:
         body, resource, namespace, name = await self._target(obj, None)
         if not name:
             raise ValueError(f"{resource.kind}: an update needs metadata.name")
-        params = {"fieldManager": field_manager} if field_manager else None
+        params = self._write_params(field_manager, dry_run)
         result: JSON = await self._call(
             "PUT", resource, namespace=namespace, name=name, subresource=subresource, params=params, body=body
         )
@@ -331,14 +361,18 @@ class Client:
         patch_type: PatchType = "merge",
         subresource: str | None = None,
         field_manager: str | None = None,
+        dry_run: bool = False,
     ) -> JSON:
         """Patch one object: merge (RFC 7386), JSON (RFC 6902) or strategic merge.
 
         Strategic merge is for built-in kinds only; the server rejects it for
-        custom resources (a :class:`BadRequest` or 415 error).
+        custom resources (a :class:`BadRequest` or 415 error). A merge patch that
+        carries ``metadata.resourceVersion`` is refused with :class:`Conflict`
+        when the object changed since that version: optimistic concurrency for
+        patches (``mcruntime.toolkit``'s finalizer helpers rely on it).
         """
         resource = await self.resource(kind)
-        params = {"fieldManager": field_manager} if field_manager else None
+        params = self._write_params(field_manager, dry_run)
         result: JSON = await self._call(
             "PATCH",
             resource,
@@ -353,17 +387,29 @@ class Client:
         return result
 
     async def apply(
-        self, obj: Any, *, field_manager: str, force: bool = False, subresource: str | None = None
+        self,
+        obj: Any,
+        *,
+        field_manager: str | None = None,
+        force: bool = False,
+        subresource: str | None = None,
+        dry_run: bool = False,
     ) -> JSON:
         """Server-side apply: declare the fields this manager owns.
 
         Applying the same manifest twice changes nothing; a field owned by another
-        manager is a :class:`Conflict` unless ``force`` takes it over.
+        manager is a :class:`Conflict` unless ``force`` takes it over. Apply
+        needs a field manager: ``field_manager`` or the client's default.
         """
         body, resource, namespace, name = await self._target(obj, None)
         if not name:
             raise ValueError(f"{resource.kind}: apply needs metadata.name")
-        params = {"fieldManager": field_manager}
+        params = self._write_params(field_manager, dry_run) or {}
+        if "fieldManager" not in params:
+            raise ValueError(
+                f"{resource.kind} {name!r}: apply needs a field manager (pass field_manager= "
+                "or build the Manager with field_manager=)"
+            )
         if force:
             params["force"] = "true"
         result: JSON = await self._call(
@@ -389,6 +435,7 @@ class Client:
         uid: str | None = None,
         resource_version: str | None = None,
         grace_period_seconds: int | None = None,
+        dry_run: bool = False,
     ) -> JSON | None:
         """Delete one object, optionally only if its uid / resourceVersion still match.
 
@@ -406,6 +453,8 @@ class Client:
             options["preconditions"] = preconditions
         if grace_period_seconds is not None:
             options["gracePeriodSeconds"] = grace_period_seconds
+        if dry_run:  # in the body: the server ignores query parameters when DeleteOptions come in it
+            options["dryRun"] = ["All"]
         result = await self._call("DELETE", resource, namespace=namespace, name=name, body=options)
         if isinstance(result, dict) and result.get("kind") == "Status":
             return None

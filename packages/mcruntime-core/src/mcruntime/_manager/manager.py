@@ -80,6 +80,7 @@ class Manager:
         ready_min_share: float = 1.0,
         coordinator: Coordinator | None = None,
         gc_freeze: bool = True,
+        field_manager: str | None = None,
     ) -> None:
         """Build a manager; nothing runs until :meth:`start`.
 
@@ -97,6 +98,11 @@ class Manager:
         syncs), so reconcile latency does not grow with the size of the cache;
         turn it off if your program builds reference cycles it expects the
         collector to reclaim.
+        ``field_manager`` names this program in the ``managedFields`` of what it
+        writes: every engaged cluster's client whose own default is unset takes
+        it, so writes carry it unless a call names another (the API server
+        otherwise records a client's writes under a name derived from its
+        user agent, the same for every program built on mcruntime).
         """
         if provider is None and local is None:
             raise ValueError("a manager needs a provider, a local cluster, or both")
@@ -109,6 +115,7 @@ class Manager:
         if not 0.0 <= ready_min_share <= 1.0:
             raise ValueError(f"ready_min_share must be between 0 and 1, not {ready_min_share}")
         self.provider = provider
+        self.field_manager = field_manager
         self._local_config = local
         self._cluster_options = cluster_options
         self.graceful_shutdown_timeout = graceful_shutdown_timeout
@@ -375,6 +382,8 @@ class Manager:
         if self._engaged.get(name) is cluster:
             return
         self._engaged[name] = cluster
+        if self.field_manager is not None and cluster.client.field_manager is None:
+            cluster.client.field_manager = self.field_manager
         self._engage_started[name] = time.monotonic()
         self.metrics.cluster_engaged(name)
 
