@@ -62,7 +62,9 @@ def test_the_go_tooling_file_shape_is_read(tmp_path: Path) -> None:
     path = tmp_path / "providers.json"
     path.write_text(
         json.dumps(
-            provider_file(profileSourcedCLIArgsPolicy="Append", profileSourcedEnvVarsPolicy="AppendIfNotExists")
+            provider_file(
+                profileSourcedCLIArgsPolicy="Append", profileSourcedEnvVarsPolicy="AppendIfNotExists"
+            )
         )
     )
     config = AccessConfig.load(path)
@@ -71,7 +73,12 @@ def test_the_go_tooling_file_shape_is_read(tmp_path: Path) -> None:
     assert config.providers[0].env_policy is EnvPolicy.APPEND_IF_NOT_EXISTS
     assert config.base_dir == str(tmp_path)
     secret = AccessConfig.from_dict(
-        provider_file(execConfig={**provider_file()["providers"][0]["execConfig"], "env": [{"name": "K", "value": "s3cr3t"}]})
+        provider_file(
+            execConfig={
+                **provider_file()["providers"][0]["execConfig"],
+                "env": [{"name": "K", "value": "s3cr3t"}],
+            }
+        )
     )
     assert "s3cr3t" not in repr(secret)  # the plugin's environment stays out of reprs
 
@@ -83,12 +90,18 @@ def test_the_go_tooling_file_shape_is_read(tmp_path: Path) -> None:
         ({"providers": []}, "providers must be a non-empty list"),
         ({"providers": [{"execConfig": {}}]}, r"providers\[0\]\.name must be a non-empty string"),
         (provider_file(execConfig=None), r"providers\[0\] \('p'\)\.execConfig must be an object"),
-        (provider_file(execConfig={"command": "x", "apiVersion": "v9"}), r"execConfig\.apiVersion must be one of"),
+        (
+            provider_file(execConfig={"command": "x", "apiVersion": "v9"}),
+            r"execConfig\.apiVersion must be one of",
+        ),
         (
             provider_file(profileSourcedCLIArgsPolicy="Prepend"),
             r"profileSourcedCLIArgsPolicy 'Prepend' is not one of Ignore, Append",
         ),
-        (provider_file(profileSourcedEnvVarsPolicy="Merge"), "profileSourcedEnvVarsPolicy 'Merge' is not one of"),
+        (
+            provider_file(profileSourcedEnvVarsPolicy="Merge"),
+            "profileSourcedEnvVarsPolicy 'Merge' is not one of",
+        ),
         ({"providers": [provider_file()["providers"][0]] * 2}, "'p' is listed twice"),
     ],
 )
@@ -114,7 +127,12 @@ def test_an_unreadable_or_invalid_file_is_named(tmp_path: Path) -> None:
     ("args_policy", "env_policy", "args", "env"),
     [
         ("Ignore", "Ignore", ["--mode", "token"], {"A": "file", "B": "file"}),
-        ("Append", "AppendIfNotExists", ["--mode", "token", "--tenant", "t1"], {"A": "file", "B": "file", "C": "p"}),
+        (
+            "Append",
+            "AppendIfNotExists",
+            ["--mode", "token", "--tenant", "t1"],
+            {"A": "file", "B": "file", "C": "p"},
+        ),
         ("Append", "Replace", ["--mode", "token", "--tenant", "t1"], {"A": "profile", "B": "file", "C": "p"}),
     ],
 )
@@ -178,23 +196,49 @@ def test_access_providers_win_and_the_consumer_order_decides() -> None:
 @pytest.mark.parametrize(
     ("document", "limits", "message"),
     [
-        (profile(entry("other")), {}, r"offers no access provider this consumer supports \(offers 'other'; supported 'p'\)"),
-        (profile(*[entry(f"e{i}") for i in range(5)]), {"max_access_providers": 4}, "lists more than 4 access providers"),
-        (profile(entry(server="https://" + "h" * 100)), {"max_string_chars": 50}, "cluster.server is longer than 50"),
-        (profile(entry(**{"certificate-authority-data": "not base64!"})), {}, "certificate-authority-data is not valid base64"),
-        (profile(entry(**{"certificate-authority": "/etc/ssl/ca.pem"})), {}, "certificate-authority .a file path. is refused"),
+        (
+            profile(entry("other")),
+            {},
+            r"offers no access provider this consumer supports \(offers 'other'; supported 'p'\)",
+        ),
+        (
+            profile(*[entry(f"e{i}") for i in range(5)]),
+            {"max_access_providers": 4},
+            "lists more than 4 access providers",
+        ),
+        (
+            profile(entry(server="https://" + "h" * 100)),
+            {"max_string_chars": 50},
+            "cluster.server is longer than 50",
+        ),
+        (
+            profile(entry(**{"certificate-authority-data": "not base64!"})),
+            {},
+            "certificate-authority-data is not valid base64",
+        ),
+        (
+            profile(entry(**{"certificate-authority": "/etc/ssl/ca.pem"})),
+            {},
+            "certificate-authority .a file path. is refused",
+        ),
         (profile(entry(**{"proxy-url": 7})), {}, "cluster.proxy-url must be a string"),
         (profile(entry(server="")), {}, "cluster.server must be a non-empty string"),
         (profile({"name": "p"}), {}, "access provider 'p': cluster must be an object"),
         (profile("x"), {}, r"status.accessProviders\[0\] is not an object"),  # type: ignore[arg-type]
-        (profile(entry(), extra="y" * 3000), {"max_profile_bytes": 2048}, "more than the limit of 2048; not read"),
+        (
+            profile(entry(), extra="y" * 3000),
+            {"max_profile_bytes": 2048},
+            "more than the limit of 2048; not read",
+        ),
         (
             profile(entry(extensions=[{"name": ADDITIONAL_ARGS_EXTENSION, "extension": {"not": "a list"}}])),
             {},
             "must be a list of strings",
         ),
         (
-            profile(entry(extensions=[{"name": ADDITIONAL_ENVS_EXTENSION, "extension": {"A=B": "secret-value"}}])),
+            profile(
+                entry(extensions=[{"name": ADDITIONAL_ENVS_EXTENSION, "extension": {"A=B": "secret-value"}}])
+            ),
             {},
             "a variable name is empty, too long or contains '='",
         ),

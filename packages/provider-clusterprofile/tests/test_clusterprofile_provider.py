@@ -132,7 +132,10 @@ class Hub:
             "server": target.server,
             "certificate-authority-data": base64.b64encode(target.ca_pem).decode(),
             "extensions": [
-                {"name": ADDITIONAL_ARGS_EXTENSION, "extension": ["--credential-file", self.credential_file(target)]}
+                {
+                    "name": ADDITIONAL_ARGS_EXTENSION,
+                    "extension": ["--credential-file", self.credential_file(target)],
+                }
             ],
         }
         cluster.update(extra)
@@ -311,7 +314,10 @@ async def test_engaged_once_healthy_and_not_ready_is_not_gone(hub: Hub, fleet: F
         await hub.settled(provider)
         assert await manager.get_cluster(hub.key("m")) is cluster
         status = provider.statuses()[hub.key("m")]
-        assert status.source is not None and status.source.detail == {"ready": "false", "access_provider": "testbed"}
+        assert status.source is not None and status.source.detail == {
+            "ready": "false",
+            "access_provider": "testbed",
+        }
 
 
 async def test_deletion_and_a_held_deletion_both_disengage(hub: Hub, fleet: Fleet) -> None:
@@ -411,7 +417,11 @@ async def test_a_changed_server_re_engages_and_a_rotated_credential_is_swapped(
 
         def moved() -> bool:
             engaged = manager.clusters().get(hub.key("m"))
-            return engaged is not None and engaged is not cluster and engaged.config.server == fleet["cluster-3"].server
+            return (
+                engaged is not None
+                and engaged is not cluster
+                and engaged.config.server == fleet["cluster-3"].server
+            )
 
         await wait_until(moved, what="the cluster re-engaged at the new server")
 
@@ -434,13 +444,17 @@ async def test_untrusted_input_is_bounded_and_named(hub: Hub, fleet: Fleet) -> N
         await hub.write("many", status_of([hub.access_entry(member, name=f"p{i}") for i in range(4)]))
         long_args = {"name": ADDITIONAL_ARGS_EXTENSION, "extension": ["x" * 300]}
         await hub.write("long", status_of([hub.access_entry(member, extensions=[long_args])]))
-        await hub.write("path", status_of([hub.access_entry(member, **{"certificate-authority": "/etc/passwd"})]))
+        await hub.write(
+            "path", status_of([hub.access_entry(member, **{"certificate-authority": "/etc/passwd"})])
+        )
         huge = status_of([hub.access_entry(member)])
         huge["properties"] = [{"name": f"vendor.example/p{i}", "value": "v" * 1000} for i in range(20)]
         await hub.write("huge", huge, annotations={"unread": "z" * 20_000})
         await hub.settled(provider)
         await provider.clusters.wait_engaged(hub.key("good"))
-        errors = {name: provider.sources()[hub.key(name)].error or "" for name in ("many", "long", "path", "huge")}
+        errors = {
+            name: provider.sources()[hub.key(name)].error or "" for name in ("many", "long", "path", "huge")
+        }
         assert "lists more than 3 access providers" in errors["many"]
         assert "an argument is longer than 256 characters" in errors["long"]
         assert "certificate-authority (a file path) is refused" in errors["path"]
@@ -455,9 +469,12 @@ async def test_a_hub_without_the_crd_is_waited_for_and_the_manager_keeps_running
     fresh_cluster: ControlPlane, fleet: Fleet, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     impatient = mcr.Manager(
-        ClusterProfileProvider(admin(fresh_cluster), access_config(), wait_for_crd=False), handle_signals=False
+        ClusterProfileProvider(admin(fresh_cluster), access_config(), wait_for_crd=False),
+        handle_signals=False,
     )
-    with pytest.raises(ClusterProfileNotInstalled, match=r"ClusterProfile API \(multicluster.x-k8s.io\) is not installed"):
+    with pytest.raises(
+        ClusterProfileNotInstalled, match=r"ClusterProfile API \(multicluster.x-k8s.io\) is not installed"
+    ):
         await impatient.start()
     provider = ClusterProfileProvider(
         admin(fresh_cluster),
@@ -470,7 +487,11 @@ async def test_a_hub_without_the_crd_is_waited_for_and_the_manager_keeps_running
     caplog.set_level(logging.DEBUG, logger="mcruntime.follow")
 
     def looks() -> int:
-        return sum(1 for r in caplog.records if "ClusterProfile API (multicluster.x-k8s.io) not installed" in r.getMessage())
+        return sum(
+            1
+            for r in caplog.records
+            if "ClusterProfile API (multicluster.x-k8s.io) not installed" in r.getMessage()
+        )
 
     async with running(provider) as manager, mcr.Cluster("hub", admin(fresh_cluster)) as writer:
         await wait_until(lambda: looks() >= 3, what="the provider looked again a few times")
@@ -491,5 +512,7 @@ async def test_a_broken_provider_file_fails_at_start_naming_the_file(hub: Hub, t
     path = tmp_path / "providers.json"
     path.write_text(json.dumps({"providers": [{"name": "x", "execConfig": {"command": "p"}}]}))
     manager = mcr.Manager(ClusterProfileProvider(admin(hub.plane), path), handle_signals=False)
-    with pytest.raises(mcr.MCRuntimeError, match=r"providers\.json: providers\[0\] \('x'\)\.execConfig\.apiVersion"):
+    with pytest.raises(
+        mcr.MCRuntimeError, match=r"providers\.json: providers\[0\] \('x'\)\.execConfig\.apiVersion"
+    ):
         await manager.start()

@@ -180,7 +180,9 @@ def _checked_exec(spec: Any, where: str, fail: Callable[[str], AccessConfigError
     if env is not None and not (
         isinstance(env, list)
         and all(
-            isinstance(item, Mapping) and isinstance(item.get("name"), str) and isinstance(item.get("value"), str)
+            isinstance(item, Mapping)
+            and isinstance(item.get("name"), str)
+            and isinstance(item.get("value"), str)
             for item in env
         )
     ):

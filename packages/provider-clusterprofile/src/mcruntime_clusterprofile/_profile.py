@@ -174,7 +174,9 @@ def _offered(
             if not isinstance(name, str) or not name:
                 raise fail(f"status.{field}[{index}].name must be a non-empty string")
             if len(name) > limits.max_string_chars:
-                raise fail(f"status.{field}[{index}].name is longer than {limits.max_string_chars} characters")
+                raise fail(
+                    f"status.{field}[{index}].name is longer than {limits.max_string_chars} characters"
+                )
             offered[name] = entry
     return offered
 
@@ -206,14 +208,18 @@ def _cluster_entry(
         if not isinstance(ca, str):
             raise fail(f"{where}: cluster.certificate-authority-data must be a base64 string")
         if len(ca) > MAX_CA_CHARS:
-            raise fail(f"{where}: cluster.certificate-authority-data is longer than {MAX_CA_CHARS} characters")
+            raise fail(
+                f"{where}: cluster.certificate-authority-data is longer than {MAX_CA_CHARS} characters"
+            )
         try:
             base64.b64decode(ca, validate=True)
         except (binascii.Error, ValueError):
             raise fail(f"{where}: cluster.certificate-authority-data is not valid base64") from None
         entry["certificate-authority-data"] = ca
     if cluster.get("certificate-authority"):
-        raise fail(f"{where}: cluster.certificate-authority (a file path) is refused; use certificate-authority-data")
+        raise fail(
+            f"{where}: cluster.certificate-authority (a file path) is refused; use certificate-authority-data"
+        )
     for key in ("insecure-skip-tls-verify", "disable-compression"):
         value = cluster.get(key)
         if value is not None:

@@ -210,8 +210,8 @@ class ClusterProfileProvider(ClusterSetProvider):
             await hub.client.resource(CLUSTER_PROFILE)
         except mcr.KindNotFound:
             raise ClusterProfileNotInstalled(
-                f"the ClusterProfile API (multicluster.x-k8s.io) is not installed: the hub {hub.config.server} serves no "
-                f"ClusterProfile in {CLUSTER_PROFILE.api_version}"
+                "the ClusterProfile API (multicluster.x-k8s.io) is not installed: "
+                f"the hub {hub.config.server} serves no ClusterProfile in {CLUSTER_PROFILE.api_version}"
             ) from None
 
     def _report_waiting(self, problem: str | None) -> None:
