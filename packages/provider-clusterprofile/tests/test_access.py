@@ -46,11 +46,11 @@ def profile(*entries: dict[str, Any], field: str = "accessProviders", **status: 
     return {"metadata": {"name": "m", "namespace": "ns"}, "status": {field: list(entries), **status}}
 
 
-def entry(name: str = "p", server: str = "https://10.0.0.1:6443", **cluster: Any) -> dict[str, Any]:
+def entry(name: str = "p", server: str = "https://10.0.0.1:6443", /, **cluster: Any) -> dict[str, Any]:
     return {"name": name, "cluster": {"server": server, "certificate-authority-data": CA, **cluster}}
 
 
-def read(document: dict[str, Any], access: AccessConfig | None = None, **limits: int) -> mcr.ClusterConfig:
+def read(document: dict[str, Any], access: AccessConfig | None = None, /, **limits: int) -> mcr.ClusterConfig:
     config = access or AccessConfig.from_dict(provider_file(), origin="providers.json")
     return read_access("ns/m", document, config, trust=TRUST, limits=Limits(**limits)).config
 
@@ -207,7 +207,7 @@ def test_access_providers_win_and_the_consumer_order_decides() -> None:
             "lists more than 4 access providers",
         ),
         (
-            profile(entry(server="https://" + "h" * 100)),
+            profile(entry("p", "https://" + "h" * 100)),
             {"max_string_chars": 50},
             "cluster.server is longer than 50",
         ),
@@ -222,7 +222,7 @@ def test_access_providers_win_and_the_consumer_order_decides() -> None:
             "certificate-authority .a file path. is refused",
         ),
         (profile(entry(**{"proxy-url": 7})), {}, "cluster.proxy-url must be a string"),
-        (profile(entry(server="")), {}, "cluster.server must be a non-empty string"),
+        (profile(entry("p", "")), {}, "cluster.server must be a non-empty string"),
         (profile({"name": "p"}), {}, "access provider 'p': cluster must be an object"),
         (profile("x"), {}, r"status.accessProviders\[0\] is not an object"),  # type: ignore[arg-type]
         (
