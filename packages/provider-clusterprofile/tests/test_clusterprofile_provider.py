@@ -38,6 +38,7 @@ from mcruntime_clusterprofile import (
     ADDITIONAL_ENVS_EXTENSION,
     CLUSTER_MANAGER_LABEL,
     CLUSTER_PROFILE,
+    EXEC_EXTENSION,
     AccessConfig,
     ClusterProfileNotInstalled,
     ClusterProfileProvider,
@@ -516,3 +517,24 @@ async def test_a_broken_provider_file_fails_at_start_naming_the_file(hub: Hub, t
         mcr.MCRuntimeError, match=r"providers\.json: providers\[0\] \('x'\)\.execConfig\.apiVersion"
     ):
         await manager.start()
+
+
+async def test_the_plugin_reads_the_profiles_exec_extension_as_its_cluster_config(
+    hub: Hub, fleet: Fleet
+) -> None:
+    """A shared plugin learns which cluster it serves from ``ExecCredential.spec.cluster.config``.
+
+    The file's policies are left at Ignore: the profile adds no argument, only
+    the standard ``client.authentication.k8s.io/exec`` extension, as the
+    upstream secretreader plugin expects.
+    """
+    member = Target.of(fleet["cluster-2"])
+    entry = hub.access_entry(member)
+    credential = entry["cluster"]["extensions"][0]["extension"][1]
+    entry["cluster"]["extensions"] = [{"name": EXEC_EXTENSION, "extension": {"credentialFile": credential}}]
+    provider = hub.provider(access_config(args="Ignore"))
+    async with running(provider):
+        await hub.write("shared", status_of([entry]))
+        cluster = await provider.clusters.wait_engaged(hub.key("shared"))
+        await cluster.client.list(CONFIGMAP, namespace="default")
+        assert await cluster.transport.authorization() == f"Bearer {member.token}"
