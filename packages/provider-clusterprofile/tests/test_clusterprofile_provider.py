@@ -301,6 +301,10 @@ async def test_engaged_once_healthy_and_not_ready_is_not_gone(hub: Hub, fleet: F
     member = Target.of(fleet["cluster-2"])
     provider = hub.provider()
     async with running(provider) as manager:
+        await hub.write("m", None)  # just created, no status yet: waiting, not failed
+        await hub.settled(provider)
+        assert provider.sources()[hub.key("m")].error is None
+        assert hub.key("m") not in provider.statuses()
         await hub.profile("m", member, healthy=False)
         await hub.settled(provider)
         assert provider.clusters.names() == []

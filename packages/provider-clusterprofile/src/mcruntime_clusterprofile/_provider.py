@@ -234,6 +234,9 @@ class ClusterProfileProvider(ClusterSetProvider):
         try:
             access = read_access(key, profile, self.access, trust=self._trust, limits=self.limits)
         except ProfileError as error:
+            if not ready and not _offers_access(profile):
+                # Just created: its manager has not published status yet. Waiting, not failing.
+                return _Version(_resource_version(profile), ready, None, None)
             return _Version(_resource_version(profile), ready, None, str(error))
         except Exception as error:  # a shape no check foresaw: name the type, quote nothing
             message = f"ClusterProfile {key}: not usable ({type(error).__name__})"
@@ -299,6 +302,13 @@ class ClusterProfileProvider(ClusterSetProvider):
                 detail=detail,
             )
         return desired, statuses
+
+
+def _offers_access(profile: Mapping[str, Any]) -> bool:
+    status = profile.get("status")
+    return isinstance(status, Mapping) and bool(
+        status.get("accessProviders") or status.get("credentialProviders")
+    )
 
 
 def _resource_version(profile: Mapping[str, Any]) -> str:
