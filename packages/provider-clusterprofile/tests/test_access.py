@@ -243,6 +243,13 @@ def test_access_providers_win_and_the_consumer_order_decides() -> None:
             "a variable name is empty, too long or contains '='",
         ),
         (
+            profile(
+                entry(extensions=[{"name": ADDITIONAL_ENVS_EXTENSION, "extension": {"LD_PRELOAD": "/x.so"}}])
+            ),
+            {},
+            "'LD_PRELOAD' is refused",
+        ),
+        (
             profile(entry(extensions=[{"name": ADDITIONAL_ARGS_EXTENSION, "extension": ["a"] * 65}])),
             {},
             "has more than 64 arguments",

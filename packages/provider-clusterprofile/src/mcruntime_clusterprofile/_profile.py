@@ -50,6 +50,9 @@ MAX_CA_CHARS = 128 * 1024
 MAX_ADDITIONS = 64
 """Limit of the plugin arguments, and of the variables, one profile may add."""
 
+_LOADER_PREFIXES = ("LD_", "DYLD_")
+"""Variables a profile may never set, whatever the policy: they inject code into the plugin."""
+
 Readiness = Callable[[Mapping[str, Any]], bool]
 """``ready(profile)``: may a cluster not engaged yet be engaged?"""
 
@@ -269,6 +272,8 @@ def _variables(value: Any, at: str, limits: Limits, fail: Callable[[str], Profil
     for name, item in value.items():
         if not name or "=" in name or "\0" in name or len(name) > limits.max_string_chars:
             raise fail(f"{at}: a variable name is empty, too long or contains '=' or NUL")
+        if name.startswith(_LOADER_PREFIXES):
+            raise fail(f"{at}: {name[:80]!r} is refused (it would change how the plugin's program is loaded)")
         if len(item) > limits.max_string_chars or "\0" in item:
             raise fail(f"{at}: the value of {name[:80]!r} is too long or contains NUL")
     return dict(value)
