@@ -39,6 +39,7 @@ def _private(part: str) -> bool:
 def test_every_provider_package_is_checked() -> None:
     assert [path.parent.name for path in PROVIDERS] == [
         "provider-capi",
+        "provider-clusterprofile",
         "provider-file",
         "provider-kind",
         "provider-kubefed",

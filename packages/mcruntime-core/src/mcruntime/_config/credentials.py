@@ -78,7 +78,12 @@ class _Credentials:
             spec = dict(user["exec"])
             options: dict[str, Any] = {} if exec_timeout is None else {"timeout": exec_timeout}
             self._plugin = ExecPlugin(
-                spec, cluster=cluster, server=config.server, base_dir=spec.pop("_base_dir", None), **options
+                spec,
+                cluster=cluster,
+                server=config.server,
+                base_dir=spec.pop("_base_dir", None),
+                cluster_entry=config.cluster,
+                **options,
             )
         elif "auth-provider" in user:
             # Legacy gcp/oidc providers (removed from kubectl): still kubernetes-asyncio's,

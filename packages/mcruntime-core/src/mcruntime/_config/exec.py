@@ -105,6 +105,36 @@ def _parse_time(value: Any) -> datetime.datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
 
 
+_EXEC_EXTENSION = "client.authentication.k8s.io/exec"
+_CLUSTER_INFO_FIELDS = (
+    "tls-server-name",
+    "insecure-skip-tls-verify",
+    "certificate-authority-data",
+    "proxy-url",
+    "disable-compression",
+)
+
+
+def _cluster_info(server: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """``ExecCredential.spec.cluster`` as client-go fills it from the kubeconfig's cluster entry.
+
+    The entry's inline fields are passed on, and the value of its
+    ``client.authentication.k8s.io/exec`` extension becomes ``config``: how a
+    kubeconfig (or a ClusterProfile) tells a shared plugin which cluster it
+    is serving.
+    """
+    info: dict[str, Any] = {"server": server}
+    for key in _CLUSTER_INFO_FIELDS:
+        if entry.get(key):
+            info[key] = entry[key]
+    extensions = entry.get("extensions")
+    if isinstance(extensions, list):
+        for extension in extensions:
+            if isinstance(extension, Mapping) and extension.get("name") == _EXEC_EXTENSION:
+                info["config"] = extension.get("extension")
+    return info
+
+
 class ExecPlugin:
     """One kubeconfig user's plugin; :meth:`run` starts it once and returns its credential."""
 
@@ -117,8 +147,10 @@ class ExecPlugin:
         base_dir: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         max_output: int = DEFAULT_MAX_OUTPUT,
+        cluster_entry: Mapping[str, Any] | None = None,
     ) -> None:
         self.cluster = cluster
+        self._cluster_entry = cluster_entry or {}
         self.api_version = str(spec.get("apiVersion", ""))
         self.command = _resolve_command(str(spec.get("command", "")), base_dir)
         self.args = [str(arg) for arg in spec.get("args") or []]
@@ -145,7 +177,7 @@ class ExecPlugin:
             "spec": {"interactive": False},
         }
         if self.provide_cluster_info:
-            info["spec"]["cluster"] = {"server": self._server}
+            info["spec"]["cluster"] = _cluster_info(self._server, self._cluster_entry)
         environment = dict(os.environ)
         environment.update(self.env)
         environment["KUBERNETES_EXEC_INFO"] = json.dumps(info)

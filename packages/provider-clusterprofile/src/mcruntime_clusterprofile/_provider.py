@@ -1,0 +1,327 @@
+"""The ClusterProfile provider: the clusters a hub's cluster inventory lists.
+
+It watches ``multicluster.x-k8s.io/v1alpha1`` ClusterProfiles on the hub (one
+namespace or all, optionally label-selected) and keeps a
+:class:`mcruntime.provider.ClusterSet` equal to the usable ones, each named
+``<namespace>/<name>``. A profile is engaged once ready (``ControlPlaneHealthy``
+by default) and stays engaged until it is deleted or gets a deletionTimestamp:
+a profile that stops looking ready, or whose access becomes unusable, keeps
+its cluster on the last connection that worked, and says so in
+:meth:`ClusterProfileProvider.sources`.
+
+Credentials come from the consumer's provider file (:class:`AccessConfig`):
+an exec plugin per access-provider name, run by the core's exec support. The
+provider therefore opts in to exec plugins, and only to the consumer's own:
+a profile can add arguments or variables to a plugin only where the file's
+policies allow it, and can never name a program.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import mcruntime as mcr
+import mcruntime.provider as mcrp
+from mcruntime.provider import ClusterSetProvider, SourceStatus
+
+from ._access import AccessConfig
+from ._profile import (
+    MAX_ACCESS_PROVIDERS,
+    MAX_PROFILE_BYTES,
+    MAX_STRING_CHARS,
+    Access,
+    Limits,
+    ProfileError,
+    Readiness,
+    control_plane_healthy,
+    read_access,
+)
+
+log = logging.getLogger("mcruntime_clusterprofile")
+
+GROUP = "multicluster.x-k8s.io"
+CLUSTER_PROFILE = mcr.Kind(f"{GROUP}/v1alpha1", "ClusterProfile")
+CLUSTER_MANAGER_LABEL = "x-k8s.io/cluster-manager"
+"""The label a cluster manager puts on its profiles; select on it to use one manager's clusters."""
+
+CRD_NAME = "clusterprofiles.multicluster.x-k8s.io"
+
+_KEPT_METADATA = ("name", "namespace", "uid", "resourceVersion", "generation", "deletionTimestamp", "labels")
+
+
+class ClusterProfileNotInstalled(mcr.MCRuntimeError):
+    """The hub serves no ``multicluster.x-k8s.io/v1alpha1`` ClusterProfile.
+
+    Raised by :meth:`ClusterProfileProvider.run` only with ``wait_for_crd=False``;
+    by default the provider waits for the CRD instead.
+    """
+
+
+@dataclass(frozen=True)
+class _Version:
+    """What one resourceVersion of one profile says."""
+
+    resource_version: str
+    ready: bool
+    access: Access | None
+    error: str | None
+
+
+class ClusterProfileProvider(ClusterSetProvider):
+    """Engages the clusters a hub's ClusterProfiles describe, with the consumer's credential plugins.
+
+    Args:
+        hub: The hub: a config (the provider connects and disconnects) or a
+            running :class:`mcruntime.Cluster` the caller owns.
+        access: The consumer's provider file (a path, read when the provider
+            starts) or an :class:`AccessConfig`. A broken file fails ``run``
+            at once with an error naming the file and the field.
+        namespace: Watch one namespace only (``None``: all namespaces). A
+            ClusterSet is one namespace of the hub.
+        label_selector: Only profiles with these labels, for example
+            ``{CLUSTER_MANAGER_LABEL: "ocm"}``.
+        ready: When a profile not engaged yet may be engaged (default: its
+            ``ControlPlaneHealthy`` condition is ``True``).
+        trust: What a connection may ask for beyond what exec needs. Exec
+            plugins are always allowed (they come from ``access``, never from
+            a profile); everything else is refused unless allowed here
+            (``insecure-skip-tls-verify`` needs ``allow_insecure``).
+        options: Options of every cluster (and of the hub connection).
+        probe_interval: Seconds between health probes of each cluster.
+        wait_for_crd: On a hub without the ClusterProfile CRD, wait for it
+            (reported by :attr:`waiting` and :meth:`sources`) rather than raise
+            :class:`ClusterProfileNotInstalled`.
+        max_profile_bytes: A profile larger than this (as JSON) is refused.
+        max_access_providers: A profile listing more access providers is refused.
+        max_string_chars: Longer names, servers, URLs, arguments and variables are refused.
+        crd_backoff: How often a missing CRD is looked for again (default: 1 s
+            doubling to 30 s).
+        retry_backoff: How long a failed discovery pass waits before the next.
+    """
+
+    def __init__(
+        self,
+        hub: mcr.ClusterConfig | mcr.Cluster,
+        access: AccessConfig | str | os.PathLike[str],
+        *,
+        namespace: str | None = None,
+        label_selector: str | Mapping[str, str] | None = None,
+        ready: Readiness = control_plane_healthy,
+        trust: mcr.TrustPolicy | None = None,
+        options: mcr.ClusterOptions | None = None,
+        probe_interval: float | None = None,
+        wait_for_crd: bool = True,
+        max_profile_bytes: int = MAX_PROFILE_BYTES,
+        max_access_providers: int = MAX_ACCESS_PROVIDERS,
+        max_string_chars: int = MAX_STRING_CHARS,
+        crd_backoff: mcr.Backoff | None = None,
+        retry_backoff: mcr.Backoff | None = None,
+    ) -> None:
+        self.limits = Limits(max_profile_bytes, max_access_providers, max_string_chars)
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.wait_for_crd = wait_for_crd
+        self.access: AccessConfig | None = access if isinstance(access, AccessConfig) else None
+        """The consumer's provider file, once read (at the start of :meth:`run` when given as a path)."""
+        self._access_path = None if isinstance(access, AccessConfig) else access
+        self._ready = ready
+        # The explicit opt-in: exec plugins run, because the consumer's own file names them.
+        self._trust = dataclasses.replace(trust or mcr.TrustPolicy.untrusted(), allow_exec=True)
+        self._hub = hub
+        self._options = options
+        self._crd_backoff = crd_backoff
+        self._retry_backoff = retry_backoff
+        self._owner = f"cluster profiles in {namespace!r}" if namespace else "cluster profiles"
+        super().__init__(self._owner, options=options, probe_interval=probe_interval)
+        self._versions: dict[str, _Version] = {}
+        self._last_good: dict[str, Access] = {}
+        self._statuses: dict[str, SourceStatus] = {}
+        self.waiting: str | None = None
+        """Why watching has not started (the CRD not installed yet, the hub not answering), else None."""
+
+    def __repr__(self) -> str:
+        return f"<ClusterProfileProvider {self._owner} clusters={self.clusters.names()}>"
+
+    def sources(self) -> dict[str, SourceStatus]:
+        """What the provider made of each ClusterProfile it saw last, by ``namespace/name``.
+
+        While the CRD is missing, one source ``CustomResourceDefinition
+        clusterprofiles.multicluster.x-k8s.io`` says so.
+        """
+        found = dict(self._statuses)
+        if self.waiting is not None:
+            found[CRD_NAME] = SourceStatus("CustomResourceDefinition", CRD_NAME, error=self.waiting)
+        return found
+
+    async def run(self, aware: mcr.Aware) -> None:
+        """Watch ClusterProfiles and keep the engaged clusters equal to them until cancelled."""
+        if self._access_path is not None:
+            self.access = await asyncio.to_thread(AccessConfig.load, self._access_path)
+        async with mcrp.hub_connection(self._hub, f"{self._owner} (hub)", self._options) as hub:
+            await self._served(hub)
+            informer = mcr.Informer(
+                hub.client,
+                CLUSTER_PROFILE,
+                namespace=self.namespace,
+                label_selector=self.label_selector,
+                transform=_slim,
+                read_timeout=hub.options.watch_read_timeout,
+            )
+            pending: dict[str, SourceStatus] = {}
+
+            async def desired() -> dict[str, mcr.ClusterConfig]:
+                read = await self._read_changed(informer.store.objects)
+                configs, statuses = self._desired(informer.store.objects, read)
+                pending.clear()
+                pending.update(statuses)
+                return configs
+
+            def applied() -> None:  # published once acted on: what tests settle on
+                self._statuses = dict(pending)
+
+            await mcrp.follow_informers(
+                self.clusters,
+                aware,
+                [informer],
+                desired,
+                owner=self._owner,
+                applied=applied,
+                backoff=self._retry_backoff,
+            )
+
+    async def _served(self, hub: mcr.Cluster) -> None:
+        if self.wait_for_crd:
+            await mcrp.wait_for_kind(
+                hub,
+                [CLUSTER_PROFILE],
+                owner=self._owner,
+                what="the ClusterProfile API (multicluster.x-k8s.io)",
+                report=self._report_waiting,
+                backoff=self._crd_backoff,
+            )
+            return
+        try:
+            await hub.client.resource(CLUSTER_PROFILE)
+        except mcr.KindNotFound:
+            raise ClusterProfileNotInstalled(
+                "the ClusterProfile API (multicluster.x-k8s.io) is not installed: "
+                f"the hub {hub.config.server} serves no ClusterProfile in {CLUSTER_PROFILE.api_version}"
+            ) from None
+
+    def _report_waiting(self, problem: str | None) -> None:
+        self.waiting = problem
+
+    async def _read_changed(self, profiles: Mapping[str, Mapping[str, Any]]) -> dict[str, _Version]:
+        """Read every profile version not read yet, in a thread: measuring and building cost CPU."""
+        changed = {
+            key: profile
+            for key, profile in profiles.items()
+            if key not in self._versions or self._versions[key].resource_version != _resource_version(profile)
+        }
+        if not changed:
+            return {}
+        return await asyncio.to_thread(lambda: {key: self._read(key, p) for key, p in changed.items()})
+
+    def _read(self, key: str, profile: Mapping[str, Any]) -> _Version:
+        assert self.access is not None
+        ready = self._is_ready(key, profile)
+        try:
+            access = read_access(key, profile, self.access, trust=self._trust, limits=self.limits)
+        except ProfileError as error:
+            if not ready and not _offers_access(profile):
+                # Just created: its manager has not published status yet. Waiting, not failing.
+                return _Version(_resource_version(profile), ready, None, None)
+            return _Version(_resource_version(profile), ready, None, str(error))
+        except Exception as error:  # a shape no check foresaw: name the type, quote nothing
+            message = f"ClusterProfile {key}: not usable ({type(error).__name__})"
+            return _Version(_resource_version(profile), ready, None, message)
+        return _Version(_resource_version(profile), ready, access, None)
+
+    def _is_ready(self, key: str, profile: Mapping[str, Any]) -> bool:
+        try:
+            return bool(self._ready(profile))
+        except Exception as error:
+            log.warning("%s: ClusterProfile %s: the readiness check failed: %s", self._owner, key, error)
+            return False
+
+    def _desired(
+        self, profiles: Mapping[str, Mapping[str, Any]], read: Mapping[str, _Version]
+    ) -> tuple[dict[str, mcr.ClusterConfig], dict[str, SourceStatus]]:
+        """The clusters the profiles ask for, and what became of every profile.
+
+        A profile is engaged when ready, or when it already was (not ready is
+        not gone), on its current access if usable, else on its last good
+        one. Only an absent or deleting profile gives its cluster up.
+        """
+        live = {
+            key: profile
+            for key, profile in profiles.items()
+            if not (profile.get("metadata") or {}).get("deletionTimestamp")
+        }
+        for key in [key for key in self._versions if key not in live]:
+            del self._versions[key]
+        for key in [key for key in self._last_good if key not in live]:
+            del self._last_good[key]
+        desired: dict[str, mcr.ClusterConfig] = {}
+        statuses: dict[str, SourceStatus] = {}
+        for key, profile in sorted(live.items()):
+            version = self._versions.get(key)
+            if version is None or version.resource_version != _resource_version(profile):
+                version = read.get(key)
+                if version is None or version.resource_version != _resource_version(profile):
+                    version = self._read(key, profile)  # arrived since the threaded read
+                self._versions[key] = version
+                if version.error is not None:
+                    previous = self._statuses.get(key)
+                    if previous is None or previous.error != version.error:
+                        keeping = "; keeping its last good connection" if key in self._last_good else ""
+                        log.warning("%s: %s%s", self._owner, version.error, keeping)
+            engaged_before = key in self._last_good
+            if version.access is not None and (version.ready or engaged_before):
+                self._last_good[key] = version.access
+            chosen = self._last_good.get(key)
+            if chosen is not None:
+                desired[key] = chosen.config
+            detail = {"ready": "true" if version.ready else "false"}
+            if chosen is not None:
+                detail["access_provider"] = chosen.provider
+            statuses[key] = SourceStatus(
+                "ClusterProfile",
+                key,
+                cluster=key,
+                engaged=chosen is not None,
+                version=version.resource_version,
+                error=version.error,
+                stale=chosen is not None and version.access is not chosen,
+                detail=detail,
+            )
+        return desired, statuses
+
+
+def _offers_access(profile: Mapping[str, Any]) -> bool:
+    status = profile.get("status")
+    return isinstance(status, Mapping) and bool(
+        status.get("accessProviders") or status.get("credentialProviders")
+    )
+
+
+def _resource_version(profile: Mapping[str, Any]) -> str:
+    return str((profile.get("metadata") or {}).get("resourceVersion", ""))
+
+
+def _slim(profile: dict[str, Any]) -> dict[str, Any]:
+    """Keep what the provider reads: metadata it needs, the spec, and the status (no managedFields)."""
+    metadata = profile.get("metadata") or {}
+    return {
+        "apiVersion": profile.get("apiVersion", CLUSTER_PROFILE.api_version),
+        "kind": profile.get("kind", "ClusterProfile"),
+        "metadata": {key: metadata[key] for key in _KEPT_METADATA if key in metadata},
+        "spec": profile.get("spec") or {},
+        "status": profile.get("status") or {},
+    }
