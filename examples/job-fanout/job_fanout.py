@@ -306,7 +306,8 @@ class JobFanout:
             if isinstance(result, BaseException):
                 if not isinstance(result, Exception):
                     raise result
-                log.warning("Test %s: cluster %s: %s", request, display_name(name), result)
+                where = f"{request.namespace}/{request.name}"
+                log.warning("Test %s: cluster %s: %s", where, display_name(name), result)
                 children[display_name(name)] = "unknown"
                 retry = True
             else:
@@ -319,7 +320,7 @@ class JobFanout:
             )
             if before.get("phase") != status["phase"]:
                 details = ", ".join(f"{cluster}: {phase}" for cluster, phase in status["clusters"].items())
-                log.info("Test %s is %s (%s)", request, status["phase"], details)
+                log.info("Test %s/%s is %s (%s)", request.namespace, request.name, status["phase"], details)
         return mcr.Result(requeue_after=5.0) if retry else None
 
     async def _child(self, name: str, cluster: mcr.Cluster, test: JSON) -> str:

@@ -364,6 +364,11 @@ async def test_access_providers_win_over_deprecated_credential_providers(hub: Hu
         assert old.config.server == two.server
         assert both_cluster.config.server == three.server
         assert order.config.server == three.server
+        # Sources are published once the pass that engaged them is applied, a moment after.
+        await wait_until(
+            lambda: (s := provider.sources().get(hub.key("order"))) is not None and s.engaged,
+            what="the profile's source published",
+        )
         assert provider.sources()[hub.key("order")].detail["access_provider"] == "preferred"
 
 

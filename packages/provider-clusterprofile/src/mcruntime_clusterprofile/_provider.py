@@ -141,23 +141,13 @@ class ClusterProfileProvider(ClusterSetProvider):
         super().__init__(self._owner, options=options, probe_interval=probe_interval)
         self._versions: dict[str, _Version] = {}
         self._last_good: dict[str, Access] = {}
-        self._statuses: dict[str, SourceStatus] = {}
-        self.waiting: str | None = None
-        """Why watching has not started (the CRD not installed yet, the hub not answering), else None."""
 
     def __repr__(self) -> str:
         return f"<ClusterProfileProvider {self._owner} clusters={self.clusters.names()}>"
 
-    def sources(self) -> dict[str, SourceStatus]:
-        """What the provider made of each ClusterProfile it saw last, by ``namespace/name``.
-
-        While the CRD is missing, one source ``CustomResourceDefinition
-        clusterprofiles.multicluster.x-k8s.io`` says so.
-        """
-        found = dict(self._statuses)
-        if self.waiting is not None:
-            found[CRD_NAME] = SourceStatus("CustomResourceDefinition", CRD_NAME, error=self.waiting)
-        return found
+    # Reporting comes from ClusterSetProvider: sources() holds one SourceStatus per
+    # ClusterProfile ("namespace/name"), as follow() last published it, and while the
+    # CRD is missing one for clusterprofiles.multicluster.x-k8s.io (also `waiting`).
 
     async def run(self, aware: mcr.Aware) -> None:
         """Watch ClusterProfiles and keep the engaged clusters equal to them until cancelled."""
@@ -173,38 +163,17 @@ class ClusterProfileProvider(ClusterSetProvider):
                 transform=_slim,
                 read_timeout=hub.options.watch_read_timeout,
             )
-            pending: dict[str, SourceStatus] = {}
 
-            async def desired() -> dict[str, mcr.ClusterConfig]:
+            async def answer() -> tuple[dict[str, mcr.ClusterConfig], dict[str, SourceStatus]]:
                 read = await self._read_changed(informer.store.objects)
-                configs, statuses = self._desired(informer.store.objects, read)
-                pending.clear()
-                pending.update(statuses)
-                return configs
+                return self._desired(informer.store.objects, read)
 
-            def applied() -> None:  # published once acted on: what tests settle on
-                self._statuses = dict(pending)
-
-            await mcrp.follow_informers(
-                self.clusters,
-                aware,
-                [informer],
-                desired,
-                owner=self._owner,
-                applied=applied,
-                backoff=self._retry_backoff,
-            )
+            await self.follow(aware, [informer], answer, backoff=self._retry_backoff)
 
     async def _served(self, hub: mcr.Cluster) -> None:
         if self.wait_for_crd:
-            await mcrp.wait_for_kind(
-                hub,
-                [CLUSTER_PROFILE],
-                owner=self._owner,
-                what="the ClusterProfile API (multicluster.x-k8s.io)",
-                report=self._report_waiting,
-                backoff=self._crd_backoff,
-            )
+            what, backoff = "the ClusterProfile API (multicluster.x-k8s.io)", self._crd_backoff
+            await self.wait_for_kind(hub, [CLUSTER_PROFILE], what=what, crd=CRD_NAME, backoff=backoff)
             return
         try:
             await hub.client.resource(CLUSTER_PROFILE)
@@ -213,9 +182,6 @@ class ClusterProfileProvider(ClusterSetProvider):
                 "the ClusterProfile API (multicluster.x-k8s.io) is not installed: "
                 f"the hub {hub.config.server} serves no ClusterProfile in {CLUSTER_PROFILE.api_version}"
             ) from None
-
-    def _report_waiting(self, problem: str | None) -> None:
-        self.waiting = problem
 
     async def _read_changed(self, profiles: Mapping[str, Mapping[str, Any]]) -> dict[str, _Version]:
         """Read every profile version not read yet, in a thread: measuring and building cost CPU."""
@@ -270,6 +236,7 @@ class ClusterProfileProvider(ClusterSetProvider):
             del self._last_good[key]
         desired: dict[str, mcr.ClusterConfig] = {}
         statuses: dict[str, SourceStatus] = {}
+        reported = self.sources()  # as last published: each new error is logged once
         for key, profile in sorted(live.items()):
             version = self._versions.get(key)
             if version is None or version.resource_version != _resource_version(profile):
@@ -278,7 +245,7 @@ class ClusterProfileProvider(ClusterSetProvider):
                     version = self._read(key, profile)  # arrived since the threaded read
                 self._versions[key] = version
                 if version.error is not None:
-                    previous = self._statuses.get(key)
+                    previous = reported.get(key)
                     if previous is None or previous.error != version.error:
                         keeping = "; keeping its last good connection" if key in self._last_good else ""
                         log.warning("%s: %s%s", self._owner, version.error, keeping)
