@@ -59,7 +59,9 @@ async def test_several_namespaces_are_one_view_and_a_read_outside_them_is_an_err
         await cluster.client.create(configmap("late", second, v="2"))
         await cluster.client.create(configmap("late", outside, v="3"))
         await cluster.client.delete(CONFIGMAP, "cm", namespace=first)
-        await wait_for(lambda: informer.get(f"{second}/late") is not None and informer.get(f"{first}/cm") is None)
+        await wait_for(
+            lambda: informer.get(f"{second}/late") is not None and informer.get(f"{first}/cm") is None
+        )
         assert _names(await cluster.cache.list(CONFIGMAP)) == sorted([(second, "cm"), (second, "late")])
         # A cluster-scoped kind is cached whole, by one list-and-watch, not one per namespace.
         namespaces = {o["metadata"]["name"] for o in await cluster.cache.list(NAMESPACE)}
@@ -101,7 +103,9 @@ async def test_by_object_scopes_selectors_and_transform_per_kind(fleet: Fleet) -
         with pytest.raises(mcr.NamespaceNotCached, match=re.escape(repr(other))):
             await cluster.cache.get(SECRET, "cert", namespace=other)
         # A label change out of the selector is a deletion for the cache, and back in an addition.
-        await cluster.client.patch(CONFIGMAP, "front", {"metadata": {"labels": {"app": "gone"}}}, namespace=web)
+        await cluster.client.patch(
+            CONFIGMAP, "front", {"metadata": {"labels": {"app": "gone"}}}, namespace=web
+        )
         await _wait_absent(cluster, CONFIGMAP, "front", web)
         await cluster.client.patch(CONFIGMAP, "back", {"metadata": {"labels": {"app": "web"}}}, namespace=web)
         await _wait_present(cluster, CONFIGMAP, "back", web)
@@ -130,7 +134,9 @@ async def test_a_metadata_only_view_holds_metadata_delivers_events_and_indexes(f
         manifest = configmap("big", namespace, payload="x" * 4096)
         manifest["metadata"]["labels"] = {"team": "blue"}
         created = await cluster.client.create(manifest)
-        cluster.cache.index_field(CONFIGMAP, "team", lambda obj: [obj["metadata"].get("labels", {}).get("team", "")])
+        cluster.cache.index_field(
+            CONFIGMAP, "team", lambda obj: [obj["metadata"].get("labels", {}).get("team", "")]
+        )
         lean = await cluster.cache.get(CONFIGMAP, "big", namespace=namespace, metadata_only=True)
         # Metadata only, under the real kind's name, so owner mapping and Kind.of work.
         assert set(lean) == {"apiVersion", "kind", "metadata"}
@@ -148,12 +154,17 @@ async def test_a_metadata_only_view_holds_metadata_delivers_events_and_indexes(f
         events: list[tuple[str, str, set[str]]] = []
         source = mcr.KindSource(CONFIGMAP, namespace=namespace, metadata_only=True)
         attachment = source.attach(
-            "lean", cluster, lambda event: events.append((event.type, event.object["metadata"]["name"], set(event.object)))
+            "lean",
+            cluster,
+            lambda event: events.append((event.type, event.object["metadata"]["name"], set(event.object))),
         )
         assert attachment.informer is informer
         await cluster.client.create(configmap("second", namespace, payload="y"))
         await cluster.client.patch(
-            CONFIGMAP, "big", {"metadata": {"labels": {"team": "green"}}, "data": {"payload": "z"}}, namespace=namespace
+            CONFIGMAP,
+            "big",
+            {"metadata": {"labels": {"team": "green"}}, "data": {"payload": "z"}},
+            namespace=namespace,
         )
         await cluster.client.delete(CONFIGMAP, "second", namespace=namespace)
         await wait_for(lambda: ("delete", "second", {"apiVersion", "kind", "metadata"}) in events)
@@ -195,13 +206,13 @@ def test_builder_sources_carry_metadata_only() -> None:
 
 def test_scope_options_are_checked_when_written() -> None:
     with pytest.raises(TypeError, match="list of namespaces"):
-        mcr.CacheOptions(namespaces=cast(Any, "team-a"))
+        mcr.CacheOptions(namespaces=cast("Any", "team-a"))
     with pytest.raises(ValueError, match="cache nothing"):
         mcr.ByObject(namespaces=[])
     with pytest.raises(ValueError, match="invalid label selector"):
         mcr.ByObject(label_selector="a in ()")
     with pytest.raises(TypeError, match="maps Kind to ByObject"):
-        mcr.CacheOptions(by_object=cast(Any, {"ConfigMap": mcr.ByObject()}))
+        mcr.CacheOptions(by_object=cast("Any", {"ConfigMap": mcr.ByObject()}))
     with pytest.raises(ValueError, match="not both"):
         mcr.ClusterOptions(cache_namespace="a", cache=mcr.CacheOptions(namespaces=["b"]))
     # The one-namespace shorthand is the same scope as a list of one.
@@ -210,7 +221,7 @@ def test_scope_options_are_checked_when_written() -> None:
 
 def test_a_relist_of_one_namespace_leaves_the_others_alone() -> None:
     """Pure store logic: each namespace's relist replaces only that namespace's part."""
-    informer = mcr.Informer(cast(mcr.Client, None), CONFIGMAP, namespaces=["a", "b"])
+    informer = mcr.Informer(cast("mcr.Client", None), CONFIGMAP, namespaces=["a", "b"])
     informer._streams = ("a", "b")
     deleted: list[str] = []
     informer.add_handler(mcr.ResourceEventHandler(on_delete=lambda obj: deleted.append(mcr.object_key(obj))))
@@ -220,8 +231,8 @@ def test_a_relist_of_one_namespace_leaves_the_others_alone() -> None:
         return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}
 
     informer._replace({"a/x": obj("a", "x", "1")}, "10", "a")
-    assert not informer.has_synced
+    assert not informer._synced.is_set()
     informer._replace({"b/y": obj("b", "y", "2"), "b/z": obj("b", "z", "3")}, "20", "b")
-    assert informer.has_synced and informer.resource_version == ""
+    assert informer._synced.is_set() and informer.resource_version == ""
     informer._replace({}, "30", "a")
     assert deleted == ["a/x"] and sorted(informer.store.objects) == ["b/y", "b/z"]

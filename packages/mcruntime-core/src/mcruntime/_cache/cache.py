@@ -75,7 +75,8 @@ class Cache:
         options = options or CacheOptions()
         if namespace is not None and options.namespaces is not None:
             raise ValueError(
-                f"cluster {client.cluster!r}: give the cache one namespace or CacheOptions.namespaces, not both"
+                f"cluster {client.cluster!r}: give the cache one namespace "
+                "or CacheOptions.namespaces, not both"
             )
         self.client = client
         self.options: CacheOptions = (
@@ -148,7 +149,8 @@ class Cache:
         if namespace is not None:
             self._check_namespace(kind, namespace)
             namespaces = (namespace,)
-        selector = LabelSelector.parse(_both(scope.label_selector, LabelSelector.parse(label_selector).text)).text
+        extra = LabelSelector.parse(label_selector).text
+        selector = LabelSelector.parse(_both(scope.label_selector, extra)).text
         fields = _both(scope.field_selector, field_selector)
         key: InformerKey = (kind, namespaces, selector, fields, metadata_only)
         informer = self._informers.get(key)

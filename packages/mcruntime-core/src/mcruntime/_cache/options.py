@@ -21,6 +21,8 @@ from .informer import Transform
 
 
 class _Inherit(Enum):
+    """A marker distinct from ``None`` (which means "no transform")."""
+
     INHERIT = "inherit"
 
 
@@ -61,7 +63,7 @@ class ByObject:
     field_selector: str | None = None
     """Only objects matching this field selector (``"type=kubernetes.io/tls"``); the
     server supports a few fields per kind."""
-    transform: Transform | None | _Inherit = INHERIT
+    transform: Transform | _Inherit | None = INHERIT
     """Applied to every object before it is stored (``None`` keeps objects whole)."""
 
     def __post_init__(self) -> None:
