@@ -178,6 +178,8 @@ class Informer:
     ) -> None:
         if namespace is not None and namespaces is not None:
             raise ValueError("give an informer namespace or namespaces, not both")
+        if isinstance(namespaces, str):
+            raise TypeError(f"namespaces is a list of names, not the string {namespaces!r}")
         self.client = client
         self.kind = kind
         self.namespaces: tuple[str, ...] | None = (
