@@ -6,7 +6,7 @@ import re
 from typing import Any, cast
 
 import pytest
-from kube_helpers import CONFIGMAP, configmap, new_namespace, running_cluster, wait_for
+from kube_helpers import CONFIGMAP, configmap, new_namespace, running, running_cluster, wait_for
 
 import mcruntime as mcr
 from mcruntime.testing import Fleet
@@ -177,6 +177,51 @@ async def test_a_metadata_only_view_holds_metadata_delivers_events_and_indexes(f
         ]
         assert await cluster.cache.list(CONFIGMAP, index=("team", "blue"), metadata_only=True) == []
         attachment.detach()
+
+
+async def test_a_controller_owning_a_metadata_only_kind_in_a_scoped_fleet(fleet: Fleet) -> None:
+    """End to end: the provider's ClusterOptions scope the cache; owns(..., metadata_only=True) maps children."""
+    config = mcr.kubeconfig_from_dict(fleet["cluster-3"].kubeconfig())
+    async with mcr.Cluster("writer", config) as writer:
+        namespace = await new_namespace(writer, "owned")
+        options = mcr.ClusterOptions(cache=mcr.CacheOptions(namespaces=[namespace]), cache_sync_timeout=20)
+        manager = mcr.Manager(mcr.StaticProvider({"one": config}, options=options), handle_signals=False)
+        children: dict[str, list[dict[str, Any]]] = {}
+
+        async def reconcile(request: mcr.Request) -> None:
+            cluster = await manager.get_cluster(request.cluster)
+            owned = await cluster.cache.list(SECRET, namespace=request.namespace, metadata_only=True)
+            children[request.name] = [
+                obj for obj in owned if obj["metadata"].get("labels", {}).get("owner") == request.name
+            ]
+
+        (
+            mcr.controller_managed_by(manager)
+            .named("lean-owner")
+            .for_(CONFIGMAP)
+            .owns(SECRET, metadata_only=True)
+            .complete(reconcile)
+        )
+        async with running(manager):
+            owner = await writer.client.create(configmap("parent", namespace))
+            await wait_for(lambda: "parent" in children)
+            child = _secret("child", namespace, owner="parent")
+            child["metadata"]["ownerReferences"] = [
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "name": "parent",
+                    "uid": owner["metadata"]["uid"],
+                    "controller": True,
+                }
+            ]
+            await writer.client.create(child)
+            # The child's (metadata-only) event reconciles its owner, which sees the child's metadata.
+            await wait_for(lambda: [c["metadata"]["name"] for c in children.get("parent", [])] == ["child"])
+            assert set(children["parent"][0]) == {"apiVersion", "kind", "metadata"}
+            cluster = await manager.get_cluster("one")
+            secret_informers = [i for i in cluster.cache.informers() if i.kind == SECRET]
+            assert [(i.metadata_only, i.namespaces) for i in secret_informers] == [(True, (namespace,))]
 
 
 def test_builder_sources_carry_metadata_only() -> None:
