@@ -7,6 +7,7 @@ from typing import Any, cast
 
 import pytest
 from kube_helpers import CONFIGMAP, configmap, new_namespace, running, running_cluster, wait_for
+from prometheus_client import generate_latest
 
 import mcruntime as mcr
 from mcruntime.testing import Fleet
@@ -222,6 +223,13 @@ async def test_a_controller_owning_a_metadata_only_kind_in_a_scoped_fleet(fleet:
             cluster = await manager.get_cluster("one")
             secret_informers = [i for i in cluster.cache.informers() if i.kind == SECRET]
             assert [(i.metadata_only, i.namespaces) for i in secret_informers] == [(True, (namespace,))]
+            # A second view of the kind is a second informer, and still one metrics series per kind.
+            await cluster.cache.list(SECRET, namespace=namespace)
+            assert len([i for i in cluster.cache.informers() if i.kind == SECRET]) == 2
+            exposition = generate_latest(manager.metrics.registry).decode()
+            for family in ("mcruntime_informer_relists_total", "mcruntime_cache_sync_duration_seconds"):
+                series = [line for line in exposition.splitlines() if line.startswith(family + "{")]
+                assert len([line for line in series if 'kind="Secret.v1"' in line]) == 1, series
 
 
 def test_builder_sources_carry_metadata_only() -> None:

@@ -84,6 +84,8 @@ class InformerStats:
     """Counters for metrics and tests: how often the informer listed and re-watched."""
 
     lists: int = 0
+    relists: int = 0
+    """Lists after the first of each namespace (an informer of several lists once per namespace)."""
     relists_after_gone: int = 0
     watch_restarts: int = 0
     events: int = 0
@@ -390,6 +392,8 @@ class Informer:
             prepared = self._prepare(obj)
             listed[object_key(prepared)] = prepared
         self.stats.lists += 1
+        if scope in self._listed:
+            self.stats.relists += 1
         self._replace(listed, result.resource_version, scope)
 
     def _replace(self, listed: dict[str, JSON], resource_version: str, scope: str | None = None) -> None:
