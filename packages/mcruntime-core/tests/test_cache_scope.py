@@ -268,8 +268,11 @@ def test_scope_options_are_checked_when_written() -> None:
         mcr.CacheOptions(by_object=cast("Any", {"ConfigMap": mcr.ByObject()}))
     with pytest.raises(ValueError, match="not both"):
         mcr.ClusterOptions(cache_namespace="a", cache=mcr.CacheOptions(namespaces=["b"]))
-    # The one-namespace shorthand is the same scope as a list of one.
     assert mcr.CacheOptions(namespaces=["b", "a", "b"]).namespaces == ("a", "b")
+    # Options stay hashable values, as ClusterOptions always was; a mapping selector equals its text.
+    mapped = mcr.CacheOptions(by_object={SECRET: mcr.ByObject(label_selector={"app": "web"})})
+    text = mcr.CacheOptions(by_object={SECRET: mcr.ByObject(label_selector="app=web")})
+    assert mapped == text and hash(mcr.ClusterOptions(cache=mapped)) == hash(mcr.ClusterOptions(cache=text))
 
 
 def test_a_relist_of_one_namespace_leaves_the_others_alone() -> None:

@@ -68,7 +68,9 @@ class ByObject:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "namespaces", _namespaces(self.namespaces, "ByObject.namespaces"))
-        LabelSelector.parse(self.label_selector)  # a bad selector fails here, not in an informer
+        # Parsed here so a bad selector fails when written, not in an informer; kept as
+        # text so options stay hashable.
+        object.__setattr__(self, "label_selector", LabelSelector.parse(self.label_selector).text or None)
 
     def transform_or(self, default: Transform | None) -> Transform | None:
         """This kind's transform, or ``default`` (the cluster's) when it inherits."""
@@ -98,6 +100,10 @@ class CacheOptions:
             if not isinstance(kind, Kind) or not isinstance(scope, ByObject):
                 raise TypeError(f"CacheOptions.by_object maps Kind to ByObject, not {kind!r} to {scope!r}")
         object.__setattr__(self, "by_object", dict(self.by_object))
+
+    def __hash__(self) -> int:
+        # Frozen options are hashable (``ClusterOptions`` is); the mapping is not, its items are.
+        return hash((self.namespaces, frozenset(self.by_object.items())))
 
 
 class NamespaceNotCached(ValueError):
