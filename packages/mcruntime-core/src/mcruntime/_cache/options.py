@@ -102,7 +102,7 @@ class CacheOptions:
         object.__setattr__(self, "by_object", dict(self.by_object))
 
     def __hash__(self) -> int:
-        # Frozen options are hashable (``ClusterOptions`` is); the mapping is not, its items are.
+        """Frozen options are hashable values (``ClusterOptions`` is); the mapping is not, its items are."""
         return hash((self.namespaces, frozenset(self.by_object.items())))
 
 
