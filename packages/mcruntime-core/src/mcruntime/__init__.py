@@ -45,6 +45,7 @@ from ._cache.informer import (
     ResourceEventHandler,
     strip_managed_fields,
 )
+from ._cache.options import ByObject, CacheOptions, NamespaceNotCached
 from ._client.client import Client, ObjectList, PatchType, WatchEvent
 from ._client.health import ClusterHealth, HealthState
 from ._client.transport import RetryPolicy
@@ -118,7 +119,9 @@ __all__ = [
     "BadRequest",
     "Builder",
     "BuilderError",
+    "ByObject",
     "Cache",
+    "CacheOptions",
     "CacheSyncTimeout",
     "ChannelSource",
     "Check",
@@ -159,6 +162,7 @@ __all__ = [
     "ManagerSettings",
     "MaxOf",
     "MultiProvider",
+    "NamespaceNotCached",
     "NotFound",
     "ObjectEvent",
     "ObjectList",

@@ -2,8 +2,16 @@
 
 Reads never touch the API server once an informer has synced: a fleet of
 hundreds of clusters is only affordable if reconciles read locally. One informer
-serves each (kind, namespace, selector); the reader's own reads use the
-cluster-wide informer of a kind and filter locally, as controller-runtime does.
+serves each (kind, namespaces, selectors, metadata-only); the reader's own
+reads use the kind's default view, the scope :class:`CacheOptions` and its
+``by_object`` give it (all namespaces and objects unless narrowed), and filter
+locally, as controller-runtime does. A scope of several namespaces is one
+informer with a list-and-watch per namespace, so reads merge them for free.
+
+Metadata-only is a second view of a kind (``metadata_only=True`` on reads and
+on the builder's sources), with its own informer: objects there carry
+``apiVersion``, ``kind`` and ``metadata`` only, which is what a controller that
+needs names, labels and owners should pay for.
 
 Reads return **copies**: a reconciler may mutate what it read and send it back
 with ``client.update``, and no caller can corrupt the shared store. A copy
@@ -15,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._base.errors import NotFound
 from .._base.kind import Kind
@@ -24,10 +32,25 @@ from .._base.objects import JSON, json_copy, metadata
 from .._base.tasks import TaskSet
 from .._client.client import Client
 from .informer import IndexFunc, Informer, Transform, strip_managed_fields
+from .options import CacheOptions, NamespaceNotCached
 
 log = logging.getLogger("mcruntime.cache")
 
-InformerKey = tuple[Kind, str | None, str, str | None]
+InformerKey = tuple[Kind, tuple[str, ...] | None, str, str | None, bool]
+
+
+class _KindScope(NamedTuple):
+    """What the cache holds of one kind: the cluster's defaults overlaid by its ``ByObject``."""
+
+    namespaces: tuple[str, ...] | None
+    label_selector: str
+    field_selector: str | None
+    transform: Transform | None
+
+
+def _both(first: str | None, second: str | None) -> str | None:
+    """Two selectors that must both hold (the API server ANDs comma-separated terms)."""
+    return ",".join(part for part in (first, second) if part) or None
 
 
 class CacheSyncTimeout(TimeoutError):
@@ -47,9 +70,18 @@ class Cache:
         resync_period: float | None = None,
         read_timeout: float = 90.0,
         namespace: str | None = None,
+        options: CacheOptions | None = None,
     ) -> None:
+        options = options or CacheOptions()
+        if namespace is not None and options.namespaces is not None:
+            raise ValueError(
+                f"cluster {client.cluster!r}: give the cache one namespace "
+                "or CacheOptions.namespaces, not both"
+            )
         self.client = client
-        self.namespace = namespace
+        self.options: CacheOptions = (
+            CacheOptions(namespaces=(namespace,), by_object=options.by_object) if namespace else options
+        )
         self._tasks = tasks
         self._sync_timeout = sync_timeout
         self._transform = transform
@@ -62,6 +94,36 @@ class Cache:
     def cluster(self) -> str:
         return self.client.cluster
 
+    @property
+    def namespace(self) -> str | None:
+        """The namespace when the cache holds exactly one by default, else ``None``."""
+        namespaces = self.namespaces
+        return namespaces[0] if namespaces is not None and len(namespaces) == 1 else None
+
+    @property
+    def namespaces(self) -> tuple[str, ...] | None:
+        """The namespaces cached by default (``None``: all); ``ByObject`` may differ per kind."""
+        return self.options.namespaces  # type: ignore[return-value]  # normalised to a tuple
+
+    def scope(self, kind: Kind) -> tuple[tuple[str, ...] | None, str | None, str | None]:
+        """The namespaces (``None``: all), label selector and field selector cached for ``kind``."""
+        found = self._kind_scope(kind)
+        return found.namespaces, found.label_selector or None, found.field_selector
+
+    def _kind_scope(self, kind: Kind) -> _KindScope:
+        by_object = self.options.by_object.get(kind)
+        if by_object is None:
+            return _KindScope(self.namespaces, "", None, self._transform)
+        namespaces: tuple[str, ...] | None = (
+            tuple(by_object.namespaces) if by_object.namespaces is not None else self.namespaces
+        )
+        return _KindScope(
+            namespaces,
+            LabelSelector.parse(by_object.label_selector).text,
+            by_object.field_selector,
+            by_object.transform_or(self._transform),
+        )
+
     def informers(self) -> list[Informer]:
         """Every informer started so far."""
         return list(self._informers.values())
@@ -73,30 +135,49 @@ class Cache:
         namespace: str | None = None,
         label_selector: str | Mapping[str, str] | None = None,
         field_selector: str | None = None,
+        metadata_only: bool = False,
     ) -> Informer:
-        """The shared informer for this scope, created and started on first request."""
-        namespace = self._scope(namespace)
-        selector = LabelSelector.parse(label_selector).text
-        key: InformerKey = (kind, namespace, selector, field_selector)
+        """The shared informer for this scope, created and started on first request.
+
+        Without arguments it is the kind's default view, the one reads use.
+        ``namespace`` narrows it to one of the cached namespaces (another raises
+        :class:`NamespaceNotCached`); selectors given here apply on top of the
+        kind's ``ByObject`` selectors, never instead of them.
+        """
+        scope = self._kind_scope(kind)
+        namespaces = scope.namespaces
+        if namespace is not None:
+            self._check_namespace(kind, namespace)
+            namespaces = (namespace,)
+        extra = LabelSelector.parse(label_selector).text
+        selector = LabelSelector.parse(_both(scope.label_selector, extra)).text
+        fields = _both(scope.field_selector, field_selector)
+        key: InformerKey = (kind, namespaces, selector, fields, metadata_only)
         informer = self._informers.get(key)
         if informer is None:
             informer = Informer(
                 self.client,
                 kind,
-                namespace=namespace,
+                namespaces=namespaces,
+                metadata_only=metadata_only,
                 label_selector=selector or None,
-                field_selector=field_selector,
-                transform=self._transform,
+                field_selector=fields,
+                transform=scope.transform,
                 resync_period=self._resync_period,
                 read_timeout=self._read_timeout,
             )
             for name, extract in self._indexes.get(kind, {}).items():
                 informer.add_index(name, extract)
             self._informers[key] = informer
-            scope = "".join(
-                (f" namespace={namespace}" if namespace else "", f" labels={selector}" if selector else "")
+            label = "".join(
+                (
+                    f" namespaces={','.join(namespaces)}" if namespaces else "",
+                    f" labels={selector}" if selector else "",
+                    f" fields={fields}" if fields else "",
+                    " metadata-only" if metadata_only else "",
+                )
             )
-            self._tasks.supervise(informer.run, f"informer:{kind}{scope}")
+            self._tasks.supervise(informer.run, f"informer:{kind}{label}")
         return informer
 
     def index_field(self, kind: Kind, name: str, extract: IndexFunc) -> None:
@@ -113,19 +194,14 @@ class Cache:
     def indexes(self, kind: Kind) -> list[str]:
         return sorted(self._indexes.get(kind, {}))
 
-    def _scope(self, namespace: str | None) -> str | None:
-        """The namespace to cache: the cache's own when it has one (never another)."""
-        if self.namespace is None:
-            return namespace
-        if namespace not in (None, self.namespace):
-            raise ValueError(
-                f"cluster {self.cluster!r}: the cache holds namespace {self.namespace!r} only "
-                f"(ClusterOptions.cache_namespace), not {namespace!r}; read it with the client"
-            )
-        return self.namespace
+    def _check_namespace(self, kind: Kind, namespace: str | None) -> None:
+        """Refuse a read of a namespace this kind is not cached in: "absent" would be a lie."""
+        cached = self._kind_scope(kind).namespaces
+        if namespace is not None and cached is not None and namespace not in cached:
+            raise NamespaceNotCached(self.cluster, kind, namespace, cached)
 
-    async def _synced(self, kind: Kind) -> Informer:
-        informer = self.informer(kind)
+    async def _synced(self, kind: Kind, metadata_only: bool = False) -> Informer:
+        informer = self.informer(kind, metadata_only=metadata_only)
         if not informer.has_synced and not await informer.wait_for_sync(self._sync_timeout):
             raise CacheSyncTimeout(
                 f"cluster {self.cluster!r}: the cache of {kind} did not sync within {self._sync_timeout:.0f}s"
@@ -145,14 +221,19 @@ class Cache:
 
     # --- the reader ----------------------------------------------------------------------
 
-    async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> JSON:
+    async def get(
+        self, kind: Kind, name: str, *, namespace: str | None = None, metadata_only: bool = False
+    ) -> JSON:
         """A copy of one object from the cache; raises :class:`NotFound` when the cache has none.
 
         The same convention as :meth:`Client.get`, so code moves between a live
         read and a cached one without changing its error handling. Starts the
-        kind's informer on first use and waits for it to sync.
+        kind's informer on first use and waits for it to sync. An object its
+        ``ByObject`` selectors exclude is not found; a namespace outside the
+        cache's scope raises :class:`NamespaceNotCached`. ``metadata_only``
+        reads the kind's metadata view (``apiVersion``, ``kind``, ``metadata``).
         """
-        found = await self.get_or_none(kind, name, namespace=namespace)
+        found = await self.get_or_none(kind, name, namespace=namespace, metadata_only=metadata_only)
         if found is None:
             raise NotFound(
                 f"{kind.kind} {name!r} not found in the cache",
@@ -165,14 +246,17 @@ class Cache:
             )
         return found
 
-    async def get_or_none(self, kind: Kind, name: str, *, namespace: str | None = None) -> JSON | None:
+    async def get_or_none(
+        self, kind: Kind, name: str, *, namespace: str | None = None, metadata_only: bool = False
+    ) -> JSON | None:
         """A copy of one object from the cache, or ``None`` when the cache has none.
 
         For reconcilers where a missing object is the ordinary case (it was
-        deleted), so no exception is needed to say so.
+        deleted), so no exception is needed to say so. A namespace outside the
+        cache's scope still raises :class:`NamespaceNotCached`.
         """
-        self._scope(namespace)
-        informer = await self._synced(kind)
+        self._check_namespace(kind, namespace)
+        informer = await self._synced(kind, metadata_only)
         found = informer.get(f"{namespace}/{name}" if namespace else name)
         return json_copy(found) if found is not None else None
 
@@ -183,10 +267,15 @@ class Cache:
         namespace: str | None = None,
         label_selector: str | Mapping[str, str] | None = None,
         index: tuple[str, str] | None = None,
+        metadata_only: bool = False,
     ) -> list[JSON]:
-        """Copies of the matching objects; ``index=(name, value)`` uses a field index."""
-        self._scope(namespace)
-        informer = await self._synced(kind)
+        """Copies of the matching objects; ``index=(name, value)`` uses a field index.
+
+        Without ``namespace`` the answer merges every cached namespace; with one
+        outside the cache's scope it raises :class:`NamespaceNotCached`.
+        """
+        self._check_namespace(kind, namespace)
+        informer = await self._synced(kind, metadata_only)
         selector = LabelSelector.parse(label_selector)
         if index is not None:
             candidates = informer.store.by_index(*index)

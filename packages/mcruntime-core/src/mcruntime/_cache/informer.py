@@ -7,6 +7,12 @@ never miss a deletion that happened while the watch was down. A client-side read
 timeout notices a silent connection; reconnects back off with jitter. After any
 outage the store converges to what a fresh list returns.
 
+One informer may cover several namespaces (a scoped cache): it runs one
+list-and-watch per namespace into one store, each with its own resourceVersion,
+and counts as synced once every namespace has listed. A metadata-only informer
+asks the server for ``PartialObjectMetadata`` and stores names, labels,
+annotations and owners without spec, status or data.
+
 Handlers are plain callables run in the informer's task between store updates:
 they must be quick (enqueue a key, no I/O), and may be added or removed at any
 time; a handler added late is first told about every object already stored.
@@ -78,6 +84,8 @@ class InformerStats:
     """Counters for metrics and tests: how often the informer listed and re-watched."""
 
     lists: int = 0
+    relists: int = 0
+    """Lists after the first of each namespace (an informer of several lists once per namespace)."""
     relists_after_gone: int = 0
     watch_restarts: int = 0
     events: int = 0
@@ -146,7 +154,12 @@ class Store:
 
 
 class Informer:
-    """Lists and watches one kind (optionally one namespace and selector) into a :class:`Store`."""
+    """Lists and watches one kind (optionally some namespaces and selectors) into a :class:`Store`.
+
+    ``namespace`` (one) or ``namespaces`` (several) limit a namespaced kind;
+    they are ignored for cluster-scoped kinds. ``metadata_only`` stores
+    ``PartialObjectMetadata``: ``apiVersion``, ``kind`` and ``metadata`` only.
+    """
 
     def __init__(
         self,
@@ -154,6 +167,8 @@ class Informer:
         kind: Kind,
         *,
         namespace: str | None = None,
+        namespaces: Iterable[str] | None = None,
+        metadata_only: bool = False,
         label_selector: str | Mapping[str, str] | None = None,
         field_selector: str | None = None,
         transform: Transform | None = strip_managed_fields,
@@ -163,14 +178,23 @@ class Informer:
         max_backoff: float = 30.0,
         backoff: Backoff | None = None,
     ) -> None:
+        if namespace is not None and namespaces is not None:
+            raise ValueError("give an informer namespace or namespaces, not both")
+        if isinstance(namespaces, str):
+            raise TypeError(f"namespaces is a list of names, not the string {namespaces!r}")
         self.client = client
         self.kind = kind
-        self.namespace = namespace
+        self.namespaces: tuple[str, ...] | None = (
+            (namespace,) if namespace else tuple(sorted(set(namespaces))) if namespaces else None
+        )
+        self.metadata_only = metadata_only
         self.label_selector: LabelSelector = LabelSelector.parse(label_selector)
         self.field_selector = field_selector
         self.store: Store = Store()
         self.stats: InformerStats = InformerStats()
-        self.resource_version: str = ""
+        self._versions: dict[str | None, str] = {}
+        self._listed: set[str | None] = set()
+        self._streams: tuple[str | None, ...] | None = None
         self._transform = transform
         self._resync_period = resync_period
         self._read_timeout = read_timeout
@@ -181,9 +205,23 @@ class Informer:
         self._created = time.monotonic()
 
     def __repr__(self) -> str:
-        scope = f" namespace={self.namespace!r}" if self.namespace else ""
+        scope = f" namespaces={','.join(self.namespaces)}" if self.namespaces else ""
         selector = f" selector={self.label_selector}" if not self.label_selector.empty else ""
-        return f"<Informer {self.kind} cluster={self.client.cluster!r}{scope}{selector}>"
+        fields = f" fields={self.field_selector}" if self.field_selector else ""
+        lean = " metadata-only" if self.metadata_only else ""
+        return f"<Informer {self.kind} cluster={self.client.cluster!r}{scope}{selector}{fields}{lean}>"
+
+    @property
+    def namespace(self) -> str | None:
+        """The namespace when the informer covers exactly one, else ``None``."""
+        return self.namespaces[0] if self.namespaces and len(self.namespaces) == 1 else None
+
+    @property
+    def resource_version(self) -> str:
+        """Where the watch stands; per namespace when there are several (then ``""`` here)."""
+        if len(self._versions) == 1:
+            return next(iter(self._versions.values()))
+        return ""
 
     # --- consumers ------------------------------------------------------------------
 
@@ -266,27 +304,58 @@ class Informer:
         if self._resync_period:
             resync = asyncio.create_task(self._resync_loop(self._resync_period))
         try:
-            await self._list_and_watch()
+            streams = await self._resolve_streams()
+            if len(streams) == 1:
+                await self._list_and_watch(streams[0])
+            else:
+                async with asyncio.TaskGroup() as group:
+                    for scope in streams:
+                        group.create_task(self._list_and_watch(scope), name=f"{self!r} {scope}")
         finally:
             if resync is not None:
                 resync.cancel()
                 await asyncio.gather(resync, return_exceptions=True)
 
-    async def _list_and_watch(self) -> None:
+    async def _resolve_streams(self) -> tuple[str | None, ...]:
+        """One list-and-watch per namespace; one in all for a cluster-scoped kind.
+
+        Several namespaces need to know whether the kind is namespaced at all,
+        which discovery says (retried with backoff until it answers: the kind
+        may be a CRD not installed yet).
+        """
+        if self._streams is not None:
+            return self._streams
+        if not self.namespaces or len(self.namespaces) == 1:
+            self._streams = (self.namespace,)
+            return self._streams
+        failures = 0
+        while True:
+            try:
+                resource = await self.client.resource(self.kind)
+                break
+            except Exception as error:
+                self.stats.last_error = str(error)
+                log.info("%r: %s; retrying discovery with backoff", self, error)
+                await self._backoff.sleep(failures, wake=self.client.transport.health.recovery())
+                failures += 1
+        self._streams = tuple(self.namespaces) if resource.namespaced else (None,)
+        return self._streams
+
+    async def _list_and_watch(self, scope: str | None) -> None:
         failures = 0
         gone_streak = 0
         health = self.client.transport.health
         # A resumed informer continues from its last resourceVersion; the server
         # says 410 if that history is gone, and then the relist emits the difference.
-        need_list = not (self.has_synced and self.resource_version)
+        need_list = not (scope in self._listed and self._versions.get(scope))
         while True:
             try:
                 if need_list:
-                    await self._relist()
+                    await self._relist(scope)
                     need_list = False
                     failures = 0
                     gone_streak = 0
-                await self._watch()
+                await self._watch(scope)
                 failures = 0
                 self.stats.watch_restarts += 1
             except Gone as error:
@@ -309,25 +378,28 @@ class Informer:
                 await self._backoff.sleep(failures, wake=health.recovery())
                 failures += 1
 
-    async def _relist(self) -> None:
+    async def _relist(self, scope: str | None) -> None:
         listed: dict[str, JSON] = {}
         result = await self.client.list(
             self.kind,
-            namespace=self.namespace,
+            namespace=scope,
             label_selector=self.label_selector.text or None,
             field_selector=self.field_selector,
             page_size=self._page_size,
+            metadata_only=self.metadata_only,
         )
         for obj in result.items:
             prepared = self._prepare(obj)
             listed[object_key(prepared)] = prepared
         self.stats.lists += 1
-        self._replace(listed, result.resource_version)
+        if scope in self._listed:
+            self.stats.relists += 1
+        self._replace(listed, result.resource_version, scope)
 
-    def _replace(self, listed: dict[str, JSON], resource_version: str) -> None:
-        """Make the store equal ``listed`` and emit what changed since the last state."""
-        first = not self.has_synced
-        for key in [key for key in self.store.objects if key not in listed]:
+    def _replace(self, listed: dict[str, JSON], resource_version: str, scope: str | None = None) -> None:
+        """Make the store's part for ``scope`` equal ``listed`` and emit what changed."""
+        prefix = f"{scope}/" if scope is not None and (self._streams or (None,)) != (scope,) else ""
+        for key in [key for key in self.store.objects if key.startswith(prefix) and key not in listed]:
             gone = self.store.pop(key)
             if gone is not None:
                 self._emit_delete(gone)
@@ -337,28 +409,30 @@ class Informer:
                 self._emit_add(obj, True)
             elif metadata(old).get("resourceVersion") != metadata(obj).get("resourceVersion"):
                 self._emit_update(old, obj)
-        self.resource_version = resource_version
-        if first:
+        self._versions[scope] = resource_version
+        self._listed.add(scope)
+        if not self.has_synced and self._listed.issuperset(self._streams or (scope,)):
             self.stats.sync_seconds = time.monotonic() - self._created
             self._synced.set()
 
-    async def _watch(self) -> None:
+    async def _watch(self, scope: str | None) -> None:
         events = self.client.watch(
             self.kind,
-            namespace=self.namespace,
-            resource_version=self.resource_version,
+            namespace=scope,
+            resource_version=self._versions.get(scope, ""),
             label_selector=self.label_selector.text or None,
             field_selector=self.field_selector,
             allow_bookmarks=True,
             timeout_seconds=random.randint(300, 600),  # noqa: S311
             read_timeout=self._read_timeout,
+            metadata_only=self.metadata_only,
         )
         async for event in events:
             obj = event.object
             version = metadata(obj).get("resourceVersion")
             if event.type == "BOOKMARK":
                 if version:
-                    self.resource_version = str(version)
+                    self._versions[scope] = str(version)
                 continue
             self.stats.events += 1
             prepared = self._prepare(obj)
@@ -373,7 +447,7 @@ class Informer:
                 else:
                     self._emit_update(old, prepared)
             if version:
-                self.resource_version = str(version)
+                self._versions[scope] = str(version)
 
     async def _resync_loop(self, period: float) -> None:
         while True:

@@ -29,6 +29,9 @@ _PATCH_CONTENT_TYPES: dict[str, str] = {
     "strategic": "application/strategic-merge-patch+json",
 }
 _APPLY = "application/apply-patch+yaml"  # JSON is valid YAML
+# Metadata-only reads: the server answers with PartialObjectMetadata(List), no spec or data.
+_METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+_METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 # One watch event carries one object; etcd refuses objects over 1.5 MiB. A server
 # streaming far more without a line break is broken or hostile: stop buffering it.
 MAX_WATCH_EVENT_BYTES = 32 * 2**20
@@ -102,6 +105,7 @@ class Client:
         body: Any = None,
         content_type: str = "application/json",
         idempotent: bool | None = None,
+        accept: str = "application/json",
     ) -> Any:
         if resource.namespaced and not namespace and name is not None:
             raise ValueError(f"{resource.kind} is namespaced: give a namespace for {name!r}")
@@ -113,6 +117,7 @@ class Client:
             body=payload,
             content_type=content_type if payload is not None else None,
             idempotent=idempotent,
+            accept=accept,
         )
         decoded = _decode(raw)
         if status >= 300:
@@ -163,8 +168,13 @@ class Client:
         label_selector: str | Mapping[str, str] | None = None,
         field_selector: str | None = None,
         page_size: int | None = 500,
+        metadata_only: bool = False,
     ) -> AsyncIterator[ObjectList]:
-        """Pages of a list, following ``continue`` tokens; all from one snapshot."""
+        """Pages of a list, following ``continue`` tokens; all from one snapshot.
+
+        ``metadata_only`` asks the server for ``PartialObjectMetadata``: each item
+        is then ``apiVersion``, ``kind`` (of ``kind``) and ``metadata`` only.
+        """
         resource = await self.resource(kind)
         params: dict[str, str] = {}
         if (selector := _selector(label_selector)) is not None:
@@ -174,12 +184,21 @@ class Client:
         if page_size:
             params["limit"] = str(page_size)
         while True:
-            page = await self._call("GET", resource, namespace=namespace, params=params)
+            page = await self._call(
+                "GET",
+                resource,
+                namespace=namespace,
+                params=params,
+                accept=_METADATA_LIST if metadata_only else "application/json",
+            )
             meta = page.get("metadata") or {}
             items = page.get("items") or []
             item_kind = resource.kind
             for item in items:
-                # List items omit apiVersion and kind; put them back so each stands alone.
+                # List items omit apiVersion and kind; put them back so each stands alone
+                # (metadata items name PartialObjectMetadata: name the listed kind instead).
+                if metadata_only:
+                    item["apiVersion"], item["kind"] = resource.api_version, item_kind
                 item.setdefault("apiVersion", resource.api_version)
                 item.setdefault("kind", item_kind)
             yield ObjectList(
@@ -202,6 +221,7 @@ class Client:
         label_selector: str | Mapping[str, str] | None = None,
         field_selector: str | None = None,
         page_size: int | None = 500,
+        metadata_only: bool = False,
     ) -> ObjectList:
         """Every matching object (paged under the hood) and the list's resourceVersion."""
         items: list[JSON] = []
@@ -212,6 +232,7 @@ class Client:
             label_selector=label_selector,
             field_selector=field_selector,
             page_size=page_size,
+            metadata_only=metadata_only,
         ):
             items.extend(page.items)
             last = page
@@ -229,8 +250,12 @@ class Client:
         allow_bookmarks: bool = True,
         timeout_seconds: int | None = None,
         read_timeout: float | None = 90.0,
+        metadata_only: bool = False,
     ) -> AsyncIterator[WatchEvent]:
         """Events from ``resource_version`` on, until the server ends the stream.
+
+        ``metadata_only`` streams ``PartialObjectMetadata`` objects, relabelled
+        with ``kind``'s apiVersion and kind as :meth:`list_pages` does.
 
         An ERROR event raises its typed error (:class:`Gone` for an expired
         resourceVersion); a connection silent for ``read_timeout`` seconds raises
@@ -251,7 +276,10 @@ class Client:
             params["timeoutSeconds"] = str(timeout_seconds)
         path = resource.path(namespace)
         try:
-            async with self.transport.stream(path, params=params, read_timeout=read_timeout) as response:
+            accept = _METADATA if metadata_only else "application/json"
+            async with self.transport.stream(
+                path, params=params, read_timeout=read_timeout, accept=accept
+            ) as response:
                 if response.status >= 300:
                     raise error_from_status(
                         response.status,
@@ -277,9 +305,9 @@ class Client:
                     buffer = bytearray(rest)
                     for line in lines:
                         if line.strip():
-                            yield self._event(line, resource)
+                            yield self._event(line, resource, metadata_only)
                 if buffer.strip():
-                    yield self._event(bytes(buffer), resource)
+                    yield self._event(bytes(buffer), resource, metadata_only)
         except TimeoutError:  # before ClientConnectionError: aiohttp's read timeout is both
             self.transport.health.failure(f"watch of {resource.kind} silent for {read_timeout}s")
             raise Unreachable(
@@ -293,13 +321,15 @@ class Client:
             health.failure(f"watch of {resource.kind} interrupted: {type(error).__name__}")
             raise Unreachable(f"watch of {resource.plural} interrupted", cluster=self.cluster) from None
 
-    def _event(self, line: bytes, resource: Resource) -> WatchEvent:
+    def _event(self, line: bytes, resource: Resource, metadata_only: bool = False) -> WatchEvent:
         event = orjson.loads(line)
         kind = event.get("type", "")
         obj = event.get("object") or {}
         if kind == "ERROR":
             code = int(obj.get("code") or 500)
             raise error_from_status(code, obj, cluster=self.cluster, kind=resource.kind)
+        if metadata_only and kind != "BOOKMARK":
+            obj["apiVersion"], obj["kind"] = resource.api_version, resource.kind
         return WatchEvent(kind, obj)
 
     # --- writes -------------------------------------------------------------------------

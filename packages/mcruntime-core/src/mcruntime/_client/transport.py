@@ -562,6 +562,7 @@ class Transport:
         *,
         params: Mapping[str, str] | None = None,
         read_timeout: float | None = None,
+        accept: str = "application/json",
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """Open a long-lived GET (a watch); ``read_timeout`` bounds silence on the socket.
 
@@ -573,7 +574,7 @@ class Transport:
         self._fail_fast("GET", path)
         await self.open()
         assert self._credentials is not None
-        headers = await self._headers("application/json", None)
+        headers = await self._headers(accept, None)
         session = self._session
         if session is None:
             raise Unreachable("the cluster was stopped", cluster=self.cluster)

@@ -82,6 +82,8 @@ class KindSource:
     clusters: ClusterSelection = field(default_factory=ClusterSelection)
     namespace: str | None = None
     label_selector: str | Mapping[str, str] | None = None
+    metadata_only: bool = False
+    """Watch the kind's metadata view: events carry ``apiVersion``, ``kind`` and ``metadata`` only."""
 
     def attach(self, cluster_name: str, cluster: Cluster, sink: Sink) -> Attachment:
         """Register on the cluster's shared informer for the kind (started if needed); never blocks.
@@ -90,8 +92,10 @@ class KindSource:
         serves reads from, and applies ``namespace`` and ``label_selector``
         itself: a reconcile triggered by an event then always reads a cache at
         least as new as that event. (Two informers on one kind would race.)
+        A metadata-only source uses the kind's metadata view, which reads with
+        ``metadata_only=True`` see.
         """
-        informer = cluster.cache.informer(self.kind)
+        informer = cluster.cache.informer(self.kind, metadata_only=self.metadata_only)
         selector = LabelSelector.parse(self.label_selector)
         namespace = self.namespace
 

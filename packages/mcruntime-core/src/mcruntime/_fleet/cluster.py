@@ -21,6 +21,7 @@ from .._base.backoff import DEFAULT_BACKOFF, Backoff
 from .._base.tasks import TaskSet
 from .._cache.cache import Cache
 from .._cache.informer import Transform, strip_managed_fields
+from .._cache.options import CacheOptions
 from .._client.client import Client
 from .._client.discovery import Discovery
 from .._client.health import ClusterHealth
@@ -79,11 +80,22 @@ class ClusterOptions:
     cache_namespace: str | None = None
     """Cache namespaced kinds of this namespace only (cluster-scoped kinds whole).
 
-    For controllers that work in one namespace: informers then need only
+    Shorthand for ``cache=CacheOptions(namespaces=[namespace])``. For
+    controllers that work in one namespace: informers then need only
     namespaced ``list``/``watch`` permissions and hold only that namespace's
-    objects. Cache reads of another namespace raise ``ValueError``; the client
-    still reaches every namespace.
+    objects. Cache reads of another namespace raise
+    :class:`~mcruntime.NamespaceNotCached` (a ``ValueError``); the client still
+    reaches every namespace.
     """
+    cache: CacheOptions = field(default_factory=CacheOptions)
+    """What the cache holds: several namespaces, and per kind its own namespaces,
+    label and field selectors and transform (:class:`~mcruntime.ByObject`)."""
+
+    def __post_init__(self) -> None:
+        if self.cache_namespace is not None and self.cache.namespaces is not None:
+            raise ValueError(
+                "ClusterOptions: give cache_namespace or cache=CacheOptions(namespaces=...), not both"
+            )
 
 
 class Cluster:
@@ -118,6 +130,7 @@ class Cluster:
             resync_period=self.options.resync_period,
             read_timeout=self.options.watch_read_timeout,
             namespace=self.options.cache_namespace,
+            options=self.options.cache,
         )
         self.started_at: float | None = None
         self._stopped = False

@@ -38,6 +38,7 @@ class _Owns:
     only_controller: bool
     predicates: tuple[Predicate, ...]
     clusters: ClusterSelection | None
+    metadata_only: bool
 
 
 class Builder:
@@ -71,8 +72,15 @@ class Builder:
         clusters: ClusterSelection | None = None,
         namespace: str | None = None,
         label_selector: str | Mapping[str, str] | None = None,
+        metadata_only: bool = False,
     ) -> Builder:
-        """The kind this controller reconciles: each event enqueues the object itself."""
+        """The kind this controller reconciles: each event enqueues the object itself.
+
+        ``namespace`` and ``label_selector`` filter the events this controller
+        sees; what the cache holds is set by ``ClusterOptions.cache``.
+        ``metadata_only`` watches the kind's metadata view; the reconciler then
+        reads it with ``cache.get(..., metadata_only=True)``.
+        """
         if self._for is not None:
             self._problems.append(
                 f"for_ was called twice ({self._for.kind} and {kind}); a controller has one"
@@ -85,6 +93,7 @@ class Builder:
             clusters or ClusterSelection(),
             namespace,
             label_selector,
+            metadata_only,
         )
         return self
 
@@ -95,9 +104,14 @@ class Builder:
         only_controller: bool = True,
         predicates: tuple[Predicate, ...] | list[Predicate] = (),
         clusters: ClusterSelection | None = None,
+        metadata_only: bool = False,
     ) -> Builder:
-        """Children of the ``for_`` kind: their events enqueue their owner (same cluster)."""
-        self._owns.append(_Owns(kind, only_controller, tuple(predicates), clusters))
+        """Children of the ``for_`` kind: their events enqueue their owner (same cluster).
+
+        Owner references are metadata, so ``metadata_only=True`` is enough to
+        map children to owners, at a fraction of the memory.
+        """
+        self._owns.append(_Owns(kind, only_controller, tuple(predicates), clusters, metadata_only))
         return self
 
     def watches(
@@ -109,11 +123,22 @@ class Builder:
         clusters: ClusterSelection | None = None,
         namespace: str | None = None,
         label_selector: str | Mapping[str, str] | None = None,
+        metadata_only: bool = False,
     ) -> Builder:
-        """Any other kind, with any handler: the way to map events across clusters."""
+        """Any other kind, with any handler: the way to map events across clusters.
+
+        ``metadata_only`` watches the kind's metadata view (names, labels,
+        annotations, owners), for kinds whose contents the controller never reads.
+        """
         self._watches.append(
             KindSource(
-                kind, handler, tuple(predicates), clusters or ClusterSelection(), namespace, label_selector
+                kind,
+                handler,
+                tuple(predicates),
+                clusters or ClusterSelection(),
+                namespace,
+                label_selector,
+                metadata_only,
             )
         )
         return self
@@ -219,6 +244,7 @@ class Builder:
                         enqueue_for_owner(self._for.kind, only_controller=owned.only_controller),
                         owned.predicates,
                         owned.clusters or replace(self._for.clusters),
+                        metadata_only=owned.metadata_only,
                     )
                 )
         for source in self._watches:

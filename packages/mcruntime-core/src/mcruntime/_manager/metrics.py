@@ -321,10 +321,18 @@ class _LiveCollector(Collector):
             healthy.add_metric([label], 1.0 if health.healthy else 0.0)
             if health.last_error_at is not None:
                 last_error.add_metric([label], health.last_error_at)
+            # One series per kind: a kind may have several informers (scopes, a metadata view).
+            per_kind: dict[str, tuple[int, int, float | None]] = {}
             for informer in cluster.cache.informers():
                 kind = str(informer.kind)
-                relists.add_metric([label, kind], max(informer.stats.lists - 1, 0))
-                restarts.add_metric([label, kind], informer.stats.watch_restarts)
-                if informer.stats.sync_seconds is not None:
-                    sync.add_metric([label, kind], informer.stats.sync_seconds)
+                stats = informer.stats
+                lists, watches, seconds = per_kind.get(kind, (0, 0, None))
+                if stats.sync_seconds is not None:
+                    seconds = max(seconds or 0.0, stats.sync_seconds)
+                per_kind[kind] = (lists + stats.relists, watches + stats.watch_restarts, seconds)
+            for kind, (lists, watches, seconds) in sorted(per_kind.items()):
+                relists.add_metric([label, kind], lists)
+                restarts.add_metric([label, kind], watches)
+                if seconds is not None:
+                    sync.add_metric([label, kind], seconds)
         yield from (healthy, last_error, relists, restarts, sync)
