@@ -69,6 +69,7 @@ EXPORTED = [
     "ManagerSettings",
     "MaxOf",
     "MultiProvider",
+    "NamespacedCluster",
     "NotFound",
     "ObjectEvent",
     "ObjectList",
