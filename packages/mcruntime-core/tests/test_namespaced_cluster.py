@@ -36,7 +36,9 @@ async def test_the_client_pins_namespaced_kinds_and_refuses_other_namespaces(fle
             # Cluster-scoped kinds: shared, so readable, never written.
             assert (await tenant.client.get(NAMESPACE, mine))["metadata"]["name"] == mine
             with pytest.raises(mcr.Forbidden, match="cluster-scoped"):
-                await tenant.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}})
+                await tenant.client.create(
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}
+                )
             with pytest.raises(mcr.Forbidden, match="cluster-scoped"):
                 await tenant.client.delete(NAMESPACE, other)
 
@@ -52,15 +54,21 @@ async def test_views_share_one_informer_per_kind_and_see_only_their_namespace(fl
             await tenant.start()
             seen = events[tenant.namespace]
             tenant.cache.informer(CONFIGMAP).add_handler(
-                mcr.ResourceEventHandler(on_add=lambda obj, _initial, seen=seen: seen.append(obj["metadata"]["namespace"]))
+                mcr.ResourceEventHandler(
+                    on_add=lambda obj, _initial, seen=seen: seen.append(obj["metadata"]["namespace"])
+                )
             )
         for tenant in tenants:
             found = await tenant.cache.list(CONFIGMAP)
             assert {obj["metadata"]["namespace"] for obj in found} <= {tenant.namespace}
-            assert [obj["data"]["owner"] for obj in found if obj["metadata"]["name"] == "cm"] == [tenant.namespace]
+            assert [obj["data"]["owner"] for obj in found if obj["metadata"]["name"] == "cm"] == [
+                tenant.namespace
+            ]
             assert (await tenant.cache.get(CONFIGMAP, "cm"))["data"]["owner"] == tenant.namespace
             with pytest.raises(mcr.Forbidden):
-                await tenant.cache.list(CONFIGMAP, namespace=namespaces[0] if tenant is not tenants[0] else namespaces[1])
+                await tenant.cache.list(
+                    CONFIGMAP, namespace=namespaces[0] if tenant is not tenants[0] else namespaces[1]
+                )
         # Exactly one ConfigMap informer on the host, listed once, for all four tenants.
         shared = [informer for informer in host.cache.informers() if informer.kind == CONFIGMAP]
         assert len(shared) == 1 and shared[0].stats.lists == 1
@@ -72,7 +80,10 @@ async def test_views_share_one_informer_per_kind_and_see_only_their_namespace(fl
         assert [len(events[namespace]) for namespace in namespaces] == [1, 1, 2, 1]
         # Indexes registered through one view live on the host and serve every view.
         tenants[0].cache.index_field(CONFIGMAP, "owner", mcr.field_getter("data", "owner"))
-        assert [obj["metadata"]["namespace"] for obj in await tenants[3].cache.list(CONFIGMAP, index=("owner", namespaces[3]))] == [namespaces[3]]
+        assert [
+            obj["metadata"]["namespace"]
+            for obj in await tenants[3].cache.list(CONFIGMAP, index=("owner", namespaces[3]))
+        ] == [namespaces[3]]
         assert await tenants[3].cache.list(CONFIGMAP, index=("owner", namespaces[0])) == []
         # Stopping a view ends its handlers' registrations' owner, not the host.
         await tenants[0].stop()

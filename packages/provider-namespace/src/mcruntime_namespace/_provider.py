@@ -114,7 +114,9 @@ class NamespaceProvider:
         host = self._host
         result: dict[str, ClusterStatus] = {}
         for name, engaged in sorted(self._engaged.items()):
-            source = SourceStatus(kind="Namespace", name=name, cluster=name, engaged=True, version=engaged.version)
+            source = SourceStatus(
+                kind="Namespace", name=name, cluster=name, engaged=True, version=engaged.version
+            )
             phase, since, error = ClusterPhase.ENGAGING, engaged.since, None
             if host is not None:
                 health = host.health
