@@ -380,7 +380,7 @@ class ProviderConformance:
             await wait_until(lambda: name not in manager.clusters(), what=f"{name!r} disengaged")
             await driver.settle()
             assert removed.stopped and len(removed.tasks) == 0
-            if _supports(driver, Capability.OWN_CONNECTION):  # else the connection is shared, not its to close
+            if _supports(driver, Capability.OWN_CONNECTION):  # else it shares a connection it may not close
                 assert removed.transport.closed
             assert driver.status("alpha") is None
             with pytest.raises(mcr.ClusterNotFound):
