@@ -136,7 +136,9 @@ async def test_namespaces_engage_and_disengage_at_runtime(host: Host) -> None:
         assert views[second].stopped and len(views[second].tasks) == 0
         assert provider.host is not None
         configmaps = next(i for i in provider.host.cache.informers() if i.kind == CONFIGMAP)
-        await wait_until(lambda: configmaps.handler_count == 2, what="the controller's handler for it removed")
+        await wait_until(
+            lambda: configmaps.handler_count == 2, what="the controller's handler for it removed"
+        )
         with pytest.raises(mcr.ClusterNotFound):
             await provider.get(second)
         # Label removed: deselected; label back: engaged again, as a new cluster.
