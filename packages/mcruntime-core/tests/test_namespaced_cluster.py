@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 from kube_helpers import CONFIGMAP, NAMESPACE, configmap, new_namespace, running_cluster, wait_for
 
@@ -43,6 +46,13 @@ async def test_the_client_pins_namespaced_kinds_and_refuses_other_namespaces(fle
                 await tenant.client.delete(NAMESPACE, other)
 
 
+def recorder(seen: list[str]) -> Callable[[dict[str, Any], bool], None]:
+    def on_add(obj: dict[str, Any], _initial: bool) -> None:
+        seen.append(obj["metadata"]["namespace"])
+
+    return on_add
+
+
 async def test_views_share_one_informer_per_kind_and_see_only_their_namespace(fleet: Fleet) -> None:
     async with running_cluster(fleet["cluster-2"], "host") as host:
         namespaces = [await new_namespace(host, "tenant") for _ in range(4)]
@@ -52,11 +62,8 @@ async def test_views_share_one_informer_per_kind_and_see_only_their_namespace(fl
         events: dict[str, list[str]] = {namespace: [] for namespace in namespaces}
         for tenant in tenants:
             await tenant.start()
-            seen = events[tenant.namespace]
             tenant.cache.informer(CONFIGMAP).add_handler(
-                mcr.ResourceEventHandler(
-                    on_add=lambda obj, _initial, seen=seen: seen.append(obj["metadata"]["namespace"])
-                )
+                mcr.ResourceEventHandler(on_add=recorder(events[tenant.namespace]))
             )
         for tenant in tenants:
             found = await tenant.cache.list(CONFIGMAP)

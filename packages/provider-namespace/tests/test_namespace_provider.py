@@ -115,6 +115,10 @@ async def running(provider: NamespaceProvider) -> AsyncIterator[tuple[mcr.Manage
         await task
 
 
+def host_of(provider: NamespaceProvider) -> mcr.Cluster | None:
+    return provider.host  # read afresh: a type checker narrows ``provider.host`` for good
+
+
 def engaged(manager: mcr.Manager) -> set[str]:
     return {name for name in manager.clusters() if name != mcr.LOCAL_CLUSTER}
 
@@ -156,7 +160,7 @@ async def test_namespaces_engage_and_disengage_at_runtime(host: Host) -> None:
         assert provider.host is not None and not provider.host.stopped and not views[first].stopped
         status = provider.statuses()[first]
         assert status.source is not None and status.source.kind == "Namespace" and status.source.name == first
-    assert provider.host is None and all(view.stopped for view in views.values())
+    assert host_of(provider) is None and all(view.stopped for view in views.values())
 
 
 async def test_a_reconciler_written_for_whole_clusters_sees_only_its_namespace(host: Host) -> None:
@@ -177,9 +181,9 @@ async def test_a_reconciler_written_for_whole_clusters_sees_only_its_namespace(h
                 assert seen and {namespace for namespace, _name in seen} == {tenant}
         assert outsider not in recorder.requests and outsider not in engaged(manager)
         # A write outside the tenant's namespace is refused, naming cluster and namespace.
-        tenant = await manager.get_cluster(tenants[0])
+        cluster = await manager.get_cluster(tenants[0])
         with pytest.raises(mcr.Forbidden) as refused:
-            await tenant.client.create(
+            await cluster.client.create(
                 {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": tenants[1]}}
             )
         assert refused.value.cluster == tenants[0] and refused.value.namespace == tenants[1]
