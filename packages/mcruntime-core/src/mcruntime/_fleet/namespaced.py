@@ -38,8 +38,9 @@ from .._base.tasks import TaskSet
 from .._cache.cache import Cache, InformerKey
 from .._cache.informer import HandlerRegistration, IndexFunc, Informer, ResourceEventHandler
 from .._client.client import Client, WatchEvent
+from .._client.transport import Transport
 from .._config.kubeconfig import ClusterConfig
-from .cluster import Cluster
+from .cluster import Cluster, ClusterOptions
 
 if TYPE_CHECKING:
     from kubernetes_asyncio import client as k8s_client
@@ -350,16 +351,16 @@ class NamespacedCluster(Cluster):
         # Cluster.__init__ would open a connection of its own: the one thing a view must not have.
         if not namespace:
             raise ValueError(f"a namespace view of cluster {host.name!r} needs a namespace name")
-        self.name = name if name is not None else namespace
+        self.name: str = name if name is not None else namespace
         self.namespace: str = namespace
         self.host: Cluster = host
         self.config: ClusterConfig = host.config
-        self.options = host.options
+        self.options: ClusterOptions = host.options
         self._tasks = TaskSet(f"cluster {self.name}")
-        self.transport = host.transport
+        self.transport: Transport = host.transport
         client = _NamespacedClient(host.client, namespace, self.name)
-        self.client = client
-        self.cache = _NamespacedCache(host.cache, client, self._tasks, host.options.cache_sync_timeout)
+        self.client: Client = client
+        self.cache: Cache = _NamespacedCache(host.cache, client, self._tasks, host.options.cache_sync_timeout)
         self.started_at = None
         self._stopped = False
         self._teardown = None
