@@ -22,6 +22,11 @@ async def test_the_client_pins_namespaced_kinds_and_refuses_other_namespaces(fle
             await tenant.client.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}})
             assert (await host.client.get(CONFIGMAP, "a", namespace=mine))["metadata"]["namespace"] == mine
             assert (await tenant.client.get(CONFIGMAP, "a"))["metadata"]["namespace"] == mine
+            applied = await tenant.client.apply(
+                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "b"}, "data": {"k": "v"}},
+                field_manager="test",
+            )
+            assert applied["metadata"]["namespace"] == mine
             listed = await tenant.client.list(CONFIGMAP)
             assert {item["metadata"]["namespace"] for item in listed.items} == {mine}
             # Another namespace, by argument or in the object, is refused before anything is sent.
@@ -36,6 +41,10 @@ async def test_the_client_pins_namespaced_kinds_and_refuses_other_namespaces(fle
             with pytest.raises(mcr.Forbidden):
                 await tenant.client.list(CONFIGMAP, namespace=other)
             assert await host.client.get_or_none(CONFIGMAP, "intruder", namespace=other) is None
+            with pytest.raises(mcr.Forbidden):
+                await anext(aiter(tenant.client.watch(CONFIGMAP, namespace=other)))
+            with pytest.raises(mcr.Forbidden):
+                await tenant.cache.get_or_none(CONFIGMAP, "theirs", namespace=other)
             # Cluster-scoped kinds: shared, so readable, never written.
             assert (await tenant.client.get(NAMESPACE, mine))["metadata"]["name"] == mine
             with pytest.raises(mcr.Forbidden, match="cluster-scoped"):
