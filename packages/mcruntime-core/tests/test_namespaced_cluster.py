@@ -118,3 +118,6 @@ async def test_a_view_needs_a_running_host(fleet: Fleet) -> None:
         await mcr.NamespacedCluster(host, "default").start()
     with pytest.raises(ValueError, match="needs a namespace"):
         mcr.NamespacedCluster(host, "")
+    scoped = mcr.Cluster("scoped", config, mcr.ClusterOptions(cache_namespace="team-a"))
+    with pytest.raises(ValueError, match="caches namespace 'team-a' only"):
+        mcr.NamespacedCluster(scoped, "team-b")

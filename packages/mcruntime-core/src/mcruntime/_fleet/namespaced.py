@@ -351,6 +351,11 @@ class NamespacedCluster(Cluster):
         # Cluster.__init__ would open a connection of its own: the one thing a view must not have.
         if not namespace:
             raise ValueError(f"a namespace view of cluster {host.name!r} needs a namespace name")
+        if host.options.cache_namespace not in (None, namespace):
+            raise ValueError(
+                f"cluster {host.name!r} caches namespace {host.options.cache_namespace!r} only "
+                f"(ClusterOptions.cache_namespace): it cannot serve a view of namespace {namespace!r}"
+            )
         self.name: str = name if name is not None else namespace
         self.namespace: str = namespace
         self.host: Cluster = host
