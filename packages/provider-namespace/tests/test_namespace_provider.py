@@ -137,6 +137,7 @@ async def test_namespaces_engage_and_disengage_at_runtime(host: Host) -> None:
         # Deleted (terminating): disengaged, its cluster stopped; the host and the others run on.
         await host.admin.client.delete(NAMESPACE, second)
         await wait_until(lambda: engaged(manager) == {first, third}, what="the deleted namespace disengaged")
+        await wait_until(lambda: second not in provider.statuses(), what="its cluster released")
         assert views[second].stopped and len(views[second].tasks) == 0
         assert provider.host is not None
         configmaps = next(i for i in provider.host.cache.informers() if i.kind == CONFIGMAP)
@@ -148,7 +149,8 @@ async def test_namespaces_engage_and_disengage_at_runtime(host: Host) -> None:
         # Label removed: deselected; label back: engaged again, as a new cluster.
         await host.label(third, None)
         await wait_until(lambda: engaged(manager) == {first}, what="the de-labelled namespace disengaged")
-        assert views[third].stopped
+        await wait_until(lambda: third not in provider.statuses(), what="its cluster released")
+        assert views[third].stopped and len(views[third].tasks) == 0
         await host.label(third, host.token)
         await wait_until(lambda: engaged(manager) == {first, third}, what="the re-labelled namespace engaged")
         assert await provider.get(third) is not views[third]

@@ -173,9 +173,9 @@ class NamespaceProvider:
             if _selected(namespace) and meta.get("name"):
                 desired[str(meta["name"])] = meta.get("resourceVersion")
         for name in [name for name in self._engaged if name not in desired]:
-            gone = self._engaged.pop(name)
             log.info("namespace %r of %r is gone or deselected; disengaging", name, self.host_name)
-            await gone.cluster.stop()
+            await self._engaged[name].cluster.stop()
+            del self._engaged[name]  # after the stop: a status gone means a cluster fully released
         for name, version in desired.items():
             current = self._engaged.get(name)
             if current is not None:
