@@ -43,6 +43,7 @@ def test_every_provider_package_is_checked() -> None:
         "provider-file",
         "provider-kind",
         "provider-kubefed",
+        "provider-namespace",
     ]
 
 

@@ -75,6 +75,7 @@ EXPORTED = [
     "MaxOf",
     "MultiProvider",
     "NamespaceNotCached",
+    "NamespacedCluster",
     "NotFound",
     "ObjectEvent",
     "ObjectList",

@@ -92,6 +92,7 @@ from ._control.workqueue import QueueMetrics, QueueShutDown, WorkQueue
 from ._fleet.clients import FleetClient, FleetResult, RoutedClient
 from ._fleet.cluster import Cluster, ClusterOptions
 from ._fleet.context import ReconcileContext, current_reconcile, current_request
+from ._fleet.namespaced import NamespacedCluster
 from ._fleet.provider import Aware, Provider, ProviderRunnable
 from ._fleet.providers import MultiProvider, SingleProvider, StaticProvider
 from ._fleet.reconcile import LOCAL_CLUSTER, ReconcileFunction, Reconciler, Request, Result, TerminalError
@@ -163,6 +164,7 @@ __all__ = [
     "MaxOf",
     "MultiProvider",
     "NamespaceNotCached",
+    "NamespacedCluster",
     "NotFound",
     "ObjectEvent",
     "ObjectList",

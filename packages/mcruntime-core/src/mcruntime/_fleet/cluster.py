@@ -208,6 +208,13 @@ class Cluster:
         await asyncio.shield(self._teardown)
 
     async def _tear_down(self) -> None:
+        await self._notify_stop()
+        await self._tasks.close()
+        await self.client.discovery.close()
+        await self.transport.close()
+
+    async def _notify_stop(self) -> None:
+        """Run the stop callbacks, newest first; one that fails is logged and the rest still run."""
         for callback in list(reversed(self._stop_callbacks)):
             try:
                 result = callback()
@@ -216,9 +223,6 @@ class Cluster:
             except Exception:
                 log.exception("cluster %r: a stop callback failed", self.name)
         self._stop_callbacks.clear()
-        await self._tasks.close()
-        await self.client.discovery.close()
-        await self.transport.close()
 
     def replace_credentials(self, config: ClusterConfig) -> bool:
         """Swap in a rotated credential without restarting caches, when possible.

@@ -33,6 +33,7 @@ class Capability(enum.Enum):
     MULTIPLE_CLUSTERS = "the source holds more than one cluster"
     CREDENTIAL_CHANGE = "a cluster's credential changes while its endpoint stays the same"
     DUPLICATE_NAMES = "two entries of the source can claim the same cluster name"
+    OWN_CONNECTION = "each cluster has a connection of its own, which its source can point elsewhere or break"
 
 
 class Breakage(enum.Enum):
@@ -170,6 +171,15 @@ class ProviderDriver(abc.ABC):
     @abc.abstractmethod
     def status(self, name: str) -> mcr.ClusterStatus | None:
         """The latest provider's status of cluster ``name`` (source name); ``None`` when unknown."""
+
+    def use_namespace(self, namespace: str) -> None:
+        """Told first: the namespace the case keeps its objects in, on every control plane.
+
+        Most drivers ignore it. A driver whose clusters are namespaces of one
+        API server makes the case's cluster that namespace, so its
+        reconciler sees the objects the case writes.
+        """
+        return None
 
     # --- the source --------------------------------------------------------------------
 

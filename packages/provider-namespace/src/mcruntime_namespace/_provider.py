@@ -1,0 +1,190 @@
+"""The namespace provider: each (selected) namespace of one host cluster is a cluster of its own.
+
+The provider opens one :class:`~mcruntime.Cluster` to the host and watches its
+Namespaces; every namespace that is selected and not terminating is engaged
+as a :class:`~mcruntime.NamespacedCluster` named after it. All of them share
+the host's connection and its one informer per kind.
+
+Why not a :class:`~mcruntime.provider.ClusterSetProvider`: a ClusterSet builds
+one Cluster, with its own connection, probe and informers, per config; here
+every cluster is a view of the same connection, so there is nothing for a
+ClusterSet to build, compare or replace (a namespace's "config" never
+changes). The provider implements the :class:`~mcruntime.Provider` protocol
+directly, in the few lines that remain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import mcruntime as mcr
+from mcruntime.provider import Aware, ClusterPhase, ClusterStatus, SourceStatus
+
+log = logging.getLogger("mcruntime.provider.namespace")
+
+NAMESPACE = mcr.Kind("v1", "Namespace")
+
+
+def _selected(namespace: dict[str, Any]) -> bool:
+    """A namespace is a cluster unless it is going away (deleting, or already terminating)."""
+    meta = namespace.get("metadata") or {}
+    status = namespace.get("status") or {}
+    return not meta.get("deletionTimestamp") and status.get("phase") != "Terminating"
+
+
+@dataclass
+class _Engaged:
+    cluster: mcr.NamespacedCluster
+    since: float
+    version: str | None
+
+
+class NamespaceProvider:
+    """Every selected namespace of one host cluster, engaged as a cluster named after it.
+
+    Namespaces created (or labelled to match ``label_selector``) while the
+    provider runs are engaged; deleted, terminating or de-labelled ones are
+    disengaged. Each cluster's client and cache are pinned to its namespace
+    (see :class:`~mcruntime.NamespacedCluster`), so a reconciler written for
+    whole clusters runs per tenant unchanged, while the host keeps one
+    connection and one informer per kind for all of them.
+
+    ``config`` reaches the host; its user needs cluster-wide ``list`` and
+    ``watch`` on Namespaces and on every kind the controllers read (the shared
+    informers are cluster-wide, including namespaces that are not selected).
+    ``options`` tune the host (``cache_namespace`` must stay unset: the cache
+    is already split by namespace); ``host_name`` names it in logs and errors.
+    """
+
+    def __init__(
+        self,
+        config: mcr.ClusterConfig,
+        *,
+        label_selector: str | Mapping[str, str] | None = None,
+        options: mcr.ClusterOptions | None = None,
+        host_name: str = "namespace-host",
+    ) -> None:
+        options = options or mcr.ClusterOptions()
+        if options.cache_namespace is not None:
+            raise ValueError(
+                f"NamespaceProvider for {host_name!r}: ClusterOptions.cache_namespace must be None "
+                f"(got {options.cache_namespace!r}); each namespace's cluster is scoped already"
+            )
+        self.config = config
+        self.options: mcr.ClusterOptions = options
+        self.label_selector = label_selector
+        self.host_name = host_name
+        self._host: mcr.Cluster | None = None
+        self._engaged: dict[str, _Engaged] = {}
+        self._indexes: dict[tuple[mcr.Kind, str], mcr.IndexFunc] = {}
+        self._running = False
+
+    def __repr__(self) -> str:
+        return f"<NamespaceProvider host={self.host_name!r} clusters={len(self._engaged)}>"
+
+    @property
+    def host(self) -> mcr.Cluster | None:
+        """The one cluster to the host API server while the provider runs (``None`` otherwise)."""
+        return self._host
+
+    def names(self) -> list[str]:
+        """The engaged namespaces' names, sorted."""
+        return sorted(self._engaged)
+
+    async def get(self, name: str) -> mcr.Cluster:
+        """The engaged cluster of namespace ``name``; raises :class:`~mcruntime.ClusterNotFound`."""
+        engaged = self._engaged.get(name)
+        if engaged is None:
+            raise mcr.ClusterNotFound(name, f"no namespace {name!r} is engaged from host {self.host_name!r}")
+        return engaged.cluster
+
+    async def index_field(self, kind: mcr.Kind, name: str, extract: mcr.IndexFunc) -> None:
+        """Index ``kind`` once on the host: the one informer (and index) serves every namespace."""
+        self._indexes[(kind, name)] = extract
+        if self._host is not None:
+            self._host.cache.index_field(kind, name, extract)
+
+    def statuses(self) -> Mapping[str, ClusterStatus]:
+        """Frozen snapshots of every engaged namespace; the phase is the host's health."""
+        host = self._host
+        result: dict[str, ClusterStatus] = {}
+        for name, engaged in sorted(self._engaged.items()):
+            source = SourceStatus(
+                kind="Namespace", name=name, cluster=name, engaged=True, version=engaged.version
+            )
+            phase, since, error = ClusterPhase.ENGAGING, engaged.since, None
+            if host is not None:
+                health = host.health
+                failing = engaged.cluster.failing_loops()
+                if health.state is mcr.HealthState.UNHEALTHY:
+                    phase, since, error = ClusterPhase.UNHEALTHY, health.since, health.reason
+                elif health.state is mcr.HealthState.UNKNOWN:
+                    pass
+                elif failing:
+                    phase, since, error = ClusterPhase.UNHEALTHY, health.since, "; ".join(failing)
+                else:
+                    phase, since = ClusterPhase.READY, max(health.since, engaged.since)
+            result[name] = ClusterStatus(name, phase, since, error, engagements=1, source=source)
+        return result
+
+    async def run(self, aware: Aware) -> None:
+        """Connect to the host, follow its Namespaces and engage them with ``aware`` until cancelled."""
+        if self._running:
+            raise RuntimeError(f"{self!r} is already running")
+        self._running = True
+        host = mcr.Cluster(self.host_name, self.config, self.options)
+        self._host = host
+        changed = asyncio.Event()
+
+        def poke(*_args: object) -> None:
+            changed.set()
+
+        registration = None
+        try:
+            await host.start()
+            for (kind, index_name), extract in self._indexes.items():
+                host.cache.index_field(kind, index_name, extract)
+            informer = host.cache.informer(NAMESPACE, label_selector=self.label_selector)
+            registration = informer.add_handler(mcr.ResourceEventHandler(poke, poke, poke))
+            while True:
+                await changed.wait()
+                changed.clear()
+                await self._sync(host, informer.list(), aware)
+        finally:
+            if registration is not None:
+                registration.remove()
+            engaged = list(self._engaged.values())
+            self._engaged.clear()
+            await asyncio.gather(*(entry.cluster.stop() for entry in engaged), return_exceptions=True)
+            await host.stop()
+            self._host = None
+            self._running = False
+
+    async def _sync(self, host: mcr.Cluster, namespaces: list[dict[str, Any]], aware: Aware) -> None:
+        """Make the engaged set equal the selected, live namespaces."""
+        desired: dict[str, str | None] = {}
+        for namespace in namespaces:
+            meta = namespace.get("metadata") or {}
+            if _selected(namespace) and meta.get("name"):
+                desired[str(meta["name"])] = meta.get("resourceVersion")
+        for name in [name for name in self._engaged if name not in desired]:
+            log.info("namespace %r of %r is gone or deselected; disengaging", name, self.host_name)
+            await self._engaged[name].cluster.stop()
+            del self._engaged[name]  # after the stop: a status gone means a cluster fully released
+        for name, version in desired.items():
+            current = self._engaged.get(name)
+            if current is not None:
+                current.version = version
+                continue
+            cluster = mcr.NamespacedCluster(host, name)
+            await cluster.start()
+            self._engaged[name] = _Engaged(cluster, time.time(), version)
+            try:
+                await aware.engage(name, cluster)
+            except Exception:
+                log.exception("namespace %r of %r: engaging failed", name, self.host_name)
