@@ -197,6 +197,7 @@ class _NamespacedClient(Client):
         body: Any = None,
         content_type: str = "application/json",
         idempotent: bool | None = None,
+        accept: str = "application/json",
     ) -> Any:
         return await super()._call(
             method,
@@ -208,6 +209,7 @@ class _NamespacedClient(Client):
             body=body,
             content_type=content_type,
             idempotent=idempotent,
+            accept=accept,
         )
 
     async def _target(self, obj: Any, namespace: str | None) -> tuple[JSON, Resource, str | None, str | None]:
@@ -229,6 +231,7 @@ class _NamespacedClient(Client):
         allow_bookmarks: bool = True,
         timeout_seconds: int | None = None,
         read_timeout: float | None = 90.0,
+        metadata_only: bool = False,
     ) -> AsyncIterator[WatchEvent]:
         """Events of the namespace (or of a cluster-scoped kind); another namespace is refused."""
         pinned = self._pin(await self.resource(kind), namespace, None, write=False)
@@ -241,6 +244,7 @@ class _NamespacedClient(Client):
             allow_bookmarks=allow_bookmarks,
             timeout_seconds=timeout_seconds,
             read_timeout=read_timeout,
+            metadata_only=metadata_only,
         ):
             yield event
 
@@ -264,16 +268,19 @@ class _NamespacedCache(Cache):
         namespace: str | None = None,
         label_selector: str | Mapping[str, str] | None = None,
         field_selector: str | None = None,
+        metadata_only: bool = False,
     ) -> Informer:
-        """The namespace's view of the host's shared informer for this kind and selector."""
+        """The namespace's view of the host's shared informer for this kind, selector and view."""
         self._scope(namespace)
         selector = LabelSelector.parse(label_selector).text
-        key: InformerKey = (kind, self._namespace, selector, field_selector)
+        key: InformerKey = (kind, (self._namespace,), selector, field_selector, metadata_only)
         view = self._views.get(key)
         if view is None:
             if NAMESPACE_INDEX not in self.host.indexes(kind):
                 self.host.index_field(kind, NAMESPACE_INDEX, _namespace_of)
-            shared = self.host.informer(kind, label_selector=selector or None, field_selector=field_selector)
+            shared = self.host.informer(
+                kind, label_selector=selector or None, field_selector=field_selector, metadata_only=metadata_only
+            )
             view = _NamespaceInformer(shared, self.client, self._namespace)
             self._views[key] = view
         return view
@@ -298,10 +305,12 @@ class _NamespacedCache(Cache):
             raise _refused(self.cluster, self._namespace, "cache", namespace, None)
         return self._namespace
 
-    async def get_or_none(self, kind: Kind, name: str, *, namespace: str | None = None) -> JSON | None:
+    async def get_or_none(
+        self, kind: Kind, name: str, *, namespace: str | None = None, metadata_only: bool = False
+    ) -> JSON | None:
         """A copy of the namespace's object (or a cluster-scoped one) from the shared cache."""
         self._scope(namespace)
-        informer = await self._synced(kind)
+        informer = await self._synced(kind, metadata_only)
         found = informer.get(f"{self._namespace}/{name}")
         if found is None:
             found = informer.get(name)  # a cluster-scoped kind's key has no namespace
@@ -314,10 +323,11 @@ class _NamespacedCache(Cache):
         namespace: str | None = None,
         label_selector: str | Mapping[str, str] | None = None,
         index: tuple[str, str] | None = None,
+        metadata_only: bool = False,
     ) -> list[JSON]:
         """Copies of the namespace's matching objects; a list costs what the namespace holds."""
         self._scope(namespace)
-        informer = await self._synced(kind)
+        informer = await self._synced(kind, metadata_only)
         selector = LabelSelector.parse(label_selector)
         if index is not None:
             candidates = [obj for obj in informer.store.by_index(*index) if _visible(obj, self._namespace)]
