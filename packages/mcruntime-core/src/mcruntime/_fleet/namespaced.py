@@ -279,7 +279,10 @@ class _NamespacedCache(Cache):
             if NAMESPACE_INDEX not in self.host.indexes(kind):
                 self.host.index_field(kind, NAMESPACE_INDEX, _namespace_of)
             shared = self.host.informer(
-                kind, label_selector=selector or None, field_selector=field_selector, metadata_only=metadata_only
+                kind,
+                label_selector=selector or None,
+                field_selector=field_selector,
+                metadata_only=metadata_only,
             )
             view = _NamespaceInformer(shared, self.client, self._namespace)
             self._views[key] = view
