@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -21,10 +21,22 @@ from prometheus_client import CollectorRegistry
 
 import mcruntime as mcr
 from mcruntime._manager.coordinator import WorkGate
+from mcruntime._manager.heartbeat import own_connection
 from mcruntime.testing import Fleet
 
 LEASE = mcr.Kind("coordination.k8s.io/v1", "Lease")
 FAST: Any = {"lease_duration": 3.0, "renew_deadline": 2.0, "retry_period": 0.5}
+
+
+def liveness_through(hub: mcr.Cluster, wrap: Callable[[mcr.Client], Any]) -> Any:
+    """A coordinator's heartbeat connection (its own, opened on its thread), wrapped by ``wrap``."""
+
+    @contextlib.asynccontextmanager
+    async def connect() -> AsyncIterator[Any]:
+        async with own_connection(hub.config, 5.0) as client:
+            yield wrap(client)
+
+    return connect
 
 
 class Broken:
@@ -174,6 +186,8 @@ async def test_the_coordinator_survives_a_missing_lease_kind_and_garbage_and_sha
             mcr.ShardingConfig(name="broken", namespace=namespace, identity="survivor", **FAST),
             backoff=mcr.Backoff(0.01, 0.05),
         )
+        # The peer renewals (on the heartbeat's own connection) get broken answers too.
+        coordinator._liveness = liveness_through(hub, lambda client: Broken(client, missing=3, garbage=3))
         seat = Seat(hub, ["", "x"])
         try:
             async with coordinating(coordinator, seat) as task:
@@ -191,6 +205,7 @@ async def test_the_coordinator_survives_a_missing_lease_kind_and_garbage_and_sha
 async def test_the_coordinator_survives_5000_consecutive_failures_at_its_cap() -> None:
     backoff = Recording()
     coordinator = mcr.ShardedCoordinator(mcr.ShardingConfig(identity="me", **FAST), backoff=backoff)
+    coordinator._liveness = lambda: contextlib.nullcontext(AlwaysFailing())  # type: ignore[arg-type]
 
     class Informer:
         async def wait_for_sync(self, _timeout: float) -> bool:
@@ -265,18 +280,24 @@ async def test_losing_one_fence_blocks_nothing_else(fleet: Fleet) -> None:
             assert seat.work.admits("fine") and seat.work.admits("late") and not seat.work.admits("stuck")
 
 
-class Partitionable:
-    """The real hub client, until ``cut`` is set: then every call fails as unreachable."""
+class Partition:
+    """Whether the link to the hub is cut, for every client that goes through it."""
 
-    def __init__(self, real: mcr.Client) -> None:
+    cut = False
+
+
+class Partitionable:
+    """The real hub client, until the partition is cut: then every call fails as unreachable."""
+
+    def __init__(self, real: mcr.Client, partition: Partition) -> None:
         self._real = real
-        self.cut = False
+        self._partition = partition
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._real, name)
 
         async def call(*args: Any, **kwargs: Any) -> Any:
-            if self.cut:
+            if self._partition.cut:
                 raise mcr.Unreachable("connection refused (test partition)", cluster="hub")
             return await method(*args, **kwargs)
 
@@ -288,10 +309,11 @@ async def test_a_partitioned_replica_stops_within_the_renew_deadline_and_resumes
     async with running_cluster(fleet["cluster-1"], "hub") as hub:
         await hub.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         real = hub.client
-        link = Partitionable(real)
-        hub.client = link  # type: ignore[assignment]
+        link = Partition()
+        hub.client = Partitionable(real, link)  # type: ignore[assignment]
         config = mcr.ShardingConfig(name="cut", namespace=namespace, identity="me", **FAST)
         coordinator = mcr.ShardedCoordinator(config)
+        coordinator._liveness = liveness_through(hub, lambda client: Partitionable(client, link))
         seat = Seat(hub, ["x", "y"])
         try:
             async with coordinating(coordinator, seat):

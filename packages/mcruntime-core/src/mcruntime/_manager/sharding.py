@@ -55,6 +55,7 @@ from .._base.backoff import DEFAULT_BACKOFF, Backoff
 from .._base.errors import AlreadyExists, APIError, Conflict, NotFound, Unreachable
 from .._base.objects import JSON
 from .._cache.informer import ResourceEventHandler
+from .heartbeat import Connect, Heartbeat, own_connection
 from .lease import (
     LEASE,
     Observed,
@@ -202,6 +203,11 @@ class ShardMetrics:
             ["purpose"],
             registry=registry,
         )
+        self.loop_lag: Gauge = Gauge(
+            "mcruntime_shard_event_loop_lag_seconds",
+            "How late the event loop last ran the sharding's pulse; liveness stops past lease_duration",
+            registry=registry,
+        )
         self.loop_failures: Counter = Counter(
             "mcruntime_shard_loop_failures_total",
             "Coordination rounds that failed unexpectedly (logged and retried with backoff)",
@@ -237,7 +243,11 @@ class ShardedCoordinator:
         self._cuts: set[asyncio.Task[None]] = set()
         self._confirmed: dict[str, asyncio.Future[bool]] = {}  # per round: holder → confirmed silent
         self._peer_lease: JSON | None = None
-        self._peer_renewed_at: float | None = None
+        self._peer_renewed_at: float | None = None  # written by the heartbeat's thread
+        self._main_loop: asyncio.AbstractEventLoop | None = None
+        # How the heartbeat's thread reaches the hub; None: a connection of its own from
+        # the hub's kubeconfig. Tests put a breakable client here.
+        self._liveness: Connect | None = None
         self._desired: set[str] = set()
         self._wake = asyncio.Event()
         self._renewed = asyncio.Event()
@@ -290,14 +300,23 @@ class ShardedCoordinator:
         seat.engage_listeners.append(self._cluster_changed)
         seat.disengage_listeners.append(self._cluster_changed)
         watchdog = asyncio.create_task(self._watchdog(), name=f"sharding {self.config.name} watchdog")
-        keep_alive: asyncio.Task[None] | None = None
+        self._main_loop = asyncio.get_running_loop()
+        heartbeat = Heartbeat(
+            f"sharding {self.config.name}",
+            self._liveness or functools.partial(own_connection, hub.config, self._request_timeout),
+            self._beat,
+            stall_limit=self.config.lease_duration,
+            idle=self.config.retry_period,
+        )
+        pulse: asyncio.Task[None] | None = None
         try:
             while not await informer.wait_for_sync(self.config.lease_duration):
                 log.warning("sharding %s: the Lease cache on the hub has not synced yet", self.config.name)
-            # Liveness has its own task: a long round (hundreds of acquisitions on a slow
-            # hub) never delays a renewal. Announce first and let replicas that start
+            # Liveness has a thread of its own (see heartbeat.py): neither a long round nor
+            # a busy event loop delays a renewal. Announce first and let replicas that start
             # together see each other before anyone acquires fences.
-            keep_alive = asyncio.create_task(self._keep_alive(), name=f"sharding {self.config.name} peer")
+            heartbeat.start()
+            pulse = asyncio.create_task(self._pulse(heartbeat), name=f"sharding {self.config.name} pulse")
             await asyncio.sleep(self.config.retry_period)
             while True:
                 try:
@@ -313,10 +332,9 @@ class ShardedCoordinator:
                         await self._wake.wait()
         finally:
             watchdog.cancel()
-            if keep_alive is not None:
-                keep_alive.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.shield(asyncio.gather(keep_alive, return_exceptions=True))
+            if pulse is not None:
+                pulse.cancel()
+            await asyncio.shield(heartbeat.stop(self._request_timeout))
             registration.remove()
             with contextlib.suppress(ValueError):
                 seat.engage_listeners.remove(self._cluster_changed)
@@ -338,18 +356,45 @@ class ShardedCoordinator:
         )
         await self.backoff.sleep(failures)
 
-    async def _keep_alive(self) -> None:
-        """Renew the peer Lease every ``retry_period``, forever."""
+    async def _beat(self, client: Client) -> float:
+        """One renewal of the peer Lease, on the heartbeat's thread; the next is due this much later."""
+        try:
+            await self._renew_peer(client)
+        except Exception as error:  # a garbled answer: log, back off, go on
+            self.renew_failures += 1
+            await self._failed("peer renewal", error, self.renew_failures)
+            return 0.0  # the backoff was the wait
+        self.renew_failures = 0
+        return self.config.retry_period
+
+    async def _pulse(self, heartbeat: Heartbeat) -> None:
+        """Tick the heartbeat from this loop, measure how late the loop runs, restart a dead heartbeat.
+
+        The heartbeat renews only while these ticks arrive (see heartbeat.py),
+        so a replica whose loop stops turning loses its clusters.
+        """
+        assert self.metrics is not None
+        loop = asyncio.get_running_loop()
+        interval = self.config.retry_period / 2
         while True:
-            try:
-                await self._renew_peer()
-                self.renew_failures = 0
-            except Exception as error:  # a garbled answer: log, back off, go on
-                self.renew_failures += 1
-                await self._failed("peer renewal", error, self.renew_failures)
-                continue
-            self._wake.set()  # a round right after each renewal
-            await asyncio.sleep(self.config.retry_period)
+            due = loop.time() + interval
+            await asyncio.sleep(interval)
+            heartbeat.tick()
+            lag = max(0.0, loop.time() - due)
+            self.metrics.loop_lag.set(lag)
+            if lag > self.config.renew_deadline / 2:
+                log.warning(
+                    "sharding %s: the event loop ran %.1fs late (liveness stops at %gs)",
+                    self.config.name,
+                    lag,
+                    self.config.lease_duration,
+                )
+            if not heartbeat.running:
+                log.error("sharding %s: the heartbeat thread had stopped; restarting it", self.config.name)
+                try:
+                    heartbeat.start()
+                except RuntimeError as error:  # no thread to be had now: the next tick tries again
+                    log.error("sharding %s: could not restart the heartbeat: %s", self.config.name, error)
 
     def _cluster_changed(self, _name: str, _cluster: Cluster) -> None:
         self._wake.set()
@@ -366,6 +411,12 @@ class ShardedCoordinator:
                 f"the hub answered a Lease write ({purpose}) with no Lease: {str(answer)[:120]!r}"
             )
         return answer
+
+    def _why(self, error: BaseException) -> str:
+        """An error worded for the log; a timeout's message is empty, so say what it was."""
+        if isinstance(error, TimeoutError) and not str(error):
+            return f"no answer within {self._request_timeout:g}s"
+        return str(error) or type(error).__name__
 
     # --- what the informer tells us -------------------------------------------------------
 
@@ -478,7 +529,10 @@ class ShardedCoordinator:
         except _API_ERRORS as error:
             if not isinstance(error, NotFound):
                 log.warning(
-                    "sharding %s: could not read the peer Lease of %r: %s", self.config.name, holder, error
+                    "sharding %s: could not read the peer Lease of %r: %s",
+                    self.config.name,
+                    holder,
+                    self._why(error),
                 )
                 return False
             if holder in self._gone:
@@ -589,9 +643,8 @@ class ShardedCoordinator:
 
     # --- the peer Lease ---------------------------------------------------------------------
 
-    async def _renew_peer(self) -> None:
-        assert self._client is not None
-        client = self._client
+    async def _renew_peer(self, client: Client) -> None:
+        """Renew (or create) the peer Lease; runs on the heartbeat's thread."""
         started = time.monotonic()
         try:
             async with asyncio.timeout(self._request_timeout):
@@ -603,11 +656,25 @@ class ShardedCoordinator:
         except (Conflict, NotFound):
             self._peer_lease = None  # someone touched it; read it again next round
             return
+        except TimeoutError:
+            log.warning(
+                "sharding %s: could not renew this replica's peer Lease: no answer within %gs",
+                self.config.name,
+                self._request_timeout,
+            )
+            return
         except _API_ERRORS as error:
             log.warning("sharding %s: could not renew this replica's peer Lease: %s", self.config.name, error)
             return
         self._peer_renewed_at = started
+        if self._main_loop is not None:
+            with contextlib.suppress(RuntimeError):  # the main loop closed: nobody left to tell
+                self._main_loop.call_soon_threadsafe(self._after_renewal)
+
+    def _after_renewal(self) -> None:
+        """On the main loop: wake the watchdog and run a round right after each renewal."""
         self._renewed.set()
+        self._wake.set()
 
     async def _create_or_take_peer(self, client: Client) -> JSON | None:
         name = self.config.peer_lease(self.identity)
@@ -706,7 +773,7 @@ class ShardedCoordinator:
         except (NotFound, Conflict):
             return False
         except _API_ERRORS as error:
-            log.warning("sharding %s: could not delete %s: %s", self.config.name, what, error)
+            log.warning("sharding %s: could not delete %s: %s", self.config.name, what, self._why(error))
             return False
         return True
 
@@ -748,7 +815,10 @@ class ShardedCoordinator:
             return False  # another replica moved first; the informer will tell us who
         except _API_ERRORS as error:
             log.warning(
-                "sharding %s: could not acquire the fence of %r: %s", self.config.name, cluster, error
+                "sharding %s: could not acquire the fence of %r: %s",
+                self.config.name,
+                cluster,
+                self._why(error),
             )
             return False
         assert written is not None
@@ -859,7 +929,10 @@ class ShardedCoordinator:
             return True
         except Exception as error:  # the next round tries again; a garbled answer is no reason to die
             log.warning(
-                "sharding %s: could not release the fence of %r: %s", self.config.name, cluster, error
+                "sharding %s: could not release the fence of %r: %s",
+                self.config.name,
+                cluster,
+                self._why(error),
             )
             return False
 
