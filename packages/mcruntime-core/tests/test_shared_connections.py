@@ -15,7 +15,7 @@ from contextlib import AsyncExitStack
 from kube_helpers import CONFIGMAP, configmap, unique, wait_for
 
 import mcruntime as mcr
-from mcruntime._client.pool import session_pool
+from mcruntime._client.pool import REQUESTS_IN_FLIGHT, session_pool
 from mcruntime.testing import ControlPlane
 
 
@@ -131,3 +131,60 @@ async def test_a_revoked_or_stopped_cluster_costs_its_pool_partners_nothing(
         finally:
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
+
+
+async def test_a_burst_from_many_clusters_reuses_a_bounded_set_of_connections(
+    fresh_cluster: ControlPlane,
+) -> None:
+    """Three hundred clusters of one server start and list at once: a few dozen handshakes, not 300."""
+    plane = fresh_cluster
+    port = plane.apiserver.port
+    count = 300
+    async with AsyncExitStack() as stack:
+        clusters = [
+            await stack.enter_async_context(mcr.Cluster(f"burst-{i}", _config(plane))) for i in range(count)
+        ]
+        answers = await asyncio.gather(
+            *(cluster.client.list(CONFIGMAP, namespace="default") for cluster in clusters)
+        )
+        await wait_for(lambda: all(cluster.health.healthy for cluster in clusters), timeout=60)
+        assert len(answers) == count and all(cluster.transport.shared for cluster in clusters)
+        assert session_pool().turns(clusters[0].transport._sharing_key() or "") is not None
+        connections = _connections_to(port)
+        print(f"{count} clusters probing and listing at once: {connections} connections to the server")
+        # Every probe and list went out, through at most REQUESTS_IN_FLIGHT connections at once.
+        assert connections <= REQUESTS_IN_FLIGHT
+
+
+async def test_a_probe_waits_its_turn_while_the_queue_moves_and_fails_when_it_stands_still(
+    fresh_cluster: ControlPlane,
+) -> None:
+    """A busy shared session is not a hung server: the probe's timeout starts with its turn."""
+    async with mcr.Cluster("patient", _config(fresh_cluster)) as cluster:
+        await cluster.client.list(CONFIGMAP, namespace="default")
+        turns = session_pool().turns(cluster.transport._sharing_key() or "")
+        assert turns is not None
+        for _ in range(turns.limit):  # every place in flight taken, as by slow requests
+            await turns.semaphore.acquire()
+        ahead = [asyncio.ensure_future(turns.semaphore.acquire()) for _ in range(5)]
+        await asyncio.sleep(0)  # let them queue up first (ordering, not waiting on a condition)
+        probing = asyncio.ensure_future(cluster.transport.probe(0.5))
+        # The queue moves: one answer and one freed place every 0.3 s, six in all,
+        # so the probe's turn comes after about 1.8 s, far past its 0.5 s timeout.
+        for _ in range(6):
+            await asyncio.sleep(0.3)  # the pace of the simulated answers, not a wait for a condition
+            turns.answered()
+            turns.semaphore.release()
+        assert await probing is None
+        for waiter in ahead:
+            assert waiter.done()
+        # Now the queue stands still (every place taken, no answers): the probe reports no answer.
+        while not turns.semaphore.locked():
+            await turns.semaphore.acquire()
+        began = asyncio.get_running_loop().time()
+        verdict = await cluster.transport.probe(0.5)
+        waited = asyncio.get_running_loop().time() - began
+        assert verdict is not None and verdict[1], verdict
+        assert waited < 5.0
+        for _ in range(turns.limit):
+            turns.semaphore.release()

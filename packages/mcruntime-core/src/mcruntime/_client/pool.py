@@ -30,10 +30,36 @@ if TYPE_CHECKING:
     import aiohttp
 
 
+REQUESTS_IN_FLIGHT = 64
+"""Requests (watches aside) one shared session sends at once; the rest queue."""
+
+
+class Turns:
+    """The requests one shared session has in flight, and when its server last answered one.
+
+    ``answered_at`` (event loop time) tells a request that has waited long for
+    its turn whether the queue is moving: a server that answers others is
+    busy, not hung, which is what a health probe must not confuse.
+    """
+
+    def __init__(self, limit: int = REQUESTS_IN_FLIGHT) -> None:
+        self.limit = limit
+        self.semaphore = asyncio.Semaphore(limit)
+        self.answered_at = float("-inf")
+
+    def answered(self) -> None:
+        self.answered_at = asyncio.get_running_loop().time()
+
+    def moving(self, within: float) -> bool:
+        """Whether the server answered a request of this session in the last ``within`` seconds."""
+        return asyncio.get_running_loop().time() - self.answered_at < within
+
+
 @dataclass
 class _Shared:
     session: aiohttp.ClientSession
     users: int
+    turns: Turns
 
 
 class SessionPool:
@@ -55,8 +81,13 @@ class SessionPool:
         found = self.existing(key)
         if found is not None:
             return found
-        entry = self._shared[key] = _Shared(make(), 1)
+        entry = self._shared[key] = _Shared(make(), 1, Turns())
         return entry.session
+
+    def turns(self, key: str) -> Turns | None:
+        """The requests in flight of ``key``'s session (see the module's docstring)."""
+        entry = self._shared.get(key)
+        return entry.turns if entry is not None else None
 
     async def release(self, key: str, session: aiohttp.ClientSession) -> None:
         """Give a lease back; the last one closes the session."""

@@ -33,7 +33,7 @@ from .._config.credentials import _Credentials
 from .._config.kubeconfig import ClusterConfig, _redacted
 from .._config.material import MaterialFiles
 from .health import HealthRecord
-from .pool import session_pool
+from .pool import Turns, session_pool
 
 if TYPE_CHECKING:
     # Imported where used: kubernetes-asyncio's generated models take ~0.3 s and
@@ -118,6 +118,8 @@ class Transport:
         self._session: aiohttp.ClientSession | None = None
         # The sharing key of self._session when it is a pooled one (see pool.py), else None.
         self._lease: str | None = None
+        # The shared session's requests in flight (see pool.py); None when unshared.
+        self._turns: Turns | None = None
         self._share = share_connections
         # Sessions replaced by a certificate rotation, with their sharing keys: their
         # open watches keep running on the old identity until they reconnect; closed
@@ -154,6 +156,7 @@ class Transport:
                 shared = session_pool().existing(key)
                 if shared is not None:  # same server, same trust, identity per request: no handshake
                     self._session, self._lease = shared, key
+                    self._turns = session_pool().turns(key)
                     return
             try:
                 context = await asyncio.to_thread(self._ssl_context)
@@ -173,6 +176,7 @@ class Transport:
             else:
                 self._session = session_pool().lease(key, lambda: self._new_session(context))
                 self._lease = key
+                self._turns = session_pool().turns(key)
 
     def _sharing_key(self) -> str | None:
         """The key this transport's session is shared under, or ``None`` if it keeps its own.
@@ -228,6 +232,7 @@ class Transport:
         self._interrupt("the cluster was stopped")  # a pooled session outlives this transport
         session, self._session = self._session, None
         lease, self._lease = self._lease, None
+        self._turns = None
         retired, self._retired = self._retired, []
         for key, old in [*retired, (lease, session)]:
             if old is None:
@@ -310,6 +315,7 @@ class Transport:
             return
         old, self._session = self._session, self._new_session(context)
         old_lease, self._lease = self._lease, None  # a certificate identity never shares
+        self._turns = None
         self._retired.append((old_lease, old))
         while len(self._retired) > 2:  # bound them: a watch this old has reconnected long since
             key, oldest = self._retired.pop(0)
@@ -467,13 +473,16 @@ class Transport:
         circuit (it is what closes it) and does not retry: the probe's cadence
         is its retry. A 401 is retried once with a fresh credential, as every
         request is, so a rotated token file does not count as a rejection.
+        Behind a shared session's queue it waits its turn while the server
+        answers others, and ``timeout`` starts with its turn: a burst of
+        probes from many clusters of one server must not call it unreachable.
         """
         for attempt in range(2):
             try:
                 await self.open()
                 assert self._credentials is not None
                 status, _headers, _body = await self._send(
-                    "GET", "/version", None, None, None, "application/json", timeout
+                    "GET", "/version", None, None, None, "application/json", timeout, patient=True
                 )
             except _NoAnswer as failure:
                 if failure.timed_out:
@@ -508,8 +517,13 @@ class Transport:
         content_type: str | None,
         accept: str,
         timeout: float,
+        patient: bool = False,
     ) -> tuple[int, Mapping[str, str], bytes]:
-        """One attempt; raises :class:`_NoAnswer` when no response arrived (or the circuit cut it)."""
+        """One attempt; raises :class:`_NoAnswer` when no response arrived (or the circuit cut it).
+
+        ``patient``: wait for a turn while the shared session's queue moves
+        (see :meth:`_take_turn`).
+        """
         headers = await self._headers(accept, content_type)
         session = self._session
         if session is None:
@@ -518,22 +532,31 @@ class Transport:
             total=timeout, connect=self._connect_timeout, sock_connect=self._connect_timeout
         )
         interrupted = False
+        turns = self._turns
         try:
             async with asyncio.timeout(None) as waiting:
                 self._waiting.add(waiting)
                 try:
-                    async with session.request(
-                        method,
-                        self.server + path,
-                        params=params,
-                        data=body,
-                        headers=headers,
-                        timeout=client_timeout,
-                        **self._request_options(),
-                    ) as response:
-                        payload = await response.read()
-                        status = response.status
-                        response_headers = dict(response.headers)
+                    if turns is not None:
+                        client_timeout = await self._take_turn(turns, timeout, patient)
+                    try:
+                        async with session.request(
+                            method,
+                            self.server + path,
+                            params=params,
+                            data=body,
+                            headers=headers,
+                            timeout=client_timeout,
+                            **self._request_options(),
+                        ) as response:
+                            payload = await response.read()
+                            status = response.status
+                            response_headers = dict(response.headers)
+                        if turns is not None:
+                            turns.answered()
+                    finally:
+                        if turns is not None:
+                            turns.semaphore.release()
                 finally:
                     self._waiting.discard(waiting)
                     interrupted = waiting.expired()
@@ -545,6 +568,43 @@ class Transport:
             raise _NoAnswer(_describe_connection_error(error), never_sent, timed_out) from None
         self.health.contact()
         return status, response_headers, payload
+
+    async def _take_turn(self, turns: Turns, timeout: float, patient: bool) -> aiohttp.ClientTimeout:
+        """Wait for a place among the shared session's requests in flight; the timeout that remains.
+
+        The wait counts against the request's own ``timeout``, so a queue
+        behind a hung server fails like the server itself would. A
+        ``patient`` request (the health probe) waits on while the queue
+        moves, and its timeout starts with its turn: a server that answers
+        others is busy, not unreachable.
+        """
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        acquiring = asyncio.ensure_future(turns.semaphore.acquire())
+        try:
+            while True:
+                await asyncio.wait({acquiring}, timeout=timeout)
+                if acquiring.done():
+                    break
+                if not (patient and turns.moving(timeout)):
+                    raise _NoAnswer(
+                        f"no turn to send in {loop.time() - began:.3g}s "
+                        f"({turns.limit} requests to the server in flight and no answer)",
+                        True,
+                        True,
+                    )
+        except BaseException:
+            if acquiring.done() and not acquiring.cancelled() and acquiring.exception() is None:
+                turns.semaphore.release()  # it came through as we gave up: hand it back
+            else:
+                acquiring.cancel()
+            raise
+        remaining = timeout if patient else max(0.001, timeout - (loop.time() - began))
+        return aiohttp.ClientTimeout(
+            total=remaining,
+            connect=min(remaining, self._connect_timeout),
+            sock_connect=min(remaining, self._connect_timeout),
+        )
 
     def _interrupt(self, reason: str) -> None:
         """The circuit opened: end every request waiting on the server and every watch."""
