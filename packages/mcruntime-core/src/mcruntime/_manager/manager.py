@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import signal
@@ -462,7 +463,12 @@ class Manager:
         try:
             await self.endpoints.start(probes=self._probe_address, metrics=self._metrics_address)
             if self._local_config is not None:
-                self.local = Cluster(LOCAL_CLUSTER, self._local_config, self._cluster_options)
+                # The hub keeps connections of its own: its Lease writes never wait their turn
+                # behind member clusters that reach the same API server (see pool.py).
+                options = dataclasses.replace(
+                    self._cluster_options or ClusterOptions(), share_connections=False
+                )
+                self.local = Cluster(LOCAL_CLUSTER, self._local_config, options)
                 await self.local.start()
                 if self.elector is not None:
                     elector, local = self.elector, self.local
