@@ -68,7 +68,9 @@ class ClusterOptions:
     fleet of token users on a few servers pays a TLS handshake per connection
     it really needs, not per cluster. A client certificate shares only with
     clusters presenting the same certificate. Health, watches and failures
-    stay per cluster."""
+    stay per cluster. A shared pool sends at most 64 requests at once (watches
+    aside): a burst from many clusters waits its turn on a few dozen
+    connections instead of opening one each."""
     watch_read_timeout: float = 90.0
     cache_sync_timeout: float = 60.0
     resync_period: float | None = None
