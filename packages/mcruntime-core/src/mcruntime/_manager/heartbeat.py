@@ -53,14 +53,13 @@ async def own_connection(config: ClusterConfig, request_timeout: float) -> Async
 class Heartbeat:
     """Calls ``beat(client)`` on a thread, while the main loop turns.
 
-    ``beat`` returns how long after its start the next beat is due: the
-    period after a success, ``0`` when it has already waited out a backoff.
-
     ``beat`` runs on the thread's event loop with the client ``connect()``
-    opens there (see :func:`own_connection`); it must not touch the main loop's objects except through
-    ``call_soon_threadsafe``. It must not raise (it is the caller's loop body:
-    log and count inside it); an exception that escapes is logged and the
-    next beat comes a period later.
+    opens there (see :func:`own_connection`), and touches the main loop's
+    objects only through ``call_soon_threadsafe``. It returns how long after
+    its start the next beat is due: the period after a success, ``0`` when it
+    has already waited out a backoff. It should log and count its own
+    failures; an exception that escapes is logged, and like a beat skipped
+    because the main loop stalled, is followed by ``idle`` seconds of rest.
     """
 
     def __init__(

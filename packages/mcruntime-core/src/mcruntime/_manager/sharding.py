@@ -3,7 +3,8 @@
 Liveness is per replica, fencing is per cluster, and only liveness is renewed.
 
 - **Peer Leases.** Each replica holds one Lease (``<group>-peer-<hash>``) and
-  renews it every ``retry_period``: the group's only steady-state writes, so
+  renews it every ``retry_period``, from a thread of its own so that a busy
+  event loop cannot delay it (see heartbeat.py): the group's only steady-state writes, so
   the hub sees ``replicas / retry_period`` writes per second however many
   clusters there are. A peer whose Lease this replica has watched unchanged
   for ``lease_duration`` (on its own monotonic clock: clocks are never
