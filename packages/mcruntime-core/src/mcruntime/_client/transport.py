@@ -578,6 +578,11 @@ class Transport:
         moves, and its timeout starts with its turn: a server that answers
         others is busy, not unreachable.
         """
+        if not turns.semaphore.locked():
+            await turns.semaphore.acquire()  # a free place: taken at once, no task, no wait
+            return aiohttp.ClientTimeout(
+                total=timeout, connect=self._connect_timeout, sock_connect=self._connect_timeout
+            )
         loop = asyncio.get_running_loop()
         began = loop.time()
         acquiring = asyncio.ensure_future(turns.semaphore.acquire())
