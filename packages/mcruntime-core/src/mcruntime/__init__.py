@@ -5,7 +5,7 @@ private (``mcruntime._*``) so it can change without breaking users. The private
 packages are the layers, bottom to top: ``_base`` (errors, backoff, tasks),
 ``_config`` (kubeconfigs, credentials), ``_client`` (transport, health, client),
 ``_cache`` (informers), ``_fleet`` (clusters, providers), ``_control``
-(controllers) and ``_manager``. A layer imports only itself and the layers below
+(controllers), ``_manager`` and ``_rbac`` (RBAC derived from a manager). A layer imports only itself and the layers below
 it; ``tests/test_layer_contract.py`` enforces that.
 ``mcruntime.testing`` holds the testbed its tests and its users' tests run on.
 """
@@ -38,6 +38,7 @@ from ._base.errors import (
 from ._base.kind import Kind, Resource
 from ._base.labels import LabelSelector
 from ._base.objects import object_key
+from ._base.permissions import Permission
 from ._cache.cache import Cache, CacheSyncTimeout, field_getter
 from ._cache.informer import (
     IndexFunc,
@@ -93,7 +94,7 @@ from ._fleet.clients import FleetClient, FleetResult, RoutedClient
 from ._fleet.cluster import Cluster, ClusterOptions
 from ._fleet.context import ReconcileContext, current_reconcile, current_request
 from ._fleet.namespaced import NamespacedCluster
-from ._fleet.provider import Aware, Provider, ProviderRunnable
+from ._fleet.provider import Aware, DeclaresPermissions, Provider, ProviderRunnable
 from ._fleet.providers import MultiProvider, SingleProvider, StaticProvider
 from ._fleet.reconcile import LOCAL_CLUSTER, ReconcileFunction, Reconciler, Request, Result, TerminalError
 from ._fleet.secret_provider import KubeconfigSecretProvider
@@ -105,6 +106,7 @@ from ._manager.logging import JSONFormatter, ReconcileContextFilter, configure_l
 from ._manager.manager import Manager, Runnable, run_manager
 from ._manager.serving import Check
 from ._manager.sharding import ShardedCoordinator, ShardingConfig
+from ._rbac.rbac import RBAC, Subject, rbac_for, render_rbac_yaml
 
 __version__ = "0.1.0"
 
@@ -113,6 +115,7 @@ __all__ = [
     "LOCAL_CLUSTER",
     "LOCAL_ONLY",
     "PROVIDER_ONLY",
+    "RBAC",
     "APIError",
     "AlreadyExists",
     "Aware",
@@ -138,6 +141,7 @@ __all__ = [
     "Conflict",
     "Controller",
     "Coordinator",
+    "DeclaresPermissions",
     "EventHandler",
     "EventRecorder",
     "ExponentialBackoff",
@@ -169,6 +173,7 @@ __all__ = [
     "ObjectEvent",
     "ObjectList",
     "PatchType",
+    "Permission",
     "Predicate",
     "Provider",
     "ProviderRunnable",
@@ -193,6 +198,7 @@ __all__ = [
     "ShardingConfig",
     "SingleProvider",
     "StaticProvider",
+    "Subject",
     "TerminalError",
     "TokenBucket",
     "TooManyRequests",
@@ -231,6 +237,8 @@ __all__ = [
     "negate",
     "object_key",
     "parse_kubeconfig",
+    "rbac_for",
+    "render_rbac_yaml",
     "resource_version_changed",
     "run_manager",
     "strip_managed_fields",

@@ -9,10 +9,11 @@ everything engaged with it winds down (see :meth:`Cluster.on_stop`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .._base.kind import Kind
+from .._base.permissions import Permission
 from .._cache.informer import IndexFunc
 
 if TYPE_CHECKING:
@@ -57,4 +58,20 @@ class ProviderRunnable(Protocol):
 
     async def run(self, aware: Aware) -> None:
         """Discover and engage clusters with ``aware`` until cancelled."""
+        ...
+
+
+@runtime_checkable
+class DeclaresPermissions(Protocol):
+    """Optional for providers, runnables and awares: the permissions they need themselves.
+
+    ``mcruntime.rbac_for`` merges what every provider (a :class:`MultiProvider`'s
+    members included), runnable and aware added to the manager returns here
+    into the generated RBAC. A provider's own reads (its Secrets, its Cluster
+    objects) are ``role="hub"`` permissions. Not part of :class:`Provider`:
+    a provider without it still works, and contributes no rules.
+    """
+
+    def rbac_rules(self) -> Iterable[Permission]:
+        """Every permission this component needs, whatever it is configured with."""
         ...

@@ -12,11 +12,12 @@ from collections.abc import Mapping
 
 from .._base.errors import ClusterNotFound
 from .._base.kind import Kind
+from .._base.permissions import Permission
 from .._cache.informer import IndexFunc
 from .._config.kubeconfig import ClusterConfig
 from .cluster import Cluster, ClusterOptions
 from .kit import ClusterSetProvider
-from .provider import Aware, Provider, ProviderRunnable
+from .provider import Aware, DeclaresPermissions, Provider, ProviderRunnable
 from .status import ClusterStatus
 
 
@@ -132,6 +133,15 @@ class MultiProvider:
                 full = f"{prefix}{self._separator}{name}"
                 found[full] = dataclasses.replace(status, name=full)
         return found
+
+    def rbac_rules(self) -> list[Permission]:
+        """What every inner provider that declares permissions needs."""
+        return [
+            rule
+            for provider in self._providers.values()
+            if isinstance(provider, DeclaresPermissions)
+            for rule in provider.rbac_rules()
+        ]
 
     async def run(self, aware: Aware) -> None:
         runnables = [

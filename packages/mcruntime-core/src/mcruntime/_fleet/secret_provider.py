@@ -28,6 +28,7 @@ from typing import Any
 
 from .._base.errors import KubeconfigError
 from .._base.kind import Kind
+from .._base.permissions import READ, Permission
 from .._cache.informer import Informer
 from .._config.kubeconfig import ClusterConfig, TrustPolicy, kubeconfig_from_dict, parse_kubeconfig
 from .cluster import Cluster, ClusterOptions
@@ -122,6 +123,11 @@ class KubeconfigSecretProvider(ClusterSetProvider):
 
     def __repr__(self) -> str:
         return f"<KubeconfigSecretProvider namespace={self.namespace!r} clusters={self.clusters.names()}>"
+
+    def rbac_rules(self) -> list[Permission]:
+        """List and watch the kubeconfig Secrets in the one namespace, on the hub."""
+        reason = f"{type(self).__name__}: kubeconfig Secrets"
+        return [Permission(SECRET, READ, "hub", namespace=self.namespace, reason=reason)]
 
     # Reporting comes from ClusterSetProvider: get, index_field, statuses, and
     # sources(), one SourceStatus per Secret ("namespace/name"), as published by follow().

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .._base.kind import Kind
+from .._base.permissions import READ, WRITE, Permission, Role
 from .._control.controller import DEFAULT_MAX_TOTAL_RECONCILES, Controller
 from .._control.handler import EventHandler, enqueue_for_object, enqueue_for_owner
 from .._control.predicate import ObjectEvent, Predicate
@@ -30,6 +31,16 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
 
 class BuilderError(ValueError):
     """The controller's wiring is wrong; the message says how."""
+
+
+@dataclass
+class _Declared:
+    kind: Kind
+    verbs: tuple[str, ...]
+    clusters: ClusterSelection | None
+    subresource: str | None
+    namespace: str | None
+    resource: str | None
 
 
 @dataclass
@@ -51,6 +62,7 @@ class Builder:
         self._owns: list[_Owns] = []
         self._watches: list[KindSource | ChannelSource] = []
         self._filters: tuple[Predicate, ...] = ()
+        self._declared: list[_Declared] = []
         # Defaults come from the manager's MCRUNTIME_* settings when it was built from them.
         settings = getattr(manager, "settings", None)
         self._max_concurrent: int = settings.max_concurrent_reconciles if settings else 1
@@ -154,6 +166,48 @@ class Builder:
         self._watches.append(ChannelSource(channel, handler or enqueue_for_object(), tuple(predicates)))
         return self
 
+    def writes(
+        self,
+        kind: Kind,
+        *verbs: str,
+        clusters: ClusterSelection | None = None,
+        subresource: str | None = None,
+        namespace: str | None = None,
+        resource: str | None = None,
+    ) -> Builder:
+        """Declare writes the wiring does not show, for the generated RBAC (``mcruntime rbac``).
+
+        ``for_`` and ``owns`` already imply theirs. A controller that creates
+        Jobs in every member from a hub object declares
+        ``.writes(JOB, "create", "delete", clusters=mcr.PROVIDER_ONLY)``; it is
+        the in-code counterpart of a kubebuilder RBAC marker, kept next to the
+        wiring it belongs to. Nothing is enforced at run time. ``clusters``
+        defaults to the manager's default (provider clusters when it has a
+        provider); ``resource`` is the REST plural when it is not the English one.
+        """
+        if not verbs:
+            self._problems.append(f"writes({kind}) names no verb; give at least one, such as 'create'")
+            return self
+        try:  # checked now, so complete() reports it with the rest
+            Permission(kind, verbs, subresource=subresource, namespace=namespace, resource=resource)
+        except (TypeError, ValueError) as error:
+            self._problems.append(f"writes: {error}")
+            return self
+        self._declared.append(_Declared(kind, verbs, clusters, subresource, namespace, resource))
+        return self
+
+    def reads(
+        self,
+        kind: Kind,
+        *,
+        clusters: ClusterSelection | None = None,
+        namespace: str | None = None,
+        resource: str | None = None,
+    ) -> Builder:
+        """Declare cache reads of a kind the controller does not watch (get, list and watch)."""
+        self._declared.append(_Declared(kind, READ, clusters, None, namespace, resource))
+        return self
+
     def with_event_filter(self, *predicates: Predicate) -> Builder:
         """Predicates applied to every source of this controller."""
         self._filters = (*self._filters, *predicates)
@@ -250,9 +304,65 @@ class Builder:
         for source in self._watches:
             controller.watch(source)
         self._manager.add(controller)
+        self._manager.permissions.extend(self._permissions(name))
         return controller
 
+    def _roles(self, clusters: ClusterSelection | None) -> list[Role]:
+        selection = clusters or ClusterSelection()
+        has_provider = self._manager.has_provider
+        local = selection.local if selection.local is not None else not has_provider
+        provider = selection.provider if selection.provider is not None else has_provider
+        return [role for role, wanted in (("hub", local), ("member", provider)) if wanted]
+
+    def _permissions(self, name: str) -> list[Permission]:
+        """What this controller's wiring needs: reads for sources, writes for its kinds, events."""
+        found: list[Permission] = []
+
+        def grant(
+            kind: Kind,
+            verbs: tuple[str, ...],
+            clusters: ClusterSelection | None,
+            why: str,
+            subresource: str | None = None,
+            declared: _Declared | None = None,
+        ) -> None:
+            for role in self._roles(clusters):
+                found.append(
+                    Permission(
+                        kind,
+                        verbs,
+                        role,
+                        namespace=declared.namespace if declared else None,
+                        subresource=declared.subresource if declared else subresource,
+                        resource=declared.resource if declared else None,
+                        reason=f"controller {name}: {why}",
+                    )
+                )
+
+        reconciled = []
+        if self._for is not None:
+            kind, clusters = self._for.kind, self._for.clusters
+            reconciled.append(clusters)
+            grant(kind, (*READ, "update", "patch"), clusters, "reconciles it (finalizers, metadata)")
+            grant(kind, ("get", "update", "patch"), clusters, "status updates", subresource="status")
+            grant(kind, ("update",), clusters, "owner references block its deletion", subresource="finalizers")
+            for owned in self._owns:
+                grant(owned.kind, (*READ, *WRITE), owned.clusters or clusters, f"owns it for {kind.kind}")
+        for source in self._watches:
+            if isinstance(source, KindSource):
+                reconciled.append(source.clusters)
+                grant(source.kind, READ, source.clusters, "watches it")
+        for declared in self._declared:
+            grant(declared.kind, declared.verbs, declared.clusters, "declared", declared=declared)
+        for clusters in reconciled[:1] or [None]:
+            for event in _EVENT_KINDS:
+                grant(event, ("create", "patch"), clusters, "records events")
+        return found
+
     build = complete
+
+
+_EVENT_KINDS = (Kind("events.k8s.io/v1", "Event"), Kind("v1", "Event"))
 
 
 def controller_managed_by(manager: Manager) -> Builder:

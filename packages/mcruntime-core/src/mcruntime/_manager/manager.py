@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from .._base.errors import ClusterNotFound
 from .._base.kind import Kind
 from .._base.limits import raise_open_files_limit
+from .._base.permissions import Permission
 from .._base.tasks import TaskSet
 from .._cache.informer import IndexFunc
 from .._client.health import HealthState
@@ -156,6 +157,16 @@ class Manager:
         self.freezer: CacheFreezer = CacheFreezer(gc_freeze)
         self.coordinator = coordinator
         self.work: WorkGate = WorkGate(lambda: list(self.controllers.values()))
+        self.permissions: list[Permission] = []
+        """What the controllers' wiring implies and :meth:`declare_rbac` adds (see ``mcruntime.rbac_for``)."""
+
+    def declare_rbac(self, *permissions: Permission) -> None:
+        """Permissions the program needs that no controller's wiring shows (a reader's own lookups).
+
+        They are only collected, for ``mcruntime.rbac_for`` and ``mcruntime rbac``;
+        nothing is checked at run time.
+        """
+        self.permissions.extend(permissions)
 
     @classmethod
     def from_settings(
@@ -336,6 +347,10 @@ class Manager:
     @property
     def has_provider(self) -> bool:
         return self.provider is not None
+
+    def components(self) -> list[object]:
+        """The runnables and awares added with :meth:`add` (controllers included), in order."""
+        return list(dict.fromkeys([*self._runnables, *self._awares]))
 
     # --- components ---------------------------------------------------------------------
 
