@@ -5,8 +5,9 @@ private (``mcruntime._*``) so it can change without breaking users. The private
 packages are the layers, bottom to top: ``_base`` (errors, backoff, tasks),
 ``_config`` (kubeconfigs, credentials), ``_client`` (transport, health, client),
 ``_cache`` (informers), ``_fleet`` (clusters, providers), ``_control``
-(controllers), ``_manager`` and ``_rbac`` (RBAC derived from a manager). A layer imports only itself and the layers below
-it; ``tests/test_layer_contract.py`` enforces that.
+(controllers), ``_manager`` and ``_rbac`` (RBAC derived from a manager). A
+layer imports only itself and the layers below it;
+``tests/test_layer_contract.py`` enforces that.
 ``mcruntime.testing`` holds the testbed its tests and its users' tests run on.
 """
 

@@ -72,13 +72,18 @@ class Permission:
     reason: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.verbs, str):
-            raise TypeError(f"Permission({self.kind}): verbs is a tuple of verbs, not the string {self.verbs!r}")
+        verbs: object = self.verbs  # a str passes as tuple[str, ...] for a caller without types
+        if isinstance(verbs, str):
+            raise TypeError(
+                f"Permission({self.kind}): verbs is a tuple of verbs, not the string {self.verbs!r}"
+            )
         if not self.verbs:
             raise ValueError(f"Permission({self.kind}): give at least one verb")
         for verb in self.verbs:
             if not _VERB.match(verb):
-                raise ValueError(f"Permission({self.kind}): {verb!r} is not a verb (lower-case letters, or '*')")
+                raise ValueError(
+                    f"Permission({self.kind}): {verb!r} is not a verb (lower-case letters, or '*')"
+                )
         if self.role not in ROLES:
             raise ValueError(f"Permission({self.kind}): role must be 'hub' or 'member', not {self.role!r}")
         for label, value in (("resource", self.resource), ("subresource", self.subresource)):

@@ -19,6 +19,7 @@ from .._base.errors import APIError, NotFound, Unreachable, error_from_status
 from .._base.kind import Kind, Resource
 from .._base.objects import JSON, to_json_shape
 from .discovery import Discovery
+from .permissions import verb_of
 from .transport import Transport
 
 PatchType = Literal["merge", "json", "strategic"]
@@ -120,6 +121,7 @@ class Client:
             accept=accept,
         )
         decoded = _decode(raw)
+        self._note_permission(status, verb_of(method, name), resource, namespace, subresource)
         if status >= 300:
             retry_after = headers.get("Retry-After")
             raise error_from_status(
@@ -132,6 +134,15 @@ class Client:
                 retry_after=float(retry_after) if retry_after and retry_after.isdigit() else None,
             )
         return decoded
+
+    def _note_permission(
+        self, status: int, verb: str, resource: Resource, namespace: str | None, subresource: str | None
+    ) -> None:
+        denials = self.transport.health.denials
+        if status == 403:
+            denials.denied(verb, resource, namespace, subresource=subresource)
+        elif status < 300:
+            denials.allowed(verb, resource, namespace, subresource=subresource)
 
     async def _target(self, obj: Any, namespace: str | None) -> tuple[JSON, Resource, str | None, str | None]:
         body = to_json_shape(obj)
@@ -280,6 +291,7 @@ class Client:
             async with self.transport.stream(
                 path, params=params, read_timeout=read_timeout, accept=accept
             ) as response:
+                self._note_permission(response.status, "watch", resource, namespace, None)
                 if response.status >= 300:
                     raise error_from_status(
                         response.status,

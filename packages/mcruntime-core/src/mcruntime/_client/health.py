@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .._base.backoff import Backoff
+from .permissions import Denials
 
 log = logging.getLogger("mcruntime.health")
 
@@ -70,6 +71,8 @@ class ClusterHealth:
     last_contact: float | None
     last_error: str | None
     last_error_at: float | None
+    missing_permissions: tuple[str, ...] = ()
+    """Requests the server refused with 403 (verb, kind, namespace) until the same request succeeds."""
 
     @property
     def healthy(self) -> bool:
@@ -131,6 +134,7 @@ class HealthRecord:
         self._recovered: asyncio.Event | None = None
         self._suspect: asyncio.Event | None = None
         self.open_listeners: list[Callable[[str], None]] = []
+        self.denials: Denials = Denials(cluster)
 
     def snapshot(self) -> ClusterHealth:
         return ClusterHealth(
@@ -141,6 +145,7 @@ class HealthRecord:
             self.last_contact,
             self.last_error,
             self.last_error_at,
+            self.denials.describe(),
         )
 
     # --- evidence from requests and watches ----------------------------------------------

@@ -34,7 +34,7 @@ from .._client.health import HealthState
 from .._config.kubeconfig import ClusterConfig
 from .cluster import Cluster, ClusterOptions
 from .provider import Aware
-from .status import ClusterPhase, ClusterStatus
+from .status import ClusterPhase, ClusterStatus, forbidden
 
 log = logging.getLogger("mcruntime.clusterset")
 
@@ -53,7 +53,15 @@ class _Entry:
         health = self.cluster.health
 
         def status(phase: ClusterPhase, since: float, error: str | None) -> ClusterStatus:
-            return ClusterStatus(name, phase, since, error, self.engagements, self.credential_rotations)
+            return ClusterStatus(
+                name,
+                phase,
+                since,
+                error,
+                self.engagements,
+                self.credential_rotations,
+                missing_permissions=health.missing_permissions,
+            )
 
         if health.state is HealthState.UNHEALTHY:
             return status(ClusterPhase.UNHEALTHY, health.since, health.reason)
@@ -64,6 +72,8 @@ class _Entry:
         failing = self.cluster.failing_loops()
         if failing:
             return status(ClusterPhase.UNHEALTHY, health.since, "; ".join(failing))
+        if health.missing_permissions:
+            return status(ClusterPhase.UNHEALTHY, health.since, forbidden(health.missing_permissions))
         return status(ClusterPhase.READY, max(health.since, self.created), None)
 
 

@@ -87,3 +87,14 @@ class ClusterStatus:
     engagements: int = 1
     credential_rotations: int = 0
     source: SourceStatus | None = None
+    missing_permissions: tuple[str, ...] = ()
+    """What the server refuses this program with 403 (verb, kind, namespace): the RBAC to grant.
+
+    While any is missing the cluster is ``UNHEALTHY`` and ``error`` names them;
+    they clear, without a restart, when the refused request succeeds.
+    """
+
+
+def forbidden(missing: tuple[str, ...]) -> str:
+    """The one wording of missing permissions in ``statuses()`` and ``/readyz``."""
+    return "forbidden by RBAC: " + "; ".join(missing)

@@ -312,7 +312,12 @@ class Builder:
         has_provider = self._manager.has_provider
         local = selection.local if selection.local is not None else not has_provider
         provider = selection.provider if selection.provider is not None else has_provider
-        return [role for role, wanted in (("hub", local), ("member", provider)) if wanted]
+        roles: list[Role] = []
+        if local:
+            roles.append("hub")
+        if provider:
+            roles.append("member")
+        return roles
 
     def _permissions(self, name: str) -> list[Permission]:
         """What this controller's wiring needs: reads for sources, writes for its kinds, events."""
@@ -339,13 +344,15 @@ class Builder:
                     )
                 )
 
-        reconciled = []
+        reconciled: list[ClusterSelection | None] = []
         if self._for is not None:
             kind, clusters = self._for.kind, self._for.clusters
             reconciled.append(clusters)
             grant(kind, (*READ, "update", "patch"), clusters, "reconciles it (finalizers, metadata)")
             grant(kind, ("get", "update", "patch"), clusters, "status updates", subresource="status")
-            grant(kind, ("update",), clusters, "owner references block its deletion", subresource="finalizers")
+            grant(
+                kind, ("update",), clusters, "owner references block its deletion", subresource="finalizers"
+            )
             for owned in self._owns:
                 grant(owned.kind, (*READ, *WRITE), owned.clusters or clusters, f"owns it for {kind.kind}")
         for source in self._watches:
@@ -354,9 +361,9 @@ class Builder:
                 grant(source.kind, READ, source.clusters, "watches it")
         for declared in self._declared:
             grant(declared.kind, declared.verbs, declared.clusters, "declared", declared=declared)
-        for clusters in reconciled[:1] or [None]:
-            for event in _EVENT_KINDS:
-                grant(event, ("create", "patch"), clusters, "records events")
+        # Events go to the cluster of the request: the for_ kind's (or the first source's) clusters.
+        for event in _EVENT_KINDS:
+            grant(event, ("create", "patch"), reconciled[0] if reconciled else None, "records events")
         return found
 
     build = complete

@@ -35,7 +35,7 @@ from .._fleet.clients import FleetClient, RoutedClient
 from .._fleet.cluster import Cluster, ClusterOptions
 from .._fleet.provider import Aware, Provider, ProviderRunnable
 from .._fleet.reconcile import LOCAL_CLUSTER
-from .._fleet.status import ClusterPhase, ClusterStatus
+from .._fleet.status import ClusterPhase, ClusterStatus, forbidden
 from .coordinator import Coordinator, WorkGate
 from .gcfreeze import CacheFreezer
 from .leaderelection import LeaderElectionConfig, LeaderElector
@@ -286,6 +286,8 @@ class Manager:
         failing = cluster.failing_loops()
         if failing:
             return "; ".join(failing)
+        if health.missing_permissions:
+            return forbidden(health.missing_permissions)
         waiting = [controller.name for controller in self.controllers.values() if not controller.synced(name)]
         if waiting:
             return f"caches not synced for {', '.join(sorted(waiting))}"

@@ -59,7 +59,9 @@ class Subject:
 
     def __post_init__(self) -> None:
         if self.kind not in _SUBJECT_KINDS:
-            raise ValueError(f"rbac: subject kind must be one of {', '.join(_SUBJECT_KINDS)}, not {self.kind!r}")
+            raise ValueError(
+                f"rbac: subject kind must be one of {', '.join(_SUBJECT_KINDS)}, not {self.kind!r}"
+            )
         if not self.name:
             raise ValueError("rbac: a subject needs a name")
         if (self.kind == "ServiceAccount") != (self.namespace is not None):
@@ -118,7 +120,9 @@ class RBAC:
             found.append(_object("v1", "ServiceAccount", subject.name, subject.namespace, labels))
         cluster_rules = self.rules(role)
         if cluster_rules:
-            found.append({**_object(f"{RBAC_GROUP}/v1", "ClusterRole", name, None, labels), "rules": cluster_rules})
+            found.append(
+                {**_object(f"{RBAC_GROUP}/v1", "ClusterRole", name, None, labels), "rules": cluster_rules}
+            )
             found.append(_binding("ClusterRoleBinding", "ClusterRole", name, None, labels, subject))
         for namespace in self.namespaces(role):
             role_object = _object(f"{RBAC_GROUP}/v1", "Role", name, namespace, labels)
@@ -136,7 +140,9 @@ class RBAC:
         return "---\n".join(sections)
 
 
-def _object(api_version: str, kind: str, name: str, namespace: str | None, labels: Mapping[str, str]) -> dict[str, Any]:
+def _object(
+    api_version: str, kind: str, name: str, namespace: str | None, labels: Mapping[str, str]
+) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name}
     if namespace is not None:
         meta["namespace"] = namespace
@@ -159,7 +165,9 @@ def _lease_permissions(manager: Manager) -> list[Permission]:
     if manager.elector is not None:
         config = manager.elector.config
         why = f"leader election (Lease {config.namespace}/{config.name})"
-        found.append(Permission(LEASE, ("get", "create", "update"), "hub", namespace=config.namespace, reason=why))
+        found.append(
+            Permission(LEASE, ("get", "create", "update"), "hub", namespace=config.namespace, reason=why)
+        )
     if isinstance(manager.coordinator, ShardedCoordinator):
         sharding = manager.coordinator.config
         why = f"sharding (group {sharding.name}: peer and fencing Leases)"
