@@ -123,6 +123,20 @@ class ClusterAPIProvider(ClusterSetProvider):
         # Secret "namespace/name" -> (resourceVersion, config, error): each version is parsed once.
         self._parsed: dict[str, tuple[str, mcr.ClusterConfig | None, str | None]] = {}
 
+    def rbac_rules(self) -> list[mcr.Permission]:
+        """On the hub: read Cluster API Clusters and their kubeconfig Secrets (in ``namespace``, or all)."""
+        why = "ClusterAPIProvider: Cluster objects and their kubeconfig Secrets"
+        return [
+            mcr.Permission(
+                mcr.Kind(f"{GROUP}/{VERSIONS[0]}", "Cluster"),
+                ("get", "list", "watch"),
+                "hub",
+                namespace=self.namespace,
+                reason=why,
+            ),
+            mcr.Permission(SECRET, ("get", "list", "watch"), "hub", namespace=self.namespace, reason=why),
+        ]
+
     def __repr__(self) -> str:
         return f"<ClusterAPIProvider {self.api_version or GROUP} clusters={self.clusters.names()}>"
 

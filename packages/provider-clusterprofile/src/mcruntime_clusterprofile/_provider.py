@@ -142,6 +142,15 @@ class ClusterProfileProvider(ClusterSetProvider):
         self._versions: dict[str, _Version] = {}
         self._last_good: dict[str, Access] = {}
 
+    def rbac_rules(self) -> list[mcr.Permission]:
+        """On the hub: read ClusterProfiles (``namespace``, or all); access providers bring credentials."""
+        why = "ClusterProfileProvider: ClusterProfiles"
+        return [
+            mcr.Permission(
+                CLUSTER_PROFILE, ("get", "list", "watch"), "hub", namespace=self.namespace, reason=why
+            )
+        ]
+
     def __repr__(self) -> str:
         return f"<ClusterProfileProvider {self._owner} clusters={self.clusters.names()}>"
 

@@ -94,6 +94,16 @@ class KubeFedProvider(ClusterSetProvider):
         super().__init__(self._owner, options=options, probe_interval=probe_interval)
         self._kept = mcrp.LastGoodConfigs(self._owner, log)
 
+    def rbac_rules(self) -> list[mcr.Permission]:
+        """On the hub: read KubeFedClusters and their token Secrets in the federation namespace."""
+        why = "KubeFedProvider: KubeFedClusters and their token Secrets"
+        return [
+            mcr.Permission(
+                KUBEFED_CLUSTER, ("get", "list", "watch"), "hub", namespace=self.namespace, reason=why
+            ),
+            mcr.Permission(SECRET, ("get", "list", "watch"), "hub", namespace=self.namespace, reason=why),
+        ]
+
     def __repr__(self) -> str:
         return f"<KubeFedProvider namespace={self.namespace!r} clusters={self.clusters.names()}>"
 

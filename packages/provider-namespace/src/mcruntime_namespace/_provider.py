@@ -84,6 +84,17 @@ class NamespaceProvider:
         self._indexes: dict[tuple[mcr.Kind, str], mcr.IndexFunc] = {}
         self._running = False
 
+    def rbac_rules(self) -> list[mcr.Permission]:
+        """On the host (the hub role): watch Namespaces. The member role applies to the host too."""
+        return [
+            mcr.Permission(
+                NAMESPACE,
+                ("get", "list", "watch"),
+                "hub",
+                reason="NamespaceProvider: the namespaces it engages",
+            )
+        ]
+
     def __repr__(self) -> str:
         return f"<NamespaceProvider host={self.host_name!r} clusters={len(self._engaged)}>"
 

@@ -201,7 +201,7 @@ def rbac_for(
     ServiceAccount of the same name and namespace in each member (its token
     is what the member's kubeconfig Secret would carry).
     """
-    account = service_account or name
+    account = name if service_account is None else service_account
     _check_name("name", name, _DNS_NAME)
     _check_name("namespace", namespace, _DNS_LABEL)
     _check_name("service_account", account, _DNS_NAME)
