@@ -225,6 +225,9 @@ class Controller:
             engagement.sync_error,
             f" ({'; '.join(sorted(errors))})" if errors else "",
         )
+        await asyncio.gather(*(attachment.informer.wait_for_sync() for attachment in attachments))
+        engagement.synced, engagement.sync_error = True, None  # late (a permission granted): ready after all
+        log.info("controller %s: cluster %r synced late; its reconciles are ready", self.name, name)
 
     def _disengage(self, name: str, cluster: Cluster) -> None:
         engagement = self._engaged.get(name)
