@@ -257,6 +257,9 @@ class JobFanout:
                 label_selector=toolkit.owned_by_kind_selector(TEST),
             )
             .watches_channel(self.triggers)
+            # For the generated RBAC (`mcruntime rbac`): what _child and the cleanup write.
+            .writes(JOB, "create", "delete", clusters=mcr.EVERY_CLUSTER)
+            .writes(NAMESPACE, "create", clusters=mcr.EVERY_CLUSTER)
             .with_options(max_concurrent_reconciles=max_concurrent_reconciles)
             .complete(self)
         )
