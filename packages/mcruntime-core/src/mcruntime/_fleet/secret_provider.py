@@ -124,15 +124,15 @@ class KubeconfigSecretProvider(ClusterSetProvider):
     def __repr__(self) -> str:
         return f"<KubeconfigSecretProvider namespace={self.namespace!r} clusters={self.clusters.names()}>"
 
-    def rbac_rules(self) -> list[Permission]:
-        """List and watch the kubeconfig Secrets in the one namespace, on the hub."""
-        reason = f"{type(self).__name__}: kubeconfig Secrets"
-        return [Permission(SECRET, READ, "hub", namespace=self.namespace, reason=reason)]
-
     # Reporting comes from ClusterSetProvider: get, index_field, statuses, and
     # sources(), one SourceStatus per Secret ("namespace/name"), as published by follow().
 
     # --8<-- [end:provider]
+
+    def rbac_rules(self) -> list[Permission]:
+        """List and watch the kubeconfig Secrets in the one namespace, on the hub."""
+        reason = f"{type(self).__name__}: kubeconfig Secrets"
+        return [Permission(SECRET, READ, "hub", namespace=self.namespace, reason=reason)]
 
     # --8<-- [start:run]
     async def run(self, aware: Aware) -> None:

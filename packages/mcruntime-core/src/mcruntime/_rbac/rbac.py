@@ -68,6 +68,7 @@ class Subject:
             raise ValueError("rbac: a ServiceAccount subject needs a namespace, and only it has one")
 
     def as_json(self) -> dict[str, str]:
+        """The subject as a binding's ``subjects`` entry."""
         if self.namespace is not None:
             return {"kind": self.kind, "name": self.name, "namespace": self.namespace}
         return {"kind": self.kind, "name": self.name, "apiGroup": RBAC_GROUP}
