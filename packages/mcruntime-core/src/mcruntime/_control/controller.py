@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._base.backoff import DEFAULT_BACKOFF, Backoff
-from .._base.errors import ClusterNotFound, Conflict, Unreachable
+from .._base.errors import ClusterNotFound, Conflict, Forbidden, Unreachable
 from .._base.tasks import TaskSet
 from .._fleet.context import _enter, _leave
 from .._fleet.reconcile import ReconcileFunction, Request, Result, TerminalError
@@ -481,13 +481,14 @@ class Controller:
             self.stats.dropped_cluster_gone += 1
             self.queue.forget(request)
             log.info("controller %s: %s dropped: cluster %r is gone", self.name, request, request.cluster)
-        except Conflict as conflict:
-            # Optimistic concurrency doing its job (usually a cache behind our own write):
-            # worth a retry and a line, not an error with a traceback.
+        except (Conflict, Forbidden) as refused:
+            # Optimistic concurrency doing its job (usually a cache behind our own write), or a
+            # permission missing (the cluster's record names it, once): a retry and a line, no traceback.
             outcome = "error"
             self.stats.error += 1
             self.queue.add_rate_limited(request)
-            log.info("controller %s: %s hit a conflict, retrying: %s", self.name, request, conflict)
+            what = "a conflict" if isinstance(refused, Conflict) else "a missing permission"
+            log.info("controller %s: %s hit %s, retrying: %s", self.name, request, what, refused)
         except Unreachable as error:
             outcome = "error"
             self.stats.error += 1
