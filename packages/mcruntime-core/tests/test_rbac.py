@@ -196,6 +196,16 @@ def test_the_yaml_binds_each_role_to_its_subject() -> None:
     assert all(doc["subjects"] == [subject] for doc in documents if doc["kind"].endswith("Binding"))
 
 
+def test_explain_says_why_each_permission_is_there() -> None:
+    election = mcr.LeaderElectionConfig(name="fanout", namespace="ops")
+    lines = mcr.rbac_for(_fanout_manager(leader_election=election), name="fanout", namespace="ops").explain()
+    assert "member cluster-wide create,delete jobs (batch)  # controller fanout: declared" in lines
+    assert (
+        "hub ops create,get,update leases (coordination.k8s.io)  # leader election (Lease ops/fanout)"
+        in lines
+    )
+
+
 def test_a_member_subject_of_its_own_is_bound_without_a_service_account() -> None:
     rbac = mcr.rbac_for(
         _fanout_manager(), name="fanout", namespace="ops", member_subject=mcr.Subject("User", "fleet-bot")

@@ -131,6 +131,17 @@ class RBAC:
             found.append(_binding("RoleBinding", "Role", name, namespace, labels, subject))
         return found
 
+    def explain(self) -> str:
+        """One line per permission, before merging: role, scope, verbs, resource and why it is there."""
+        lines = []
+        for permission in self.permissions:
+            scope = permission.namespace or "cluster-wide"
+            group = permission.kind.group or "core"
+            verbs = ",".join(permission.verbs)
+            reason = f"  # {permission.reason}" if permission.reason else ""
+            lines.append(f"{permission.role} {scope} {verbs} {permission.rest_name} ({group}){reason}")
+        return "\n".join(sorted(set(lines))) + ("\n" if lines else "")
+
     def to_yaml(self, role: Role | None = None) -> str:
         """Multi-document YAML of one role (or both, each under a comment saying where it goes)."""
         sections: list[str] = []
