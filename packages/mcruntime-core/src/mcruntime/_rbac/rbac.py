@@ -116,8 +116,9 @@ class RBAC:
         subject = self.subjects[role]
         found: list[dict[str, Any]] = []
         if role == "member" and subject.namespace is not None:
-            # The member identity lives in each member; the hub's is the Deployment's own.
-            found.append(_object("v1", "Namespace", subject.namespace, None, labels))
+            # The member identity lives in each member; the hub's is the Deployment's own. The
+            # namespace is not labelled: a label-selected prune must never delete a shared one.
+            found.append(_object("v1", "Namespace", subject.namespace, None, {}))
             found.append(_object("v1", "ServiceAccount", subject.name, subject.namespace, labels))
         cluster_rules = self.rules(role)
         if cluster_rules:
@@ -158,7 +159,8 @@ def _object(
     meta: dict[str, Any] = {"name": name}
     if namespace is not None:
         meta["namespace"] = namespace
-    meta["labels"] = dict(labels)
+    if labels:
+        meta["labels"] = dict(labels)
     return {"apiVersion": api_version, "kind": kind, "metadata": meta}
 
 
