@@ -10,7 +10,7 @@ import yaml
 
 import mcruntime as mcr
 from mcruntime._base.kind import Resource
-from mcruntime._client.permissions import Denials, verb_of
+from mcruntime._client.permissions import Denials, refused_by_authorization, verb_of
 
 CONFIG = mcr.kubeconfig_from_dict(
     {
@@ -301,3 +301,13 @@ def test_verbs_of_requests() -> None:
         "delete",
     ]
     assert verb_of("DELETE", None) == "deletecollection"
+
+
+def test_only_the_authorizers_403_is_a_missing_permission() -> None:
+    rbac = 'configmaps is forbidden: User "system:serviceaccount:ops:app" cannot list resource "configmaps"'
+    terminating = 'configmaps "x" is forbidden: unable to create new content in namespace ops because it is being terminated'
+    webhook = 'admission webhook "deny.example.com" denied the request: no'
+    assert refused_by_authorization({"kind": "Status", "message": rbac})
+    assert not refused_by_authorization({"kind": "Status", "message": terminating})
+    assert not refused_by_authorization({"kind": "Status", "message": webhook})
+    assert not refused_by_authorization(b"<html>403</html>")

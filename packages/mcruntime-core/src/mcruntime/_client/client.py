@@ -19,7 +19,7 @@ from .._base.errors import APIError, NotFound, Unreachable, error_from_status
 from .._base.kind import Kind, Resource
 from .._base.objects import JSON, to_json_shape
 from .discovery import Discovery
-from .permissions import verb_of
+from .permissions import refused_by_authorization, verb_of
 from .transport import Transport
 
 PatchType = Literal["merge", "json", "strategic"]
@@ -121,7 +121,7 @@ class Client:
             accept=accept,
         )
         decoded = _decode(raw)
-        self._note_permission(status, verb_of(method, name), resource, namespace, subresource)
+        self._note_permission(status, decoded, verb_of(method, name), resource, namespace, subresource)
         if status >= 300:
             retry_after = headers.get("Retry-After")
             raise error_from_status(
@@ -136,11 +136,18 @@ class Client:
         return decoded
 
     def _note_permission(
-        self, status: int, verb: str, resource: Resource, namespace: str | None, subresource: str | None
+        self,
+        status: int,
+        body: Any,
+        verb: str,
+        resource: Resource,
+        namespace: str | None,
+        subresource: str | None,
     ) -> None:
         denials = self.transport.health.denials
         if status == 403:
-            denials.denied(verb, resource, namespace, subresource=subresource)
+            if refused_by_authorization(body):  # not an admission plugin's or a webhook's 403
+                denials.denied(verb, resource, namespace, subresource=subresource)
         elif status < 300:
             denials.allowed(verb, resource, namespace, subresource=subresource)
 
@@ -291,14 +298,10 @@ class Client:
             async with self.transport.stream(
                 path, params=params, read_timeout=read_timeout, accept=accept
             ) as response:
-                self._note_permission(response.status, "watch", resource, namespace, None)
+                body = _decode(await response.read()) if response.status >= 300 else None
+                self._note_permission(response.status, body, "watch", resource, namespace, None)
                 if response.status >= 300:
-                    raise error_from_status(
-                        response.status,
-                        _decode(await response.read()),
-                        cluster=self.cluster,
-                        kind=resource.kind,
-                    )
+                    raise error_from_status(response.status, body, cluster=self.cluster, kind=resource.kind)
                 # Split lines ourselves: aiohttp's readline caps line length, and one
                 # event carries a whole object (large ConfigMaps, CRDs).
                 buffer = bytearray()

@@ -8,13 +8,18 @@ cluster's health snapshot. The same request succeeding later (the rule was
 granted; informers retry on their own) clears it without a restart. A denial
 nothing repeats (a write of an object since deleted) is forgotten after
 ``ttl`` seconds, so it cannot hold a cluster unready forever.
+
+Only the authorizer's refusals count: admission plugins (a namespace being
+terminated) and webhooks answer 403 too, about the object, not the identity.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from .._base.kind import Resource
 
@@ -22,6 +27,17 @@ log = logging.getLogger("mcruntime.permissions")
 
 DEFAULT_TTL = 600.0
 _Key = tuple[str, str, str, str | None]
+# The authorizer's wording (`User "system:serviceaccount:ops:app" cannot list resource ...`);
+# admission plugins and webhooks also answer 403, about the object rather than the identity.
+_AUTHORIZATION = re.compile(r'User "[^"]*" cannot ')
+
+
+def refused_by_authorization(body: Any) -> bool:
+    """Whether a 403's Status says the identity lacks a permission (RBAC), not that admission refused."""
+    if isinstance(body, dict):
+        message = body.get("message")
+        return isinstance(message, str) and _AUTHORIZATION.search(message) is not None
+    return False
 
 
 def verb_of(method: str, name: str | None) -> str:
