@@ -22,6 +22,7 @@ from mcruntime import toolkit
 
 EXPORTED = [
     "APIError",
+    "AdmissionRequest",
     "AlreadyExists",
     "Aware",
     "Backoff",
@@ -45,7 +46,11 @@ EXPORTED = [
     "ClusterStatus",
     "Conflict",
     "Controller",
+    "ConversionFailed",
+    "ConversionFunction",
     "Coordinator",
+    "Defaulter",
+    "Denied",
     "EVERY_CLUSTER",
     "EventHandler",
     "EventRecorder",
@@ -79,6 +84,7 @@ EXPORTED = [
     "NotFound",
     "ObjectEvent",
     "ObjectList",
+    "OnError",
     "PROVIDER_ONLY",
     "PatchType",
     "Predicate",
@@ -112,7 +118,12 @@ EXPORTED = [
     "TrustPolicyError",
     "Unauthorized",
     "Unreachable",
+    "Validator",
     "WatchEvent",
+    "WebhookBuilder",
+    "WebhookOptions",
+    "WebhookServer",
+    "Webhooks",
     "WorkQueue",
     "__version__",
     "all_of",
@@ -146,6 +157,7 @@ EXPORTED = [
     "resource_version_changed",
     "run_manager",
     "strip_managed_fields",
+    "webhook_managed_by",
 ]
 
 

@@ -7,6 +7,8 @@ packages are the layers, bottom to top: ``_base`` (errors, backoff, tasks),
 ``_cache`` (informers), ``_fleet`` (clusters, providers), ``_control``
 (controllers) and ``_manager``. A layer imports only itself and the layers below
 it; ``tests/test_layer_contract.py`` enforces that.
+``_webhook`` (admission and conversion webhooks) sits between ``_control``
+and ``_manager``.
 ``mcruntime.testing`` holds the testbed its tests and its users' tests run on.
 """
 
@@ -105,6 +107,11 @@ from ._manager.logging import JSONFormatter, ReconcileContextFilter, configure_l
 from ._manager.manager import Manager, Runnable, run_manager
 from ._manager.serving import Check
 from ._manager.sharding import ShardedCoordinator, ShardingConfig
+from ._manager.webhooks import WebhookBuilder, Webhooks, webhook_managed_by
+from ._webhook.handlers import ConversionFailed, ConversionFunction, Defaulter, OnError, Validator
+from ._webhook.options import WebhookOptions
+from ._webhook.review import AdmissionRequest, Denied
+from ._webhook.server import WebhookServer
 
 __version__ = "0.1.0"
 
@@ -114,6 +121,7 @@ __all__ = [
     "LOCAL_ONLY",
     "PROVIDER_ONLY",
     "APIError",
+    "AdmissionRequest",
     "AlreadyExists",
     "Aware",
     "Backoff",
@@ -137,7 +145,11 @@ __all__ = [
     "ClusterStatus",
     "Conflict",
     "Controller",
+    "ConversionFailed",
+    "ConversionFunction",
     "Coordinator",
+    "Defaulter",
+    "Denied",
     "EventHandler",
     "EventRecorder",
     "ExponentialBackoff",
@@ -168,6 +180,7 @@ __all__ = [
     "NotFound",
     "ObjectEvent",
     "ObjectList",
+    "OnError",
     "PatchType",
     "Predicate",
     "Provider",
@@ -200,7 +213,12 @@ __all__ = [
     "TrustPolicyError",
     "Unauthorized",
     "Unreachable",
+    "Validator",
     "WatchEvent",
+    "WebhookBuilder",
+    "WebhookOptions",
+    "WebhookServer",
+    "Webhooks",
     "WorkQueue",
     "__version__",
     "all_of",
@@ -234,6 +252,7 @@ __all__ = [
     "resource_version_changed",
     "run_manager",
     "strip_managed_fields",
+    "webhook_managed_by",
 ]
 
 if TYPE_CHECKING:
