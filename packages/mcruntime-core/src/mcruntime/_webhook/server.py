@@ -182,14 +182,13 @@ class WebhookServer:
                 web.post("/clusters/{cluster}/convert/{group}/{kind}", self._convert),
             ]
         )
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
         site = web.TCPSite(
             runner,
             self.options.listen_host,
             self.options.listen_port,
             ssl_context=self.certificates.context,
-            shutdown_timeout=1.0,
         )
         try:
             await site.start()
