@@ -12,10 +12,10 @@ from webhook_helpers import (
     config_of,
     fleet_manager,
     install_crd,
+    kind_crd,
     make_test,
     new_group,
     serving,
-    kind_crd,
     webhook_options,
 )
 
@@ -28,7 +28,9 @@ async def _prepare(fleet: Fleet, group: str, namespace: str) -> None:
     for plane in fleet:
         await install_crd(plane, kind_crd(group))
         async with mcr.Cluster("setup", config_of(plane)) as cluster:
-            await cluster.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+            await cluster.client.create(
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+            )
             await cluster.client.create(configmap("allowed-images", namespace, image=plane.name))
 
 
@@ -76,7 +78,7 @@ async def test_each_cluster_validates_and_defaults_against_its_own_cache(fleet: 
             other = names[(names.index(name) + 1) % len(names)]
             with pytest.raises(mcr.Forbidden, match=f"image '{other}' is not allowed in cluster '{name}'"):
                 await _create(fleet, name, make_test(kind, "foreign", namespace, image=other))
-            with pytest.raises(mcr.Invalid, match="spec.image is required"):
+            with pytest.raises(mcr.Invalid, match=r"spec\.image is required"):
                 await _create(fleet, name, make_test(kind, "empty", namespace))
             with pytest.raises(mcr.APIError, match="the validator failed: RuntimeError"):
                 await _create(fleet, name, make_test(kind, "crash", namespace, image="crash"))
@@ -105,7 +107,9 @@ async def test_a_hung_handler_in_one_cluster_leaves_the_others_their_capacity(fl
             await release.wait()
         served.append(req.cluster)
 
-    mcr.webhook_managed_by(manager).for_(kind).with_validator(validate).with_options(timeout_seconds=30).complete()
+    mcr.webhook_managed_by(manager).for_(kind).with_validator(validate).with_options(
+        timeout_seconds=30
+    ).complete()
     async with serving(manager, names):
         # Fill the hung cluster's whole lane.
         blocked = [
@@ -133,7 +137,9 @@ async def test_a_handler_error_can_be_left_to_the_failure_policy(fleet: Fleet) -
     plane = fleet["cluster-1"]
     await install_crd(plane, kind_crd(group))
     async with mcr.Cluster("setup", config_of(plane)) as cluster:
-        await cluster.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        await cluster.client.create(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+        )
     manager = mcr.Manager(
         mcr.StaticProvider({plane.name: config_of(plane)}), handle_signals=False, webhook=webhook_options()
     )
@@ -173,7 +179,9 @@ async def test_configurations_are_removed_on_disengage_only_when_asked(fleet: Fl
     async with mcr.Cluster("check", config_of(plane)) as cluster:
         assert await cluster.client.get_or_none(validating, names[0]) is None
         kept = await cluster.client.get(validating, names[1])
-        assert kept["webhooks"][0]["clientConfig"]["url"].endswith(f"/clusters/{plane.name}/validate/{group}/v1/Test")
+        assert kept["webhooks"][0]["clientConfig"]["url"].endswith(
+            f"/clusters/{plane.name}/validate/{group}/v1/Test"
+        )
         assert kept["webhooks"][0]["clientConfig"]["caBundle"]
         with contextlib.suppress(mcr.NotFound):
             await cluster.client.delete(validating, names[1])

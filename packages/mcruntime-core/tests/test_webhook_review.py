@@ -102,8 +102,14 @@ def test_an_admission_review_parses_with_its_cluster() -> None:
 @pytest.mark.parametrize(
     ("review", "complaint"),
     [
-        ({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"}, "'admission.k8s.io/v1beta1' is not served"),
-        ({"apiVersion": "admission.k8s.io/v1", "kind": "ConversionReview"}, "this endpoint takes a AdmissionReview"),
+        (
+            {"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"},
+            "'admission.k8s.io/v1beta1' is not served",
+        ),
+        (
+            {"apiVersion": "admission.k8s.io/v1", "kind": "ConversionReview"},
+            "this endpoint takes a AdmissionReview",
+        ),
         ({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}, "no request object"),
         (admission_review(uid=""), "request.uid is missing"),
         (admission_review(operation="PATCH"), "request.operation 'PATCH'"),
@@ -200,7 +206,12 @@ async def test_conversion_goes_through_the_hub_both_ways() -> None:
 
 
 async def test_a_failed_conversion_names_the_object_and_direction() -> None:
-    obj = {"apiVersion": "example.com/v1", "kind": "Test", "metadata": {"name": "t"}, "spec": {"image": "refuse"}}
+    obj = {
+        "apiVersion": "example.com/v1",
+        "kind": "Test",
+        "metadata": {"name": "t"},
+        "spec": {"image": "refuse"},
+    }
     with pytest.raises(mcr.ConversionFailed, match=r"converting Test t from v1 to v1alpha1: image 'refuse'"):
         await CONVERSION.convert(obj, "example.com/v1alpha1")
     with pytest.raises(mcr.ConversionFailed, match="no conversion for version 'v2'"):
