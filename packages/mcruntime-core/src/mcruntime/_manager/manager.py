@@ -363,6 +363,7 @@ class Manager:
 
     @property
     def running(self) -> bool:
+        """Between :meth:`start` and the end of its shutdown."""
         return self._running
 
     @property

@@ -64,6 +64,7 @@ class Registrar:
         self._changed = asyncio.Event()
 
     def engage(self, name: str, cluster: Cluster) -> None:
+        """Keep ``cluster``'s configurations current for as long as it runs."""
         cluster.tasks.supervise(lambda: self._keep_current(name, cluster), "webhook-registration")
         if self._server.options.remove_on_disengage:
             cluster.on_stop(lambda: self._remove(name, cluster))

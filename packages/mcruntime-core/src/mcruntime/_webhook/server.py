@@ -96,7 +96,7 @@ class WebhookServer:
         clusters: Callable[[], Mapping[str, Cluster]],
         field_manager: str = "mcruntime-webhook",
     ) -> None:
-        self.options = options or WebhookOptions()
+        self.options: WebhookOptions = options or WebhookOptions()
         self._clusters = clusters
         files = self.options.files()
         self.certificates: CertificateSource = (
@@ -110,7 +110,7 @@ class WebhookServer:
         self._lanes: dict[str, asyncio.Semaphore] = {}
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
-        self.registrar = Registrar(self, field_manager=field_manager)
+        self.registrar: Registrar = Registrar(self, field_manager=field_manager)
 
     def __repr__(self) -> str:
         where = f"port {self.port}" if self.port is not None else "not listening"
@@ -142,6 +142,7 @@ class WebhookServer:
 
     @property
     def has_handlers(self) -> bool:
+        """Whether anything is registered (the manager starts the server only then, unless configured)."""
         return bool(self.validators or self.defaulters or self.conversions)
 
     # --- addresses ------------------------------------------------------------------------
