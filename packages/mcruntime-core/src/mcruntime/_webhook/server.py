@@ -77,6 +77,11 @@ def group_path(group: str) -> str:
     return group or CORE_GROUP
 
 
+def _with(hosts: tuple[str, ...], host: str) -> tuple[str, ...]:
+    """The certificate's hosts, with the one the API servers call (or its URL would not verify)."""
+    return hosts if host in hosts else (*hosts, host)
+
+
 def _refuse(status: int, message: str) -> web.Response:
     return web.Response(status=status, text=message + "\n", content_type="text/plain")
 
@@ -102,7 +107,9 @@ class WebhookServer:
         self.certificates: CertificateSource = (
             CertificateFiles(*files)
             if files is not None
-            else SelfSignedCertificates(self.options.hosts, validity=self.options.certificate_validity)
+            else SelfSignedCertificates(
+                _with(self.options.hosts, self.options.public_host()), validity=self.options.certificate_validity
+            )
         )
         self.validators: dict[Kind, AdmissionHook] = {}
         self.defaulters: dict[Kind, AdmissionHook] = {}
