@@ -108,7 +108,8 @@ class WebhookServer:
             CertificateFiles(*files)
             if files is not None
             else SelfSignedCertificates(
-                _with(self.options.hosts, self.options.public_host()), validity=self.options.certificate_validity
+                _with(self.options.hosts, self.options.public_host()),
+                validity=self.options.certificate_validity,
             )
         )
         self.validators: dict[Kind, AdmissionHook] = {}
