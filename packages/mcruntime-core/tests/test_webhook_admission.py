@@ -131,6 +131,28 @@ async def test_a_hung_handler_in_one_cluster_leaves_the_others_their_capacity(fl
         assert all(isinstance(result, dict) for result in results), results
 
 
+async def test_a_call_past_the_handler_timeout_is_answered_and_the_others_are_not_held(fleet: Fleet) -> None:
+    group, namespace = new_group(), unique("timeout")
+    kind = mcr.Kind(f"{group}/v1", "Test")
+    await _prepare(fleet, group, namespace)
+    names = [plane.name for plane in fleet]
+    hung = names[0]
+    manager = fleet_manager(fleet, webhook_options(max_concurrent_per_cluster=1, handler_timeout=1.0))
+    never = asyncio.Event()
+
+    async def validate(req: mcr.AdmissionRequest) -> None:
+        if req.cluster == hung:
+            await never.wait()
+
+    mcr.webhook_managed_by(manager).for_(kind).with_validator(validate).complete()
+    async with serving(manager, names):
+        blocked = asyncio.create_task(_create(fleet, hung, make_test(kind, "stuck", namespace, image="x")))
+        for name in names[1:]:
+            await _create(fleet, name, make_test(kind, "fine", namespace, image="x"))
+        with pytest.raises(mcr.APIError, match=r"the validator did not answer within 1\.0s"):
+            await blocked
+
+
 async def test_a_handler_error_can_be_left_to_the_failure_policy(fleet: Fleet) -> None:
     group, namespace = new_group(), unique("policy")
     kind = mcr.Kind(f"{group}/v1", "Test")
