@@ -99,6 +99,12 @@ def test_an_admission_review_parses_with_its_cluster() -> None:
     assert str(request) == "CREATE Test east:ns/t"
 
 
+def test_the_object_and_user_stay_out_of_the_repr() -> None:
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "data": {"token": "c2VjcmV0"}}
+    request = parse_admission("east", admission_review(object=secret, userInfo={"extra": {"k": ["hidden"]}}))
+    assert "c2VjcmV0" not in repr(request) and "hidden" not in repr(request)
+
+
 @pytest.mark.parametrize(
     ("review", "complaint"),
     [

@@ -64,12 +64,13 @@ class AdmissionRequest:
     operation: Operation
     namespace: str
     name: str
-    object: JSON | None
-    old_object: JSON | None
-    user_info: JSON
+    # Out of the repr: an admitted Secret's data or a user's extra attributes must not reach a log line.
+    object: JSON | None = field(repr=False)
+    old_object: JSON | None = field(repr=False)
+    user_info: JSON = field(repr=False)
     dry_run: bool
     sub_resource: str = ""
-    options: JSON | None = None
+    options: JSON | None = field(default=None, repr=False)
     warnings: list[str] = field(default_factory=list)
 
     def warn(self, message: str) -> None:
