@@ -229,3 +229,31 @@ async def test_webhooks_registered_after_start_reach_every_cluster(fleet: Fleet)
         for name in names:
             with pytest.raises(mcr.Forbidden, match=f"late webhook in {name}"):
                 await _create(fleet, name, make_test(kind, "late", "default", image="x"))
+
+
+async def test_registration_waits_for_a_crd_installed_later_and_shows_why_meanwhile(fleet: Fleet) -> None:
+    group = new_group()
+    kind = mcr.Kind(f"{group}/v1", "Test")
+    plane = fleet["cluster-3"]
+    manager = mcr.Manager(
+        mcr.StaticProvider({plane.name: config_of(plane)}), handle_signals=False, webhook=webhook_options()
+    )
+    manager.webhook.registrar.backoff = mcr.Backoff(base=0.05, cap=0.5)
+
+    async def deny(req: mcr.AdmissionRequest) -> None:
+        raise mcr.Denied(f"registered late in {req.cluster}")
+
+    mcr.webhook_managed_by(manager).for_(kind).with_validator(deny).complete()
+    from kube_helpers import running
+
+    async with running(manager):
+        registrar = manager.webhook.registrar
+        await wait_for(lambda: plane.name in registrar.failing)
+        assert f"serves no Test in {group}/v1" in registrar.failing[plane.name]
+        lines = await manager.webhook.readiness()
+        assert (f"webhook:registration:{plane.name}", registrar.failing[plane.name], False) in lines
+        await install_crd(plane, kind_crd(group))
+        await wait_for(lambda: registrar.applied.get(plane.name, 0) >= 1)
+        assert plane.name not in registrar.failing
+        with pytest.raises(mcr.Forbidden, match=f"registered late in {plane.name}"):
+            await _create(fleet, plane.name, make_test(kind, "late", "default", image="x"))

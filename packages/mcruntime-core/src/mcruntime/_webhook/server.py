@@ -246,7 +246,7 @@ class WebhookServer:
             self.registrar.engage(name, cluster)
 
     async def readiness(self) -> list[tuple[str, str | None, bool]]:
-        """``/readyz`` lines: listening, and the certificate's expiry (in the line's name)."""
+        """``/readyz`` lines: listening, the certificate's expiry (in its name), failing registrations."""
         lines: list[tuple[str, str | None, bool]] = [
             ("webhook", None if self.port is not None else "not listening", True)
         ]
@@ -257,6 +257,9 @@ class WebhookServer:
             lines.append(
                 (f"webhook:certificate (expires {expires.isoformat(timespec='seconds')})", reason, True)
             )
+        # Shown, not counted: one cluster refusing its configuration must not take the server out of service.
+        for name, error in sorted(self.registrar.failing.items()):
+            lines.append((f"webhook:registration:{name or 'local'}", error, False))
         return lines
 
     # --- calls ----------------------------------------------------------------------------
