@@ -95,3 +95,14 @@ def test_webhook_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("MCRUNTIME_WEBHOOK_BIND_ADDRESS", "nonsense")
     with pytest.raises(mcr.SettingsError, match="MCRUNTIME_WEBHOOK_BIND_ADDRESS"):
         mcr.ManagerSettings.load().webhook_options()
+
+
+def test_a_manager_from_settings_gets_the_webhook_options() -> None:
+    settings = mcr.ManagerSettings.load(webhook_bind_address="127.0.0.1:0", webhook_cert_dir="/certs")
+    mgr = mcr.Manager.from_settings(mcr.StaticProvider({}), settings=settings, handle_signals=False)
+    assert mgr.webhook.options.address == "127.0.0.1:0"
+    assert mgr.webhook.options.files() is not None and not mgr.webhook.options.registers
+    plain = mcr.Manager.from_settings(
+        mcr.StaticProvider({}), settings=mcr.ManagerSettings.load(), handle_signals=False
+    )
+    assert plain.webhook.options == mcr.WebhookOptions()
