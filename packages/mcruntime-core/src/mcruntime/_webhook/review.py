@@ -11,7 +11,6 @@ nothing else.
 from __future__ import annotations
 
 import base64
-import copy
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -241,5 +240,14 @@ def conversion_response(uid: str, converted: list[JSON] | None, failure: str | N
 
 
 def snapshot(obj: JSON | None) -> JSON | None:
-    """A deep copy, taken before a defaulter runs, to diff its result against."""
-    return copy.deepcopy(obj) if obj is not None else None
+    """A deep copy, taken before a defaulter runs, to diff its result against.
+
+    A JSON round trip through orjson: several times faster than ``copy.deepcopy``
+    on a large object, and the object is JSON by construction.
+    """
+    return orjson.loads(orjson.dumps(obj)) if obj is not None else None
+
+
+def encode(review: JSON) -> str:
+    """A review as JSON text, with orjson (the standard library is several times slower)."""
+    return orjson.dumps(review).decode()

@@ -47,6 +47,7 @@ from .review import (
     admission_response,
     conversion_response,
     decode,
+    encode,
     parse_admission,
     parse_conversion,
     snapshot,
@@ -314,7 +315,7 @@ class WebhookServer:
             review = parse_admission(name, data)
         except ReviewError as error:
             return _refuse(400, str(error))
-        return web.json_response(await self._answer(hook, review, lane, mutating=mutating))
+        return web.json_response(await self._answer(hook, review, lane, mutating=mutating), dumps=encode)
 
     async def _answer(
         self, hook: AdmissionHook, review: AdmissionRequest, lane: asyncio.Semaphore, *, mutating: bool
@@ -378,12 +379,12 @@ class WebhookServer:
                 ]
         except ConversionFailed as error:
             log.warning("cluster %r: %s", name, error)
-            return web.json_response(conversion_response(review.uid, None, str(error)))
+            return web.json_response(conversion_response(review.uid, None, str(error)), dumps=encode)
         except TimeoutError:
             message = f"conversion to {review.desired_api_version} took over {self.options.handler_timeout}s"
             log.error("cluster %r: %s", name, message)
-            return web.json_response(conversion_response(review.uid, None, message))
-        return web.json_response(conversion_response(review.uid, converted))
+            return web.json_response(conversion_response(review.uid, None, message), dumps=encode)
+        return web.json_response(conversion_response(review.uid, converted), dumps=encode)
 
 
 async def _in_context(review: AdmissionRequest, call: Awaitable[JSON | None]) -> JSON | None:
