@@ -227,3 +227,20 @@ async def test_a_failed_conversion_names_the_object_and_direction() -> None:
 def test_a_conversion_without_both_directions_is_refused() -> None:
     broken = Conversion("example.com", "Test", "v1", {"v1alpha1": _to_hub}, {})
     assert broken.problems() == ["versions ['v1alpha1'] need both to_hub and from_hub functions"]
+
+
+async def test_self_made_keys_leave_no_file_behind(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    from mcruntime._webhook.certs import SelfSignedCertificates
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    certificates = SelfSignedCertificates(("127.0.0.1", "webhook.example.com"))
+    await certificates.load()
+    first = certificates.not_after()
+    await certificates.rotate()
+    assert certificates.ca_bundle() is not None and b"BEGIN CERTIFICATE" in (certificates.ca_bundle() or b"")
+    assert first is not None and certificates.not_after() is not None
+    assert not certificates.due()
+    assert list(tmp_path.iterdir()) == []
+    assert "PRIVATE" not in repr(certificates)
