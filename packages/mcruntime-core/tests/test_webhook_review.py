@@ -242,5 +242,10 @@ async def test_self_made_keys_leave_no_file_behind(tmp_path: Any, monkeypatch: p
     assert certificates.ca_bundle() is not None and b"BEGIN CERTIFICATE" in (certificates.ca_bundle() or b"")
     assert first is not None and certificates.not_after() is not None
     assert not certificates.due()
+    import datetime
+
+    issued = datetime.datetime.now(datetime.UTC)
+    assert not certificates.due(issued + datetime.timedelta(days=4))
+    assert certificates.due(issued + datetime.timedelta(days=5))  # two thirds of the 7 days
     assert list(tmp_path.iterdir()) == []
     assert "PRIVATE" not in repr(certificates)

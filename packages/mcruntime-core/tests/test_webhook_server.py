@@ -201,3 +201,35 @@ async def test_certificate_files_rotated_on_disk_are_picked_up(fleet: Fleet, tmp
         (tmp_path / "tls.crt").write_bytes(authority.issue("other", server_hosts=("127.0.0.1",)).cert_pem)
         assert await server.certificates.refresh() is False
         assert await served_certificate(server.port, context) == der(second)
+
+
+async def test_a_self_made_certificate_is_renewed_before_it_expires() -> None:
+    import contextlib
+    import datetime
+
+    server = mcr.WebhookServer(
+        mcr.WebhookOptions(
+            address="127.0.0.1:0", certificate_validity=datetime.timedelta(seconds=6), reload_interval=0.05
+        ),
+        clusters=dict,
+    )
+    await server.listen()
+    loop = asyncio.create_task(server.run())
+    try:
+        bundle = server.ca_bundle()
+        assert bundle is not None and server.port is not None
+        first = await served_certificate(server.port, client_context(bundle))
+        expires = server.certificates.not_after()
+
+        async def renewed() -> bool:
+            assert server.port is not None
+            return await served_certificate(server.port, client_context(bundle)) != first
+
+        await wait_for(renewed, timeout=20)
+        renewed_expiry = server.certificates.not_after()
+        assert expires is not None and renewed_expiry is not None and renewed_expiry > expires
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
+        await server.close()

@@ -166,7 +166,8 @@ class CertificateFiles:
 @dataclass
 class _Issued:
     cert_pem: bytes
-    not_before: datetime.datetime
+    issued_at: datetime.datetime
+    """When it was made: ``notBefore`` is backdated for clock skew, so it cannot time the renewal."""
     not_after: datetime.datetime
 
 
@@ -216,8 +217,8 @@ class SelfSignedCertificates:
         if self._issued is None:
             return True
         now = now or datetime.datetime.now(datetime.UTC)
-        life = self._issued.not_after - self._issued.not_before
-        return now >= self._issued.not_before + life * 2 / 3
+        life = self._issued.not_after - self._issued.issued_at
+        return now >= self._issued.issued_at + life * 2 / 3
 
     async def refresh(self) -> bool:
         if not self.due():
@@ -302,4 +303,4 @@ class SelfSignedCertificates:
         key_pem = key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
-        return cert_pem, key_pem, _Issued(cert_pem, not_before, not_after)
+        return cert_pem, key_pem, _Issued(cert_pem, now, not_after)
