@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 from typing import Any
@@ -249,3 +250,39 @@ async def test_self_made_keys_leave_no_file_behind(tmp_path: Any, monkeypatch: p
     assert certificates.due(issued + datetime.timedelta(days=5))  # two thirds of the 7 days
     assert list(tmp_path.iterdir()) == []
     assert "PRIVATE" not in repr(certificates)
+
+
+async def _answer(hook: Any, *, mutating: bool, timeout: float = 5.0) -> dict[str, Any]:
+    from mcruntime._webhook.server import WebhookServer
+
+    server = WebhookServer(mcr.WebhookOptions(address="127.0.0.1:0", handler_timeout=timeout), clusters=dict)
+    request = parse_admission("east", admission_review())
+    response: dict[str, Any] = (await server._answer(hook, request, asyncio.Semaphore(1), mutating=mutating))[
+        "response"
+    ]
+    return response
+
+
+async def test_handler_failures_are_answered_by_kind() -> None:
+    from mcruntime._webhook.handlers import AdmissionHook
+
+    async def returns_a_list(_req: mcr.AdmissionRequest) -> Any:
+        return [1]
+
+    async def own_timeout(_req: mcr.AdmissionRequest) -> None:
+        raise TimeoutError("a call of its own timed out")
+
+    never = asyncio.Event()
+
+    async def hangs(_req: mcr.AdmissionRequest) -> None:
+        await never.wait()
+
+    kind = mcr.Kind("example.com/v1", "Test")
+    response = await _answer(AdmissionHook(kind, defaulter=returns_a_list), mutating=True)
+    assert response["allowed"] is False
+    assert response["status"]["message"] == "CREATE Test east:ns/t: the defaulter failed: TypeError"
+    response = await _answer(AdmissionHook(kind, validator=own_timeout), mutating=False)
+    assert response["status"]["message"].endswith("the validator failed: TimeoutError")
+    response = await _answer(AdmissionHook(kind, validator=hangs), mutating=False, timeout=0.05)
+    assert response["status"]["message"].endswith("the validator did not answer within 0.05s")
+    assert response["status"]["code"] == 500

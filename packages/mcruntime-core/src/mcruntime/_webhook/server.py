@@ -322,15 +322,18 @@ class WebhookServer:
     ) -> JSON:
         original = snapshot(review.object) if mutating else None
         what = "defaulter" if mutating else "validator"
+        deadline = asyncio.timeout(self.options.handler_timeout)
         try:
-            async with asyncio.timeout(self.options.handler_timeout):
-                async with lane:
-                    result = await _in_context(review, self._call(hook, review, mutating=mutating))
+            async with deadline, lane:
+                result = await _in_context(review, self._call(hook, review, mutating=mutating))
         except Denied as denial:
             return admission_response(
                 review, allowed=False, message=denial.message, code=denial.code, reason=denial.reason
             )
-        except TimeoutError:
+        except TimeoutError as error:
+            if not deadline.expired():  # the handler's own timeout (a slow call it made): its error
+                log.error("webhook %s for %s raised", what, review, exc_info=error)
+                return self._failed(hook, review, f"the {what} failed: {type(error).__name__}")
             log.error("webhook %s for %s took over %.1fs", what, review, self.options.handler_timeout)
             return self._failed(
                 hook, review, f"the {what} did not answer within {self.options.handler_timeout}s"
@@ -344,7 +347,9 @@ class WebhookServer:
     async def _call(hook: AdmissionHook, review: AdmissionRequest, *, mutating: bool) -> JSON | None:
         if mutating:
             assert hook.defaulter is not None
-            returned = await hook.defaulter(review)
+            returned: object = await hook.defaulter(review)
+            if returned is not None and not isinstance(returned, dict):
+                raise TypeError(f"the defaulter returned a {type(returned).__name__}, not the object")
             return returned if returned is not None else review.object
         assert hook.validator is not None
         await hook.validator(review)
