@@ -22,6 +22,7 @@ from mcruntime import toolkit
 
 EXPORTED = [
     "APIError",
+    "AdmissionRequest",
     "AlreadyExists",
     "Aware",
     "Backoff",
@@ -45,8 +46,12 @@ EXPORTED = [
     "ClusterStatus",
     "Conflict",
     "Controller",
+    "ConversionFailed",
+    "ConversionFunction",
     "Coordinator",
     "DeclaresPermissions",
+    "Defaulter",
+    "Denied",
     "EVERY_CLUSTER",
     "EventHandler",
     "EventRecorder",
@@ -80,6 +85,7 @@ EXPORTED = [
     "NotFound",
     "ObjectEvent",
     "ObjectList",
+    "OnError",
     "PROVIDER_ONLY",
     "PatchType",
     "Permission",
@@ -116,7 +122,12 @@ EXPORTED = [
     "TrustPolicyError",
     "Unauthorized",
     "Unreachable",
+    "Validator",
     "WatchEvent",
+    "WebhookBuilder",
+    "WebhookOptions",
+    "WebhookServer",
+    "Webhooks",
     "WorkQueue",
     "__version__",
     "all_of",
@@ -152,6 +163,7 @@ EXPORTED = [
     "resource_version_changed",
     "run_manager",
     "strip_managed_fields",
+    "webhook_managed_by",
 ]
 
 

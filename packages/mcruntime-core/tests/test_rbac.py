@@ -311,3 +311,32 @@ def test_only_the_authorizers_403_is_a_missing_permission() -> None:
     assert not refused_by_authorization({"kind": "Status", "message": terminating})
     assert not refused_by_authorization({"kind": "Status", "message": webhook})
     assert not refused_by_authorization(b"<html>403</html>")
+
+
+async def _accept(_request: mcr.AdmissionRequest) -> None:
+    return None
+
+
+def test_a_registering_webhook_server_may_install_its_configurations_in_every_cluster() -> None:
+    manager = _fanout_manager()
+    mcr.webhook_managed_by(manager).for_(WIDGET).with_validator(_accept).with_conversion(
+        hub="v1", to_hub={"v1alpha1": dict}, from_hub={"v1alpha1": dict}
+    ).complete()
+    rbac = mcr.rbac_for(manager, name="fanout", namespace="ops")
+    for role in ("hub", "member"):
+        configurations = _verbs(rbac, role, "admissionregistration.k8s.io", "validatingwebhookconfigurations")
+        assert configurations == ["create", "get", "patch", "update"]
+        assert _verbs(rbac, role, "admissionregistration.k8s.io", "mutatingwebhookconfigurations") == []
+        assert _verbs(rbac, role, "apiextensions.k8s.io", "customresourcedefinitions") == ["get", "patch"]
+
+
+def test_a_webhook_server_on_provided_certificates_registers_nothing(tmp_path: Any) -> None:
+    manager = mcr.Manager(
+        mcr.StaticProvider({}),
+        local=CONFIG,
+        handle_signals=False,
+        webhook=mcr.WebhookOptions(cert_dir=str(tmp_path)),
+    )
+    mcr.webhook_managed_by(manager).for_(WIDGET).with_validator(_accept).complete()
+    rbac = mcr.rbac_for(manager, name="fanout", namespace="ops")
+    assert _verbs(rbac, "hub", "admissionregistration.k8s.io", "validatingwebhookconfigurations") == []

@@ -5,9 +5,9 @@ private (``mcruntime._*``) so it can change without breaking users. The private
 packages are the layers, bottom to top: ``_base`` (errors, backoff, tasks),
 ``_config`` (kubeconfigs, credentials), ``_client`` (transport, health, client),
 ``_cache`` (informers), ``_fleet`` (clusters, providers), ``_control``
-(controllers), ``_manager`` and ``_rbac`` (RBAC derived from a manager). A
-layer imports only itself and the layers below it;
-``tests/test_layer_contract.py`` enforces that.
+(controllers), ``_webhook`` (admission and conversion webhooks), ``_manager``
+and ``_rbac`` (RBAC derived from a manager). A layer imports only itself and
+the layers below it; ``tests/test_layer_contract.py`` enforces that.
 ``mcruntime.testing`` holds the testbed its tests and its users' tests run on.
 """
 
@@ -108,6 +108,11 @@ from ._manager.manager import Manager, Runnable, run_manager
 from ._manager.serving import Check
 from ._manager.sharding import ShardedCoordinator, ShardingConfig
 from ._rbac.rbac import RBAC, Subject, rbac_for, render_rbac_yaml
+from ._manager.webhooks import WebhookBuilder, Webhooks, webhook_managed_by
+from ._webhook.handlers import ConversionFailed, ConversionFunction, Defaulter, OnError, Validator
+from ._webhook.options import WebhookOptions
+from ._webhook.review import AdmissionRequest, Denied
+from ._webhook.server import WebhookServer
 
 __version__ = "0.1.0"
 
@@ -118,6 +123,7 @@ __all__ = [
     "PROVIDER_ONLY",
     "RBAC",
     "APIError",
+    "AdmissionRequest",
     "AlreadyExists",
     "Aware",
     "Backoff",
@@ -141,8 +147,12 @@ __all__ = [
     "ClusterStatus",
     "Conflict",
     "Controller",
+    "ConversionFailed",
+    "ConversionFunction",
     "Coordinator",
     "DeclaresPermissions",
+    "Defaulter",
+    "Denied",
     "EventHandler",
     "EventRecorder",
     "ExponentialBackoff",
@@ -173,6 +183,7 @@ __all__ = [
     "NotFound",
     "ObjectEvent",
     "ObjectList",
+    "OnError",
     "PatchType",
     "Permission",
     "Predicate",
@@ -207,7 +218,12 @@ __all__ = [
     "TrustPolicyError",
     "Unauthorized",
     "Unreachable",
+    "Validator",
     "WatchEvent",
+    "WebhookBuilder",
+    "WebhookOptions",
+    "WebhookServer",
+    "Webhooks",
     "WorkQueue",
     "__version__",
     "all_of",
@@ -243,6 +259,7 @@ __all__ = [
     "resource_version_changed",
     "run_manager",
     "strip_managed_fields",
+    "webhook_managed_by",
 ]
 
 if TYPE_CHECKING:

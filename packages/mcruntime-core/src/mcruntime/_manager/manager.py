@@ -36,6 +36,8 @@ from .._fleet.cluster import Cluster, ClusterOptions
 from .._fleet.provider import Aware, Provider, ProviderRunnable
 from .._fleet.reconcile import LOCAL_CLUSTER
 from .._fleet.status import ClusterPhase, ClusterStatus, forbidden
+from .._webhook.options import WebhookOptions
+from .._webhook.server import WebhookServer
 from .coordinator import Coordinator, WorkGate
 from .gcfreeze import CacheFreezer
 from .leaderelection import LeaderElectionConfig, LeaderElector
@@ -83,6 +85,7 @@ class Manager:
         coordinator: Coordinator | None = None,
         gc_freeze: bool = True,
         field_manager: str | None = None,
+        webhook: WebhookOptions | None = None,
     ) -> None:
         """Build a manager; nothing runs until :meth:`start`.
 
@@ -105,6 +108,8 @@ class Manager:
         it, so writes carry it unless a call names another (the API server
         otherwise records a client's writes under a name derived from its
         user agent, the same for every program built on mcruntime).
+        ``webhook`` configures the admission and conversion webhook server
+        (:attr:`webhook`); it runs when given, or when webhooks are registered.
         """
         if provider is None and local is None:
             raise ValueError("a manager needs a provider, a local cluster, or both")
@@ -157,6 +162,9 @@ class Manager:
         self.freezer: CacheFreezer = CacheFreezer(gc_freeze)
         self.coordinator = coordinator
         self.work: WorkGate = WorkGate(lambda: list(self.controllers.values()))
+        self._webhook_options = webhook
+        self._webhook: WebhookServer | None = None
+        self._webhook_checked = False
         self.permissions: list[Permission] = []
         """What the controllers' wiring implies and :meth:`declare_rbac` adds (see ``mcruntime.rbac_for``)."""
 
@@ -236,11 +244,34 @@ class Manager:
             ready_min_share=values.ready_min_share,
             coordinator=coordinator,
             gc_freeze=values.gc_freeze,
+            webhook=values.webhook_options(),
         )
         manager.settings = values
         return manager
 
     settings: ManagerSettings | None = None
+
+    @property
+    def webhook(self) -> WebhookServer:
+        """The admission and conversion webhook server (``webhook_managed_by`` registers into it)."""
+        if self._webhook is None:
+            self._webhook = WebhookServer(
+                self._webhook_options,
+                clusters=self.clusters,
+                field_manager=self.field_manager or "mcruntime-webhook",
+            )
+        return self._webhook
+
+    async def _start_webhook(self) -> None:
+        if self._webhook_options is None and (self._webhook is None or not self._webhook.has_handlers):
+            return
+        server = self.webhook
+        await server.listen()  # before any cluster engages: registration needs the port
+        self._loops.supervise(server.run, "webhook-server")
+        if not self._webhook_checked:
+            self._readyz.add_group("webhook", server.readiness)
+            self._webhook_checked = True
+        self._awares.append(server)
 
     # --- probes, metrics, events ------------------------------------------------------------
 
@@ -345,6 +376,11 @@ class Manager:
 
     def __repr__(self) -> str:
         return f"<Manager clusters={sorted(self._engaged)} controllers={sorted(self.controllers)}>"
+
+    @property
+    def running(self) -> bool:
+        """Between :meth:`start` and the end of its shutdown."""
+        return self._running
 
     @property
     def has_provider(self) -> bool:
@@ -479,6 +515,7 @@ class Manager:
         provider_task: asyncio.Task[None] | None = None
         try:
             await self.endpoints.start(probes=self._probe_address, metrics=self._metrics_address)
+            await self._start_webhook()
             if self._local_config is not None:
                 # The hub keeps connections of its own: its Lease writes never wait their turn
                 # behind member clusters that reach the same API server (see pool.py).
@@ -546,6 +583,10 @@ class Manager:
         await self._loops.close()
         if self.local is not None:
             await self.local.stop()
+        if self._webhook is not None:
+            if self._webhook in self._awares:
+                self._awares.remove(self._webhook)
+            await self._webhook.close()
         await self.endpoints.stop()
 
     def _install_signal_handlers(self) -> Callable[[], None]:

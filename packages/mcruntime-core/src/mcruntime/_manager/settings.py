@@ -9,12 +9,15 @@ variable and what is wrong with it.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .._base.errors import MCRuntimeError
+
+if TYPE_CHECKING:
+    from .._webhook.options import WebhookOptions
 
 ENV_PREFIX = "MCRUNTIME_"
 
@@ -74,6 +77,15 @@ class ManagerSettings(BaseSettings):
         default=True,
         description="after caches sync, move their objects out of the cyclic GC's reach (gc.freeze)",
     )
+    webhook_bind_address: str | None = Field(
+        default=None, description="host:port of the admission/conversion webhook server; empty: only if used"
+    )
+    webhook_cert_dir: str | None = Field(
+        default=None, description="directory with tls.crt and tls.key; empty: a CA of the process's own"
+    )
+    webhook_url_host: str | None = Field(
+        default=None, description="host the API servers call the webhooks at (default: the bind host)"
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO")
     log_format: Literal["text", "json"] = Field(default="text")
 
@@ -91,6 +103,21 @@ class ManagerSettings(BaseSettings):
             )
             raise ValueError(f"{order} must hold")
         return self
+
+    def webhook_options(self) -> WebhookOptions | None:
+        """The webhook server's options, when any ``MCRUNTIME_WEBHOOK_*`` variable is set."""
+        if not (self.webhook_bind_address or self.webhook_cert_dir or self.webhook_url_host):
+            return None
+        from .._webhook.options import WebhookOptions
+
+        try:
+            return WebhookOptions(
+                address=self.webhook_bind_address or WebhookOptions.address,
+                cert_dir=self.webhook_cert_dir or None,
+                url_host=self.webhook_url_host or None,
+            )
+        except ValueError as error:
+            raise SettingsError(f"{ENV_PREFIX}WEBHOOK_BIND_ADDRESS: {error}") from None
 
     @classmethod
     def load(cls, **overrides: object) -> ManagerSettings:

@@ -198,6 +198,12 @@ def _declared_by(components: Iterable[object]) -> list[Permission]:
     return found
 
 
+def _webhook_server(manager: Manager) -> list[object]:
+    """The manager's webhook server when it has handlers (it joins the components only at start)."""
+    server = manager.webhook
+    return [server] if server.has_handlers else []
+
+
 def rbac_for(
     manager: Manager,
     *,
@@ -223,7 +229,7 @@ def rbac_for(
     permissions = [
         *manager.permissions,
         *_lease_permissions(manager),
-        *_declared_by([manager.provider, *manager.components()]),
+        *_declared_by([manager.provider, *manager.components(), *_webhook_server(manager)]),
     ]
     return RBAC(name, {"hub": hub, "member": member_subject or hub}, tuple(permissions))
 

@@ -1,0 +1,141 @@
+"""What users write: validators, defaulters and conversion functions, and how each is run.
+
+A validator is ``async def validate(req: AdmissionRequest) -> None``: it returns
+to allow and raises :class:`Denied` to refuse. A defaulter is
+``async def default(req) -> dict | None``: it returns the object as it should be
+stored (or changes ``req.object`` in place and returns ``None``); the runtime
+computes the JSON patch. Both may call ``req.warn(...)``.
+
+Conversion goes through a hub, as in controller-runtime: for every other
+version ``v`` the user gives ``to_hub[v]`` and ``from_hub[v]``, so n versions
+need 2(n-1) functions, not n(n-1). The functions take and return one object;
+the runtime sets ``apiVersion`` on the result, so a function only moves fields.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .._base.errors import MCRuntimeError
+from .._base.kind import Kind
+from .review import JSON, AdmissionRequest
+
+Validator = Callable[[AdmissionRequest], Awaitable[None]]
+"""``async def validate(req) -> None``: return to allow, raise :class:`Denied` to refuse."""
+
+Defaulter = Callable[[AdmissionRequest], Awaitable[JSON | None]]
+"""``async def default(req) -> dict | None``: the object to store (``None``: ``req.object`` as changed)."""
+
+ConversionFunction = Callable[[JSON], JSON | Awaitable[JSON]]
+"""Converts one object between a version and the hub (plain or ``async`` function)."""
+
+OnError = Literal["deny", "error"]
+"""What a handler that raises (anything but :class:`Denied`) answers.
+
+``"deny"`` refuses the request with a message naming the webhook (the object is
+not admitted whatever the configuration says); ``"error"`` answers HTTP 500, so
+the configuration's ``failurePolicy`` decides (``Ignore`` admits, ``Fail``
+refuses).
+"""
+
+
+class ConversionFailed(MCRuntimeError):
+    """Raise from a conversion function to refuse an object; the client sees the message."""
+
+
+@dataclass
+class AdmissionHook:
+    """The validator and defaulter registered for one kind, and how to install them."""
+
+    kind: Kind
+    validator: Validator | None = None
+    defaulter: Defaulter | None = None
+    on_error: OnError = "deny"
+    resource: str | None = None
+    operations: tuple[str, ...] = ("CREATE", "UPDATE")
+    failure_policy: Literal["Fail", "Ignore"] = "Fail"
+    timeout_seconds: int = 10
+    namespace_selector: JSON | None = None
+    object_selector: JSON | None = None
+
+
+@dataclass
+class Conversion:
+    """How the versions of one group and kind convert, through the hub version."""
+
+    group: str
+    kind: str
+    hub: str
+    to_hub: Mapping[str, ConversionFunction] = field(default_factory=dict)
+    from_hub: Mapping[str, ConversionFunction] = field(default_factory=dict)
+    resource: str | None = None
+
+    def problems(self) -> list[str]:
+        """What is wrong with the mapping, for the builder's error."""
+        found = []
+        if self.hub in self.to_hub or self.hub in self.from_hub:
+            found.append(f"the hub version {self.hub!r} needs no conversion function of its own")
+        if set(self.to_hub) != set(self.from_hub):
+            missing = sorted(set(self.to_hub) ^ set(self.from_hub))
+            found.append(f"versions {missing} need both to_hub and from_hub functions")
+        if not self.to_hub:
+            found.append("give to_hub and from_hub functions for at least one version besides the hub")
+        return found
+
+    @property
+    def versions(self) -> set[str]:
+        """Every version this conversion knows, the hub included."""
+        return {self.hub, *self.to_hub, *self.from_hub}
+
+    async def convert(self, obj: JSON, desired_api_version: str) -> JSON:
+        """``obj`` in ``desired_api_version``; raises :class:`ConversionFailed` naming what failed."""
+        api_version = obj.get("apiVersion")
+        if not isinstance(api_version, str) or "/" not in api_version:
+            raise ConversionFailed(f"{_describe(obj)} has no apiVersion group/version")
+        source = api_version.rpartition("/")[2]
+        target = desired_api_version.rpartition("/")[2]
+        if source == target:
+            return obj
+        for version in (source, target):
+            if version not in self.versions:
+                raise ConversionFailed(
+                    f"{self.kind}.{self.group}: no conversion for version {version!r} "
+                    f"(known: {', '.join(sorted(self.versions))})"
+                )
+        hub = obj
+        if source != self.hub:
+            hub = await _call(self.to_hub[source], obj, f"{source} to {self.hub}")
+            hub["apiVersion"] = f"{self.group}/{self.hub}"
+        converted = hub
+        if target != self.hub:
+            converted = await _call(self.from_hub[target], hub, f"{self.hub} to {target}")
+        converted["apiVersion"] = desired_api_version
+        return converted
+
+
+def _describe(obj: JSON) -> str:
+    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    name = metadata.get("name", "") if isinstance(metadata, dict) else ""
+    namespace = metadata.get("namespace", "") if isinstance(metadata, dict) else ""
+    return f"{obj.get('kind', 'object')} {namespace + '/' if namespace else ''}{name}"
+
+
+async def _call(function: ConversionFunction, obj: JSON, direction: str) -> JSON:
+    try:
+        result: Any = function(obj)
+        if inspect.isawaitable(result):
+            result = await result
+    except ConversionFailed as error:
+        raise ConversionFailed(f"converting {_describe(obj)} from {direction}: {error}") from error
+    except Exception as error:
+        raise ConversionFailed(
+            f"converting {_describe(obj)} from {direction} failed: {type(error).__name__}: {error}"
+        ) from error
+    if not isinstance(result, dict):
+        raise ConversionFailed(
+            f"converting {_describe(obj)} from {direction} returned a {type(result).__name__}, not an object"
+        )
+    return result

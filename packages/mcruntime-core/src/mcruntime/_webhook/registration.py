@@ -1,0 +1,206 @@
+"""Registration: each engaged cluster's webhook configurations point at that cluster's URL.
+
+With certificates of its own, the server is the only one who knows its CA, so
+it installs, in every engaged cluster, the ``ValidatingWebhookConfiguration``
+and ``MutatingWebhookConfiguration`` (one webhook per registered kind, the URL
+naming that cluster) and sets each converted CRD's
+``spec.conversion.webhook.clientConfig``. It applies them again whenever a
+handler is added or the CA bundle changes, and retries with the capped backoff
+while a cluster refuses (its CRD not installed yet, say). Each cluster's loop
+lives in the cluster's own task set, so it ends when the cluster does.
+
+On disengage the configurations stay unless ``remove_on_disengage`` is set:
+removing a validating webhook silently is a security decision, not a cleanup.
+A CRD's conversion settings always stay: without them a CRD served in several
+versions cannot be read at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from .._base.backoff import DEFAULT_BACKOFF, Backoff
+from .._base.errors import NotFound
+from .._base.kind import Kind
+from .._fleet.cluster import Cluster
+from .review import JSON
+
+if TYPE_CHECKING:
+    from .handlers import AdmissionHook
+    from .server import WebhookServer
+
+log = logging.getLogger("mcruntime.webhook")
+
+VALIDATING = Kind("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration")
+MUTATING = Kind("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration")
+CRD = Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+_REMOVE_TIMEOUT = 10.0
+
+
+def webhook_name(kind: Kind, verb: str) -> str:
+    """A webhook's name in its configuration: a DNS name of at least three labels, as required."""
+    return f"{kind.kind.lower()}-{kind.version}.{kind.group or 'core'}.{verb}.mcruntime"
+
+
+class Registrar:
+    """Keeps every engaged cluster's webhook configurations in step with the server."""
+
+    def __init__(self, server: WebhookServer, *, field_manager: str) -> None:
+        self._server = server
+        self.field_manager = field_manager
+        self._changed = asyncio.Event()
+        self.applied: dict[str, int] = {}
+        """Per cluster, how many times its configurations were applied (tests and debugging)."""
+        self.failing: dict[str, str] = {}
+        """Per cluster whose last attempt failed, why (shown in ``/readyz``)."""
+        self.backoff: Backoff = DEFAULT_BACKOFF
+        self._generation = 0
+
+    def changed(self) -> None:
+        """Handlers or the CA bundle changed: every cluster applies its configurations again."""
+        self._generation += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def engage(self, name: str, cluster: Cluster) -> None:
+        """Keep ``cluster``'s configurations current for as long as it runs."""
+        cluster.tasks.supervise(lambda: self._keep_current(name, cluster), "webhook-registration")
+        if self._server.options.remove_on_disengage:
+            cluster.on_stop(lambda: self._remove(name, cluster))
+        else:
+            cluster.on_stop(lambda: self._forget(name))
+
+    def _forget(self, name: str) -> None:
+        self.applied.pop(name, None)
+        self.failing.pop(name, None)
+
+    async def _keep_current(self, name: str, cluster: Cluster) -> None:
+        failures = 0
+        while True:
+            changed = self._changed
+            try:
+                await self.apply(name, cluster)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                delay = self.backoff.delay(failures)
+                failures += 1
+                self.failing[name] = f"{type(error).__name__}: {error}"
+                log.warning(
+                    "cluster %r: webhook registration failed (%s: %s); retrying in %.1fs",
+                    name,
+                    type(error).__name__,
+                    error,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                continue
+            failures = 0
+            self.failing.pop(name, None)
+            self.applied[name] = self.applied.get(name, 0) + 1
+            await changed.wait()
+
+    def _client_config(self, url: str) -> JSON:
+        config: JSON = {"url": url}
+        bundle = self._server.ca_bundle()
+        if bundle is not None:
+            config["caBundle"] = base64.b64encode(bundle).decode("ascii")
+        return config
+
+    async def _webhook(self, name: str, cluster: Cluster, hook: AdmissionHook, *, mutating: bool) -> JSON:
+        plural = hook.resource or (await cluster.client.resource(hook.kind)).plural
+        webhook: JSON = {
+            "name": webhook_name(hook.kind, "mutate" if mutating else "validate"),
+            "clientConfig": self._client_config(
+                self._server.admission_url(name, hook.kind, mutating=mutating)
+            ),
+            "rules": [
+                {
+                    "apiGroups": [hook.kind.group],
+                    "apiVersions": [hook.kind.version],
+                    "resources": [plural],
+                    "operations": list(hook.operations),
+                    "scope": "*",
+                }
+            ],
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": hook.failure_policy,
+            "timeoutSeconds": hook.timeout_seconds,
+            "matchPolicy": "Equivalent",
+        }
+        if hook.namespace_selector is not None:
+            webhook["namespaceSelector"] = hook.namespace_selector
+        if hook.object_selector is not None:
+            webhook["objectSelector"] = hook.object_selector
+        if mutating:
+            webhook["reinvocationPolicy"] = "Never"
+        return webhook
+
+    async def apply(self, name: str, cluster: Cluster) -> None:
+        """Install ``cluster``'s configurations and CRD conversion settings as they are now."""
+        server = self._server
+        configuration = server.options.configuration_name
+        for kind, hooks, mutating in (
+            (VALIDATING, server.validators, False),
+            (MUTATING, server.defaulters, True),
+        ):
+            if not hooks:
+                continue
+            webhooks = [
+                await self._webhook(name, cluster, hook, mutating=mutating) for hook in hooks.values()
+            ]
+            manifest: dict[str, Any] = {
+                "apiVersion": kind.api_version,
+                "kind": kind.kind,
+                "metadata": {"name": configuration, "labels": {"app.kubernetes.io/managed-by": "mcruntime"}},
+                "webhooks": webhooks,
+            }
+            await cluster.client.apply(manifest, field_manager=self.field_manager, force=True)
+        for conversion in list(server.conversions.values()):
+            plural = (
+                conversion.resource
+                or (
+                    await cluster.client.resource(
+                        Kind(f"{conversion.group}/{conversion.hub}", conversion.kind)
+                    )
+                ).plural
+            )
+            patch = {
+                "spec": {
+                    "conversion": {
+                        "strategy": "Webhook",
+                        "webhook": {
+                            "clientConfig": self._client_config(
+                                server.conversion_url(name, conversion.group, conversion.kind)
+                            ),
+                            "conversionReviewVersions": ["v1"],
+                        },
+                    }
+                }
+            }
+            await cluster.client.patch(
+                CRD, f"{plural}.{conversion.group}", patch, field_manager=self.field_manager
+            )
+
+    async def _remove(self, name: str, cluster: Cluster) -> None:
+        configuration = self._server.options.configuration_name
+        try:
+            async with asyncio.timeout(_REMOVE_TIMEOUT):
+                for kind in (VALIDATING, MUTATING):
+                    with contextlib.suppress(NotFound):
+                        await cluster.client.delete(kind, configuration)
+        except Exception as error:
+            log.warning(
+                "cluster %r: removing webhook configuration %r on disengage failed: %s",
+                name,
+                configuration,
+                error,
+            )
+        else:
+            log.info("cluster %r: removed webhook configuration %r on disengage", name, configuration)
+        self._forget(name)
