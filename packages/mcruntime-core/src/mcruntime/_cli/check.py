@@ -18,7 +18,9 @@ from .options import flag_of
 
 def describe(manager: Manager) -> list[str]:
     """One line per thing the manager would run: provider, controllers and their sources, endpoints."""
-    provider = type(manager.provider).__name__ if manager.provider is not None else "none (local cluster only)"
+    provider = "none (local cluster only)"
+    if manager.provider is not None:
+        provider = type(manager.provider).__name__
     lines = [f"provider: {provider}"]
     for name, controller in sorted(manager.controllers.items()):
         watched = [_source(source, manager.has_provider) for source in controller.sources]

@@ -15,17 +15,17 @@ class ExitCode(enum.IntEnum):
     """The exit codes of ``mcruntime``; documented in ``docs/guides/cli.md``."""
 
     OK = 0
-    """Stopped after SIGTERM/SIGINT (or on its own) with every in-flight reconcile finished; ``--check`` passed."""
+    """Stopped after SIGTERM/SIGINT (or on its own) with nothing left in flight; or ``--check`` passed."""
     FAILED = 1
     """The manager failed while running (a provider, a runnable or the start-up raised)."""
     USAGE = 2
-    """Nothing ran: a bad flag or ``MCRUNTIME_*`` variable, a target that cannot be imported or built, a failed check."""
+    """Nothing ran: a bad flag or ``MCRUNTIME_*`` variable, an unbuildable target, a failed check."""
     DRAIN_TIMEOUT = 3
-    """Stopped after a signal, but the drain hit its bound: reconciles were cancelled, or a second signal cut it short."""
+    """Stopped after a signal, but the drain hit its bound (reconciles cancelled) or a 2nd signal cut it."""
 
 
 class UsageError(Exception):
-    """A one-line reason the command cannot run; ``mcruntime`` prints it and exits with :attr:`ExitCode.USAGE`."""
+    """A one-line reason the command cannot run; printed, then exit :attr:`ExitCode.USAGE`."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

@@ -42,11 +42,13 @@ def variable_of(field: str) -> str:
 def add_settings_flags(parser: argparse.ArgumentParser) -> None:
     """Add a flag for every settings field (booleans get ``--x``/``--no-x``); defaults stay unset."""
     group = parser.add_argument_group(
-        "manager settings", f"each flag overrides its {ENV_PREFIX}* variable (shown), which overrides the default"
+        "manager settings",
+        f"each flag overrides its {ENV_PREFIX}* variable (shown), which overrides the default",
     )
     for name, field in ManagerSettings.model_fields.items():
         default = field.default
-        help_text = f"{field.description or name.replace('_', ' ')} ({variable_of(name)}; default {default!r})"
+        what = field.description or name.replace("_", " ")
+        help_text = f"{what} ({variable_of(name)}; default {default!r})"
         keywords: dict[str, Any] = {"dest": _DEST_PREFIX + name, "default": None, "help": help_text}
         if field.annotation is bool:
             keywords["action"] = argparse.BooleanOptionalAction
@@ -69,9 +71,9 @@ def given_flags(arguments: argparse.Namespace) -> dict[str, object]:
 
 
 def load_settings(flags: Mapping[str, object]) -> ManagerSettings:
-    """Validate the environment with ``flags`` on top; a :class:`UsageError` names each bad flag or variable."""
+    """The environment with ``flags`` on top, validated; a :class:`UsageError` names each bad one."""
     try:
-        return ManagerSettings(**flags)
+        return ManagerSettings(**flags)  # type: ignore[arg-type]  # validated here, by pydantic
     except ValidationError as error:
         problems = []
         for detail in error.errors():

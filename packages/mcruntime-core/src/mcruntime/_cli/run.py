@@ -40,7 +40,9 @@ def execute(arguments: argparse.Namespace) -> int:
     return asyncio.run(_run(arguments, settings, flags))
 
 
-async def _run(arguments: argparse.Namespace, settings: ManagerSettings, flags: dict[str, object]) -> ExitCode:
+async def _run(
+    arguments: argparse.Namespace, settings: ManagerSettings, flags: dict[str, object]
+) -> ExitCode:
     manager = await load_manager(arguments, settings)
     found = problems(manager, flags)
     if arguments.check:

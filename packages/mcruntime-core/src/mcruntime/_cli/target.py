@@ -57,7 +57,8 @@ def parse_target(text: str) -> Target:
     if not colon or not attribute.replace(".", "").replace("_", "a").isalnum():
         module, attribute = text, ""  # no colon, or one inside a path (C:\...)
     if not module:
-        raise UsageError(f"target {text!r}: expected pkg.module:factory, pkg.module or path/to/file.py:factory")
+        expected = "pkg.module:factory, pkg.module or path/to/file.py:factory"
+        raise UsageError(f"target {text!r}: expected {expected}")
     if attribute and not all(part.isidentifier() for part in attribute.split(".")):
         raise UsageError(f"target {text!r}: {attribute!r} is not an attribute path")
     return Target(module, attribute or None)
@@ -110,11 +111,11 @@ def resolve(target: Target, module: ModuleType) -> Manager | Callable[..., objec
             assert isinstance(found, Manager)
             return found
         if not managers:
-            raise UsageError(
-                f"module {target.module!r} has no module-level Manager; name a factory: {target.module}:<function>"
-            )
+            hint = f"name a factory: {target.module}:<function>"
+            raise UsageError(f"module {target.module!r} has no module-level Manager; {hint}")
         listed = ", ".join(managers)
-        raise UsageError(f"module {target.module!r} has {len(managers)} Managers ({listed}); name one: {target}")
+        count = f"{len(managers)} Managers ({listed})"
+        raise UsageError(f"module {target.module!r} has {count}; name one: {target}")
     value: object = module
     walked = []
     for part in target.attribute.split("."):

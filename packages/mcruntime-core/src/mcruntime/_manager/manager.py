@@ -121,7 +121,7 @@ class Manager:
         self._cluster_options = cluster_options
         self.graceful_shutdown_timeout = graceful_shutdown_timeout
         self.handle_signals = handle_signals
-        """Whether :meth:`start` stops on SIGTERM/SIGINT itself; a runner that owns the signals turns it off."""
+        """Whether :meth:`start` stops on SIGTERM/SIGINT itself; a runner owning the signals turns it off."""
         self.drained: bool | None = None
         """After :meth:`start` returns: whether every in-flight reconcile finished within the grace period."""
         self.local: Cluster | None = None
