@@ -376,13 +376,13 @@ def build(
 
 
 CLUSTERS_VARIABLE = "JOB_FANOUT_CLUSTERS"
-"""Where :func:`operator` finds the sub clusters' kubeconfigs: files or directories, ``os.pathsep``-separated."""
+"""Where :func:`operator` finds sub-cluster kubeconfigs: files or directories, ``os.pathsep``-separated."""
 NAMESPACE_VARIABLE = "JOB_FANOUT_NAMESPACE"
 """Set: :func:`operator` reconciles only the Tests of this namespace."""
 
 
 def hub_config() -> mcr.ClusterConfig:
-    """The main cluster: the pod's own (its ServiceAccount token) in a pod, else ``KUBECONFIG`` as kubectl reads it."""
+    """The main cluster: in a pod, its own (its ServiceAccount token); else ``KUBECONFIG``, as kubectl."""
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         return mcr.in_cluster_config()
     return mcr.load_kubeconfig_env()

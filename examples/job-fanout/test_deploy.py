@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from example_testing import admin_cluster
-from job_fanout import crd_manifest
 
 import mcruntime as mcr
+from example_testing import admin_cluster
+from job_fanout import crd_manifest
 from mcruntime._cli.runner import SHUTDOWN_MARGIN
 from mcruntime.testing import Fleet
 
