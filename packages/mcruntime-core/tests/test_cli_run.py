@@ -175,6 +175,24 @@ async def test_a_drain_that_hits_its_bound_exits_3(fleet: Fleet, tmp_path: Path)
         assert "did not finish within 1s" in log
 
 
+async def test_a_second_signal_stops_at_once_and_exits_3(fleet: Fleet, tmp_path: Path) -> None:
+    plane = fleet["cluster-1"]
+    async with running_cluster(plane, "hub") as hub:
+        namespace = await new_namespace(hub, "cli")
+        async with operator(plane, tmp_path, namespace, "--graceful-shutdown-timeout", "600") as op:
+            await wait_for(lambda: probe_ok(op.probes, "/readyz"), timeout=60)
+            slow = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "slow"}}
+            await hub.client.create(slow, namespace=namespace)
+            await wait_for(lambda: (tmp_path / "started").exists(), timeout=60)
+            op.process.send_signal(signal.SIGINT)
+            await wait_for(lambda: "stopping gracefully" in op.log.read_text(), timeout=30)
+            op.process.send_signal(signal.SIGINT)
+            code = await op.exit_code(timeout=30)  # far inside the 600 s drain it would have had
+            log = await op.stderr()
+        assert code == 3, log
+        assert "received SIGINT again" in log
+
+
 async def test_check_builds_and_describes_the_manager_without_connecting(tmp_path: Path) -> None:
     (tmp_path / "slow_operator.py").write_text(FACTORY)
     unreachable = {

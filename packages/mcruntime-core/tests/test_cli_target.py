@@ -64,6 +64,20 @@ def test_a_malformed_target_is_a_usage_error() -> None:
         parse_target("pkg.mod:9lives")
     with pytest.raises(UsageError, match=r"expected pkg\.module:factory"):
         parse_target(":factory")
+    with pytest.raises(UsageError, match="nothing after the colon"):
+        parse_target("pkg.mod:")
+
+
+async def test_a_file_named_like_an_imported_module_does_not_shadow_it(tmp_path: Path) -> None:
+    import operator
+
+    path = write(tmp_path, "operator", "def factory():\n    return mcr.Manager(mcr.StaticProvider())\n")
+    try:
+        assert isinstance(await build_manager(parse_target(f"{path}:factory"), SETTINGS), mcr.Manager)
+        assert sys.modules["operator"] is operator
+    finally:
+        sys.path.remove(str(tmp_path.resolve()))
+        sys.modules.pop("mcruntime_target", None)
 
 
 async def test_a_sync_factory_is_called(package: Path) -> None:
@@ -121,7 +135,7 @@ async def test_a_file_path_imports_with_its_directory_on_the_path(tmp_path: Path
     try:
         assert isinstance(await build_manager(parse_target(f"{path}:factory"), SETTINGS), mcr.Manager)
     finally:
-        sys.path.remove(str(tmp_path))
+        sys.path.remove(str(tmp_path.resolve()))
         for name in ("cli_target_file", "cli_target_sibling"):
             sys.modules.pop(name, None)
 

@@ -54,6 +54,8 @@ class Target:
 def parse_target(text: str) -> Target:
     """Split ``module:attribute``; raise :class:`UsageError` for a malformed target."""
     module, colon, attribute = text.rpartition(":")
+    if colon and module and not attribute:
+        raise UsageError(f"target {text!r}: nothing after the colon; name the factory")
     if not colon or not attribute.replace(".", "").replace("_", "a").isalnum():
         module, attribute = text, ""  # no colon, or one inside a path (C:\...)
     if not module:
@@ -79,7 +81,8 @@ def import_target_module(target: Target) -> ModuleType:
 def _import_file(path: Path) -> ModuleType:
     if not path.is_file():
         raise UsageError(f"cannot import {str(path)!r}: no such file")
-    name = path.stem if path.stem.isidentifier() else "mcruntime_target"
+    # The file's own name, unless that would shadow a module already imported (operator.py, say).
+    name = path.stem if path.stem.isidentifier() and path.stem not in sys.modules else "mcruntime_target"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise UsageError(f"cannot import {str(path)!r}: not a Python module")
