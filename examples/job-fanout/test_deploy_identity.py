@@ -15,18 +15,19 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
 
 import mcruntime as mcr
 from example_testing import admin_cluster, eventually, write_kubeconfig
 from job_fanout import JOB, TEST, make_test
 from mcruntime.testing import ControlPlane, Fleet
-from mcruntime.testing._net import free_port, http_get
 
 DEPLOY = Path(__file__).parent / "deploy"
 ADMIN = "deploy-admin"
@@ -56,9 +57,23 @@ def kubeconfig_as(plane: ControlPlane, account: str, context: str) -> dict[str, 
     return single
 
 
+def free_port() -> int:
+    """A loopback port that was free a moment ago (for the probe server)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
 async def probe_ok(port: int, path: str) -> bool:
-    answer = await asyncio.to_thread(http_get, port, path)
-    return answer is not None and answer[0] == 200
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}{path}", timeout=aiohttp.ClientTimeout(total=2)) as response,
+        ):
+            return response.status == 200
+    except (aiohttp.ClientError, TimeoutError):  # not listening yet, or not answering
+        return False
 
 
 async def test_job_fanout_works_with_exactly_the_deploy_rbac(workload_fleet: Fleet, tmp_path: Path) -> None:
