@@ -91,9 +91,10 @@ def test_exported_flags_reach_settings_loaded_inside_a_factory(monkeypatch: pyte
         monkeypatch.delenv(variable_of(name))
 
 
-def test_the_run_command_is_registered_and_rbac_has_its_place() -> None:
-    assert [command.name for command in commands()] == ["run"]
-    assert COMMAND_MODULES == ("mcruntime._cli.run",)
+def test_each_registered_command_is_named_after_its_module_and_run_comes_first() -> None:
+    names = [command.name for command in commands()]
+    assert names == [module.rpartition(".")[2] for module in COMMAND_MODULES]
+    assert names[0] == "run"
 
 
 def test_a_manager_that_watches_something_passes_the_check() -> None:
