@@ -388,7 +388,7 @@ def hub_config() -> mcr.ClusterConfig:
     return mcr.load_kubeconfig_env()
 
 
-def operator(settings: mcr.ManagerSettings) -> mcr.Manager:
+def operator(settings: mcr.ManagerSettings, *, local: mcr.ClusterConfig | None = None) -> mcr.Manager:
     """The factory behind ``mcruntime run job_fanout:operator`` (the deployment's entry point).
 
     Everything comes from the environment, as in a Deployment: the main
@@ -399,11 +399,12 @@ def operator(settings: mcr.ManagerSettings) -> mcr.Manager:
     validated by ``mcruntime run``: leader election, probes, metrics, the
     drain). Unlike :func:`run`, it does not install the CRD: a deployment
     applies ``deploy/hub/crd.yaml`` once, so the controller's identity needs no
-    right to create CRDs.
+    right to create CRDs. ``local`` replaces :func:`hub_config` (a test passing
+    ``mcr.in_cluster_config(directory)``, say); ``mcruntime run`` leaves it out.
     """
     paths = [path for path in os.environ.get(CLUSTERS_VARIABLE, "").split(os.pathsep) if path]
     provider = KubeconfigFileProvider(paths, naming="context") if paths else None
-    manager = mcr.Manager.from_settings(provider, local=hub_config(), settings=settings)
+    manager = mcr.Manager.from_settings(provider, local=local or hub_config(), settings=settings)
     manager.field_manager = FIELD_MANAGER
     JobFanout(manager, namespace=os.environ.get(NAMESPACE_VARIABLE) or None).setup()
     return manager
