@@ -68,8 +68,20 @@ def test_the_core_imports_no_provider() -> None:
 
 # The core's layers, bottom to top. A module may import its own layer and the layers
 # below it, never one above: that keeps the client usable without the cache, the
-# cache without clusters, clusters without controllers, and so on up to the manager.
-CORE_LAYERS = ["_base", "_config", "_client", "_cache", "_fleet", "_control", "_webhook", "_manager", "_rbac"]
+# cache without clusters, clusters without controllers, and so on up to the manager,
+# the RBAC derived from it, and the command line that runs it.
+CORE_LAYERS = [
+    "_base",
+    "_config",
+    "_client",
+    "_cache",
+    "_fleet",
+    "_control",
+    "_webhook",
+    "_manager",
+    "_rbac",
+    "_cli",
+]
 PACKAGE = CORE / "mcruntime"
 
 

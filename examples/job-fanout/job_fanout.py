@@ -19,6 +19,11 @@ Run it against a main cluster and a directory of sub-cluster kubeconfigs::
 
     python examples/job-fanout/job_fanout.py --main main.kubeconfig --clusters ./fleet/
 
+or as it runs in a pod (``deploy/``), through the ``mcruntime`` command line and
+the environment (``JOB_FANOUT_CLUSTERS``, ``MCRUNTIME_*``)::
+
+    JOB_FANOUT_CLUSTERS=./fleet/ mcruntime run job_fanout:operator
+
 The clusters need what runs a Job: the job controller, a scheduler and nodes.
 The testbed's clusters have them when started with workloads
 (``Fleet(workloads=True)``): real kube-controller-manager and kube-scheduler,
@@ -31,6 +36,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -370,6 +376,41 @@ def build(
     fanout = JobFanout(manager, namespace=namespace)
     fanout.setup()
     return manager, fanout
+
+
+CLUSTERS_VARIABLE = "JOB_FANOUT_CLUSTERS"
+"""Where :func:`operator` finds sub-cluster kubeconfigs: files or directories, ``os.pathsep``-separated."""
+NAMESPACE_VARIABLE = "JOB_FANOUT_NAMESPACE"
+"""Set: :func:`operator` reconciles only the Tests of this namespace."""
+
+
+def hub_config() -> mcr.ClusterConfig:
+    """The main cluster: in a pod, its own (its ServiceAccount token); else ``KUBECONFIG``, as kubectl."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return mcr.in_cluster_config()
+    return mcr.load_kubeconfig_env()
+
+
+def operator(settings: mcr.ManagerSettings, *, local: mcr.ClusterConfig | None = None) -> mcr.Manager:
+    """The factory behind ``mcruntime run job_fanout:operator`` (the deployment's entry point).
+
+    Everything comes from the environment, as in a Deployment: the main
+    cluster (:func:`hub_config`), the sub clusters' kubeconfigs
+    (:data:`CLUSTERS_VARIABLE`: a Secret volume, each key one kubeconfig whose
+    context names the cluster; keys added later are engaged while running),
+    and the manager's settings (``MCRUNTIME_*`` and the command line's flags,
+    validated by ``mcruntime run``: leader election, probes, metrics, the
+    drain). Unlike :func:`run`, it does not install the CRD: a deployment
+    applies ``deploy/hub/crd.yaml`` once, so the controller's identity needs no
+    right to create CRDs. ``local`` replaces :func:`hub_config` (a test passing
+    ``mcr.in_cluster_config(directory)``, say); ``mcruntime run`` leaves it out.
+    """
+    paths = [path for path in os.environ.get(CLUSTERS_VARIABLE, "").split(os.pathsep) if path]
+    provider = KubeconfigFileProvider(paths, naming="context") if paths else None
+    manager = mcr.Manager.from_settings(provider, local=local or hub_config(), settings=settings)
+    manager.field_manager = FIELD_MANAGER
+    JobFanout(manager, namespace=os.environ.get(NAMESPACE_VARIABLE) or None).setup()
+    return manager
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -172,6 +172,11 @@ class Controller:
     def sources(self) -> list[KindSource]:
         return list(self._sources)
 
+    @property
+    def channels(self) -> list[ChannelSource]:
+        """The channel sources (requests sent by the program itself rather than watched)."""
+        return list(self._channels)
+
     # --- clusters -----------------------------------------------------------------------
 
     async def engage(self, name: str, cluster: Cluster) -> None:

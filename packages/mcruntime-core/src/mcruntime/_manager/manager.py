@@ -126,7 +126,10 @@ class Manager:
         self._local_config = local
         self._cluster_options = cluster_options
         self.graceful_shutdown_timeout = graceful_shutdown_timeout
-        self._handle_signals = handle_signals
+        self.handle_signals = handle_signals
+        """Whether :meth:`start` stops on SIGTERM/SIGINT itself; a runner owning the signals turns it off."""
+        self.drained: bool | None = None
+        """After :meth:`start` returns: whether every in-flight reconcile finished within the grace period."""
         self.local: Cluster | None = None
         self.controllers: dict[str, Controller] = {}
         self._awares: list[Aware] = []
@@ -571,7 +574,8 @@ class Manager:
         drained = await asyncio.gather(
             *(controller.shutdown(grace) for controller in self.controllers.values()), return_exceptions=True
         )
-        if not all(result is True for result in drained):
+        self.drained = all(result is True for result in drained)
+        if not self.drained:
             log.warning("some reconciles did not finish within %.0fs and were cancelled", grace)
         for task in [*self._tasks.values(), *([provider_task] if provider_task else [])]:
             task.cancel()
@@ -590,7 +594,7 @@ class Manager:
         await self.endpoints.stop()
 
     def _install_signal_handlers(self) -> Callable[[], None]:
-        if not self._handle_signals or threading.current_thread() is not threading.main_thread():
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
             return lambda: None
         loop = asyncio.get_running_loop()
         installed = []

@@ -1,0 +1,68 @@
+"""``--check``: what a built manager would run, and whether it can run at all, without connecting.
+
+Run in CI or as an init step, it catches what otherwise shows up only once
+the pod is up: a controller with nothing to watch, a manager with nothing to
+run, flags that the factory never applied. It reads the manager's
+configuration only; no cluster is contacted (a factory that connects while
+building does so before the check, as it would in ``run``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .._control.source import KindSource
+from .._manager.manager import Manager
+from .options import flag_of
+
+
+def describe(manager: Manager) -> list[str]:
+    """One line per thing the manager would run: provider, controllers and their sources, endpoints."""
+    provider = "none (local cluster only)"
+    if manager.provider is not None:
+        provider = type(manager.provider).__name__
+    lines = [f"provider: {provider}"]
+    for name, controller in sorted(manager.controllers.items()):
+        watched = [_source(source, manager.has_provider) for source in controller.sources]
+        watched += ["a channel"] * len(controller.channels)
+        lines.append(f"controller {name}: watches {', '.join(watched) or 'nothing'}")
+    settings = manager.settings
+    if settings is not None:
+        lines.append(f"metrics: {settings.metrics_bind_address or 'off'}")
+        lines.append(f"probes: {settings.health_probe_bind_address or 'off'}")
+        if settings.leader_election:
+            where = f"{settings.leader_election_namespace}/{settings.leader_election_id}"
+            lines.append(f"leader election: Lease {where}")
+        if settings.sharding:
+            lines.append(f"sharding: group {settings.shard_group} in {settings.shard_namespace}")
+    return lines
+
+
+def _source(source: KindSource, has_provider: bool) -> str:
+    clusters = source.clusters
+    local = clusters.local if clusters.local is not None else not has_provider
+    members = clusters.provider if clusters.provider is not None else has_provider
+    where = {(True, True): "every cluster", (True, False): "the hub", (False, True): "the members"}
+    scope = where.get((local, members), "no cluster")
+    filtered = ", filtered" if clusters.filter is not None else ""
+    return f"{source.kind.kind} ({source.kind.api_version}) in {scope}{filtered}"
+
+
+def problems(manager: Manager, flags: Mapping[str, object]) -> list[str]:
+    """What makes this manager unfit to run; empty when it passes."""
+    found = []
+    if not manager.controllers and not manager.provider:
+        found.append("the manager has no controllers and no provider: it would run nothing")
+    for name, controller in sorted(manager.controllers.items()):
+        if not controller.sources and not controller.channels:
+            found.append(f"controller {name!r} has no source: nothing would ever be reconciled")
+        for source in controller.sources:
+            if _source(source, manager.has_provider).endswith("in no cluster"):
+                found.append(f"controller {name!r} watches {source.kind.kind} in no cluster")
+    if flags and manager.settings is None:
+        given = ", ".join(flag_of(name) for name in flags)
+        found.append(
+            f"{given} given, but the factory built its Manager without settings: "
+            "use Manager.from_settings() or take a 'settings' parameter"
+        )
+    return found

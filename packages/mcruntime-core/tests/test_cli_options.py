@@ -1,0 +1,128 @@
+"""``mcruntime run``'s settings flags, the check and the parser, without a cluster."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import mcruntime as mcr
+from mcruntime._cli.check import describe, problems
+from mcruntime._cli.commands import COMMAND_MODULES, commands
+from mcruntime._cli.errors import UsageError
+from mcruntime._cli.main import build_parser
+from mcruntime._cli.options import export_flags, flag_of, given_flags, load_settings, variable_of
+
+CONFIGMAP = mcr.Kind("v1", "ConfigMap")
+
+
+async def _noop(_request: mcr.Request) -> None:
+    return None
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("MCRUNTIME_"):
+            monkeypatch.delenv(name)
+
+
+def flags_of(*argv: str) -> dict[str, object]:
+    return given_flags(build_parser().parse_args(["run", "pkg:factory", *argv]))
+
+
+def test_every_setting_has_a_flag_of_the_same_name(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--help"])
+    help_text = capsys.readouterr().out
+    for field in mcr.ManagerSettings.model_fields:
+        assert flag_of(field) in help_text
+        assert variable_of(field) in help_text
+
+
+def test_only_the_flags_given_are_collected() -> None:
+    assert flags_of() == {}
+    assert flags_of("--metrics-bind-address", ":9090", "--leader-election", "--log-level", "debug") == {
+        "metrics_bind_address": ":9090",
+        "leader_election": True,
+        "log_level": "DEBUG",
+    }
+    assert flags_of("--no-gc-freeze") == {"gc_freeze": False}
+
+
+def test_a_flag_wins_over_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MCRUNTIME_GRACEFUL_SHUTDOWN_TIMEOUT", "12")
+    monkeypatch.setenv("MCRUNTIME_SHARD_GROUP", "from-env")
+    settings = load_settings(flags_of("--graceful-shutdown-timeout", "4"))
+    assert settings.graceful_shutdown_timeout == 4.0
+    assert settings.shard_group == "from-env"
+
+
+def test_a_bad_flag_is_named_with_its_value() -> None:
+    with pytest.raises(UsageError) as raised:
+        load_settings(flags_of("--ready-min-share", "1.5"))
+    assert (
+        str(raised.value)
+        == "invalid settings: --ready-min-share '1.5': Input should be less than or equal to 1"
+    )
+
+
+def test_a_bad_variable_is_named_with_its_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MCRUNTIME_MAX_TOTAL_RECONCILES", "many")
+    with pytest.raises(UsageError, match=r"^invalid settings: MCRUNTIME_MAX_TOTAL_RECONCILES='many': "):
+        load_settings({})
+
+
+def test_settings_that_contradict_each_other_are_explained() -> None:
+    with pytest.raises(UsageError, match="MCRUNTIME_LEADER_ELECTION and MCRUNTIME_SHARDING are alternatives"):
+        load_settings(flags_of("--leader-election", "--sharding"))
+
+
+def test_exported_flags_reach_settings_loaded_inside_a_factory(monkeypatch: pytest.MonkeyPatch) -> None:
+    flags = flags_of("--leader-election", "--leader-election-id", "job-fanout", "--lease-duration", "20")
+    export_flags(flags)
+    loaded = mcr.ManagerSettings.load()
+    assert (loaded.leader_election, loaded.leader_election_id, loaded.lease_duration) == (
+        True,
+        "job-fanout",
+        20.0,
+    )
+    for name in flags:
+        monkeypatch.delenv(variable_of(name))
+
+
+def test_each_registered_command_is_named_after_its_module_and_run_comes_first() -> None:
+    names = [command.name for command in commands()]
+    assert names == [module.rpartition(".")[2] for module in COMMAND_MODULES]
+    assert names[0] == "run"
+
+
+def test_a_manager_that_watches_something_passes_the_check() -> None:
+    manager = mcr.Manager.from_settings(
+        mcr.StaticProvider(), settings=mcr.ManagerSettings.load(leader_election=False, sharding=False)
+    )
+    mcr.controller_managed_by(manager).named("configmaps").for_(
+        CONFIGMAP, clusters=mcr.EVERY_CLUSTER
+    ).complete(_noop)
+    assert problems(manager, {}) == []
+    assert describe(manager) == [
+        "provider: StaticProvider",
+        "controller configmaps: watches ConfigMap (v1) in every cluster",
+        "metrics: :8080",
+        "probes: :8081",
+    ]
+
+
+def test_a_controller_without_sources_fails_the_check() -> None:
+    manager = mcr.Manager(mcr.StaticProvider())
+    manager.add(mcr.Controller("idle", _noop))
+    assert problems(manager, {}) == ["controller 'idle' has no source: nothing would ever be reconciled"]
+
+
+def test_flags_a_factory_ignored_fail_the_check() -> None:
+    manager = mcr.Manager(mcr.StaticProvider())
+    mcr.controller_managed_by(manager).for_(CONFIGMAP).complete(_noop)
+    assert problems(manager, {"leader_election": True}) == [
+        "--leader-election given, but the factory built its Manager without settings: "
+        "use Manager.from_settings() or take a 'settings' parameter"
+    ]
