@@ -107,8 +107,8 @@ from ._manager.logging import JSONFormatter, ReconcileContextFilter, configure_l
 from ._manager.manager import Manager, Runnable, run_manager
 from ._manager.serving import Check
 from ._manager.sharding import ShardedCoordinator, ShardingConfig
-from ._rbac.rbac import RBAC, Subject, rbac_for, render_rbac_yaml
 from ._manager.webhooks import WebhookBuilder, Webhooks, webhook_managed_by
+from ._rbac.rbac import RBAC, Subject, rbac_for, render_rbac_yaml
 from ._webhook.handlers import ConversionFailed, ConversionFunction, Defaulter, OnError, Validator
 from ._webhook.options import WebhookOptions
 from ._webhook.review import AdmissionRequest, Denied

@@ -29,7 +29,7 @@ class Command:
 
 COMMAND_MODULES = (
     "mcruntime._cli.run",
-    # "mcruntime._cli.rbac",  # `mcruntime rbac pkg.module:factory`: RBAC derived from the manager
+    "mcruntime._cli.rbac",
 )
 """Each module defines ``COMMAND``; order is the order ``mcruntime --help`` lists them in."""
 

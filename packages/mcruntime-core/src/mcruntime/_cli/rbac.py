@@ -1,0 +1,80 @@
+"""``mcruntime rbac TARGET``: print the RBAC the target's manager needs, as YAML for ``kubectl apply``.
+
+The manager is built exactly as ``mcruntime run`` builds it (same target, same
+settings flags, so leader election or sharding set by a flag is reflected in
+the leases granted) but never started: nothing connects anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from .._base.permissions import Role
+from .._manager.settings import ManagerSettings
+from .._rbac.rbac import rbac_for
+from .commands import Command
+from .common import add_target_arguments, load_manager, prepare
+from .errors import ExitCode, UsageError
+
+DESCRIPTION = """\
+Build the target's Manager (never started) and print, as multi-document YAML,
+the ClusterRoles, Roles and bindings it needs: the hub role (the cluster the
+manager runs in) bound to --service-account in --namespace, and the member role
+(every provider cluster) bound to a ServiceAccount of the same name and namespace
+there. Derived from the controllers' wiring, their declared writes, leader
+election or sharding, the provider's own reads and the webhook registration."""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_target_arguments(parser)
+    parser.add_argument("--name", required=True, help="names the roles and bindings (<name>-hub, <name>-member)")
+    parser.add_argument(
+        "--namespace", required=True, help="the namespace of the operator's ServiceAccount (and of its Roles)"
+    )
+    parser.add_argument("--service-account", default=None, help="the ServiceAccount bound (default: --name)")
+    parser.add_argument(
+        "--role",
+        choices=("hub", "member", "all"),
+        default="all",
+        help="print only the hub's or the members' objects (default: both)",
+    )
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="print each permission and why it is needed instead of the YAML",
+    )
+
+
+def execute(arguments: argparse.Namespace) -> int:
+    settings, _flags = prepare(arguments)
+    return asyncio.run(_render(arguments, settings))
+
+
+async def _render(arguments: argparse.Namespace, settings: ManagerSettings) -> ExitCode:
+    manager = await load_manager(arguments, settings)
+    try:
+        rbac = rbac_for(
+            manager,
+            name=arguments.name,
+            namespace=arguments.namespace,
+            service_account=arguments.service_account,
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if arguments.explain:
+        print(rbac.explain())
+        return ExitCode.OK
+    role: Role | None = None if arguments.role == "all" else arguments.role
+    sys.stdout.write(rbac.to_yaml(role))
+    return ExitCode.OK
+
+
+COMMAND = Command(
+    name="rbac",
+    help="print the RBAC (hub and member roles) the manager needs, as YAML",
+    configure=configure,
+    execute=execute,
+    description=DESCRIPTION,
+)
