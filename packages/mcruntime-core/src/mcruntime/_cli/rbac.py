@@ -29,7 +29,9 @@ election or sharding, the provider's own reads and the webhook registration."""
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser)
-    parser.add_argument("--name", required=True, help="names the roles and bindings (<name>-hub, <name>-member)")
+    parser.add_argument(
+        "--name", required=True, help="names the roles and bindings (<name>-hub, <name>-member)"
+    )
     parser.add_argument(
         "--namespace", required=True, help="the namespace of the operator's ServiceAccount (and of its Roles)"
     )
