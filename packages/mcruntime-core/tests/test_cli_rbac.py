@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 from test_cli_run import mcruntime
 
-FACTORY = '''
+FACTORY = """
 import mcruntime as mcr
 
 WIDGET = mcr.Kind("example.com/v1", "Widget")
@@ -28,7 +28,7 @@ def factory(settings: mcr.ManagerSettings) -> mcr.Manager:
         .complete(reconcile)
     )
     return manager
-'''
+"""
 
 UNREACHABLE = {
     "apiVersion": "v1",
@@ -66,23 +66,29 @@ async def test_rbac_prints_both_roles_with_the_leases_a_flag_asks_for(tmp_path: 
     assert (code, err) == (0, ""), err
     documents = [doc for doc in yaml.safe_load_all(out) if doc]
     hub = _rules(documents, "ClusterRole", "widgets-hub")
-    assert {"apiGroups": ["example.com"], "resources": ["widgets"], "verbs": [
-        "get", "list", "patch", "update", "watch"
-    ]} in hub
+    assert {
+        "apiGroups": ["example.com"],
+        "resources": ["widgets"],
+        "verbs": ["get", "list", "patch", "update", "watch"],
+    } in hub
     member = _rules(documents, "ClusterRole", "widgets-member")
-    assert {"apiGroups": [""], "resources": ["configmaps"], "verbs": [
-        "create", "delete", "get", "list", "patch", "update", "watch"
-    ]} in member
+    assert {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+    } in member
     leases = _rules(documents, "Role", "widgets-hub")
-    assert leases == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": [
-        "create", "get", "update"
-    ]}]
+    assert leases == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "get", "update"]}
+    ]
 
 
 async def test_rbac_for_one_role_prints_only_its_objects(tmp_path: Path) -> None:
     env = _environment(tmp_path)
     target = f"{tmp_path / 'widgets.py'}:factory"
-    code, out, err = await mcruntime("rbac", target, "--name", "w", "--namespace", "ops", "--role", "member", env=env)
+    code, out, err = await mcruntime(
+        "rbac", target, "--name", "w", "--namespace", "ops", "--role", "member", env=env
+    )
     assert (code, err) == (0, ""), err
     names = {doc["metadata"]["name"] for doc in yaml.safe_load_all(out) if doc}
     assert "w-hub" not in names
