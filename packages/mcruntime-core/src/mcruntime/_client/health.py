@@ -60,7 +60,10 @@ class ClusterHealth:
     ``state`` and ``reason`` are the probe's verdict; ``unreachable`` says
     whether requests are failing fast because the server does not answer.
     ``last_contact`` is the last response of any kind, ``last_error`` the last
-    failure any request, watch or probe saw.
+    failure any request, watch or probe saw. ``waiting`` says what a request
+    is waiting for before it can be sent (an exec plugin still running, with
+    how long so far), so a cluster whose first probe cannot start yet is
+    seen waiting rather than silent.
     """
 
     state: HealthState
@@ -70,6 +73,7 @@ class ClusterHealth:
     last_contact: float | None
     last_error: str | None
     last_error_at: float | None
+    waiting: str | None = None
 
     @property
     def healthy(self) -> bool:
@@ -130,6 +134,7 @@ class HealthRecord:
         self._unreachable = False
         self._recovered: asyncio.Event | None = None
         self._suspect: asyncio.Event | None = None
+        self._waits: dict[int, tuple[str, float]] = {}
         self.open_listeners: list[Callable[[str], None]] = []
 
     def snapshot(self) -> ClusterHealth:
@@ -141,7 +146,24 @@ class HealthRecord:
             self.last_contact,
             self.last_error,
             self.last_error_at,
+            self._waiting(),
         )
+
+    @contextmanager
+    def waiting(self, what: str) -> Iterator[None]:
+        """Record that requests wait for ``what`` (an exec plugin's run, say) while the block runs."""
+        key = object()  # kept alive by this frame, so its id is not reused while the block runs
+        self._waits[id(key)] = (what, time.monotonic())
+        try:
+            yield
+        finally:
+            del self._waits[id(key)]
+
+    def _waiting(self) -> str | None:
+        if not self._waits:
+            return None
+        what, started = min(self._waits.values(), key=lambda wait: wait[1])
+        return f"waiting for {what} for {time.monotonic() - started:.0f} s"
 
     # --- evidence from requests and watches ----------------------------------------------
 
@@ -264,7 +286,11 @@ class HealthRecord:
         while True:
             started = loop.time()
             self._suspect.clear()
-            verdict = await probe(timeout)
+            try:
+                verdict = await probe(timeout)
+            except Exception as error:  # never a probe loop that crashes and leaves the cluster unexplained
+                log.error("cluster %r: the health probe raised %s", self.cluster, type(error).__name__)
+                verdict = (f"the health probe failed on our side ({type(error).__name__})", False)
             if verdict is None:
                 self.healthy()
                 failures = 0

@@ -30,6 +30,7 @@ import aiohttp
 from .._base.backoff import Backoff
 from .._base.errors import Unreachable
 from .._config.credentials import _Credentials
+from .._config.exec import ExecLimits
 from .._config.kubeconfig import ClusterConfig, _redacted
 from .._config.material import MaterialFiles
 from .health import HealthRecord
@@ -103,8 +104,10 @@ class Transport:
         retry: RetryPolicy | None = None,
         connect_timeout: float = _CONNECT_TIMEOUT,
         share_connections: bool = True,
+        exec_limits: ExecLimits | None = None,
     ) -> None:
         self.config: ClusterConfig = config
+        self._exec_limits = exec_limits or ExecLimits()
         self.cluster = cluster
         self.health: HealthRecord = HealthRecord(cluster)
         self.health.open_listeners.append(self._interrupt)
@@ -215,7 +218,14 @@ class Transport:
     def _new_credentials(
         self, config: ClusterConfig, prepare: Callable[[], Awaitable[None]] | None = None
     ) -> _Credentials:
-        return _Credentials(config, self.cluster, use_certificate=self._use_certificate, prepare=prepare)
+        return _Credentials(
+            config,
+            self.cluster,
+            use_certificate=self._use_certificate,
+            prepare=prepare,
+            exec_limits=self._exec_limits,
+            waiting=self.health.waiting,
+        )
 
     async def close(self) -> None:
         """Close every connection (watches included), kill exec plugins, drop key material.
@@ -436,6 +446,9 @@ class Transport:
                 status, response_headers, payload = await self._send(
                     method, path, params, body, content_type, accept, timeout or self._request_timeout
                 )
+            except _Unsendable as failure:
+                self.health.failure(failure.message)
+                raise
             except _NoAnswer as failure:
                 if self._closed:  # cut by close(): the cluster stopped, the server did nothing wrong
                     raise Unreachable("the cluster was stopped", cluster=self.cluster) from None
@@ -488,6 +501,8 @@ class Transport:
                 if failure.timed_out:
                     return f"no answer to GET /version in {timeout:g}s", True
                 return f"GET /version failed: {failure.message}", True
+            except _Unsendable as error:  # our side cannot send it: the server may be fine
+                return error.message, False
             except Unreachable as error:  # unusable TLS material, or the cluster was stopped
                 return error.message, True
             if status == 200:
@@ -524,7 +539,13 @@ class Transport:
         ``patient``: wait for a turn while the shared session's queue moves
         (see :meth:`_take_turn`).
         """
-        headers = await self._headers(accept, content_type)
+        try:
+            headers = await self._headers(accept, content_type)
+        except Unreachable:
+            raise
+        except Exception as error:  # a credential source that broke in a way nobody foresaw
+            message = _unexpected(error, "getting the credential for", method, path)
+            raise _Unsendable(message, self.cluster) from None
         session = self._session
         if session is None:
             raise Unreachable("the cluster was stopped", cluster=self.cluster)
@@ -560,12 +581,18 @@ class Transport:
                 finally:
                     self._waiting.discard(waiting)
                     interrupted = waiting.expired()
+        except (_NoAnswer, Unreachable):
+            raise
         except (aiohttp.ClientError, TimeoutError, ssl.SSLError) as error:
             if interrupted:
                 raise _NoAnswer(f"{self.health.reason}; the request was interrupted", False, False) from None
             never_sent = isinstance(error, aiohttp.ClientConnectorError)
             timed_out = isinstance(error, TimeoutError)
             raise _NoAnswer(_describe_connection_error(error), never_sent, timed_out) from None
+        except Exception as error:
+            # aiohttp's ValueError for a header it will not send, say: the same on every
+            # attempt, so no retry; the cluster's health says what it was.
+            raise _Unsendable(_unexpected(error, "sending", method, path), self.cluster) from None
         self.health.contact()
         return status, response_headers, payload
 
@@ -665,6 +692,35 @@ class Transport:
             message = _describe_connection_error(error)
             self.health.failure(message)
             raise Unreachable(message, cluster=self.cluster) from None
+
+
+class _Unsendable(Unreachable):
+    """The request could not be built or handed to the HTTP client; retrying would not help."""
+
+    def __init__(self, message: str, cluster: str) -> None:
+        super().__init__(message, cluster=cluster)
+
+
+def _unexpected(error: Exception, doing: str, method: str, path: str) -> str:
+    """Words for an error nobody foresaw: its class and, for the HTTP client's own, its text.
+
+    Only aiohttp's messages are quoted (fixed words such as "Forbidden control
+    character detected in headers"); any other error's text might carry the
+    credential it choked on, so only its class is named.
+    """
+    text = ""
+    if type(error).__module__.startswith("aiohttp") or "aiohttp" in _raised_in(error):
+        text = str(error).splitlines()[0][:200] if str(error) else ""
+    detail = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return f"{doing} {method} {path} failed on our side ({detail}); the server was not asked"
+
+
+def _raised_in(error: BaseException) -> str:
+    """The module of the innermost frame that raised ``error``."""
+    trace = error.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    return str(trace.tb_frame.f_globals.get("__name__", "")) if trace is not None else ""
 
 
 class _NoAnswer(Exception):

@@ -60,7 +60,7 @@ class _Entry:
         if not self.engaged.is_set() or health.state is HealthState.UNKNOWN:
             if self.start_error is not None:
                 return status(ClusterPhase.UNHEALTHY, self.created, self.start_error)
-            return status(ClusterPhase.ENGAGING, self.created, None)
+            return status(ClusterPhase.ENGAGING, self.created, health.waiting)
         failing = self.cluster.failing_loops()
         if failing:
             return status(ClusterPhase.UNHEALTHY, health.since, "; ".join(failing))
