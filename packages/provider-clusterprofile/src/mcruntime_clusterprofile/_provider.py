@@ -145,9 +145,27 @@ class ClusterProfileProvider(ClusterSetProvider):
     def __repr__(self) -> str:
         return f"<ClusterProfileProvider {self._owner} clusters={self.clusters.names()}>"
 
-    # Reporting comes from ClusterSetProvider: sources() holds one SourceStatus per
-    # ClusterProfile ("namespace/name"), as follow() last published it, and while the
-    # CRD is missing one for clusterprofiles.multicluster.x-k8s.io (also `waiting`).
+    def sources(self) -> Mapping[str, SourceStatus]:
+        """One :class:`SourceStatus` per ClusterProfile (``namespace/name``), and the CRD while missing.
+
+        What :meth:`follow` last published, plus what only running the plugin
+        shows: an engaged profile whose credential cannot be got (the plugin
+        is missing, exits non-zero or is killed after ``exec_timeout``) has
+        that as its ``error``, and one whose plugin is still running says so,
+        with the time so far, in ``detail["waiting"]``. The profile names the
+        access provider, and the access provider the plugin, so this is where
+        an operator looks.
+        """
+        found = dict(super().sources())
+        for key, source in found.items():
+            health = self.clusters.health(key) if source.engaged else None
+            if health is None:
+                continue
+            if health.credential_error is not None and source.error is None:
+                found[key] = dataclasses.replace(source, error=health.credential_error)
+            elif health.waiting is not None:
+                found[key] = dataclasses.replace(source, detail={**source.detail, "waiting": health.waiting})
+        return found
 
     async def run(self, aware: mcr.Aware) -> None:
         """Watch ClusterProfiles and keep the engaged clusters equal to them until cancelled."""

@@ -63,7 +63,10 @@ class ClusterHealth:
     failure any request, watch or probe saw. ``waiting`` says what a request
     is waiting for before it can be sent (an exec plugin still running, with
     how long so far), so a cluster whose first probe cannot start yet is
-    seen waiting rather than silent.
+    seen waiting rather than silent. ``credential_error`` says why the last
+    attempt to get the credential failed (an exec plugin missing, failing or
+    too slow; a token file that cannot be used), ``None`` once one was got:
+    providers whose sources name the plugin report it there too.
     """
 
     state: HealthState
@@ -74,6 +77,7 @@ class ClusterHealth:
     last_error: str | None
     last_error_at: float | None
     waiting: str | None = None
+    credential_error: str | None = None
 
     @property
     def healthy(self) -> bool:
@@ -135,6 +139,7 @@ class HealthRecord:
         self._recovered: asyncio.Event | None = None
         self._suspect: asyncio.Event | None = None
         self._waits: dict[int, tuple[str, float]] = {}
+        self.credential_error: str | None = None
         self.open_listeners: list[Callable[[str], None]] = []
 
     def snapshot(self) -> ClusterHealth:
@@ -147,6 +152,7 @@ class HealthRecord:
             self.last_error,
             self.last_error_at,
             self._waiting(),
+            self.credential_error,
         )
 
     @contextmanager

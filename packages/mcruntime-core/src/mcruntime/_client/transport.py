@@ -541,11 +541,15 @@ class Transport:
         """
         try:
             headers = await self._headers(accept, content_type)
-        except Unreachable:
+        except Unreachable as error:  # an exec plugin or token file that failed, named by its error
+            if not self._closed:
+                self.health.credential_error = error.message
             raise
         except Exception as error:  # a credential source that broke in a way nobody foresaw
             message = _unexpected(error, "getting the credential for", method, path)
+            self.health.credential_error = message
             raise _Unsendable(message, self.cluster) from None
+        self.health.credential_error = None
         session = self._session
         if session is None:
             raise Unreachable("the cluster was stopped", cluster=self.cluster)
