@@ -695,3 +695,41 @@ async def test_a_hanging_plugin_is_shown_waiting_with_its_time_so_far(
         assert status.phase is mcr.ClusterPhase.ENGAGING and re.fullmatch(shown, status.error or "")
         source = provider.sources()[hub.key("slow")]
         assert source.engaged and source.error is None and re.fullmatch(shown, source.detail["waiting"])
+
+
+async def test_the_provider_file_is_followed_and_the_last_good_one_kept(
+    hub: Hub, fleet: Fleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fixed plugin path is picked up without a restart; a broken file is reported, never applied."""
+    install_plugin(tmp_path / "bin" / "secretreader-plugin", f'exec "{sys.executable}" "{PLUGIN}" "$@"')
+    config = tmp_path / "provider-config.json"
+    config.write_text(UPSTREAM_PROVIDER_CONFIG.replace("./bin/secretreader-plugin", "./bin/misspelt"))
+    monkeypatch.chdir(tmp_path)
+    member = Target.of(fleet["cluster-2"])
+    provider = hub.provider(config, access_poll_interval=0.05)
+    key = hub.key("followed")
+
+    def phase() -> mcr.ClusterPhase | None:
+        status = provider.statuses().get(key)
+        return status.phase if status is not None else None
+
+    async with running(provider):
+        await hub.write("followed", status_of([shared_plugin_entry(hub, member, "secretreader")]))
+        await wait_until(
+            lambda: phase() is mcr.ClusterPhase.UNHEALTHY, what="unhealthy: the plugin is misspelt"
+        )
+
+        config.write_text(UPSTREAM_PROVIDER_CONFIG)  # fixed in place
+        await wait_until(lambda: phase() is mcr.ClusterPhase.READY, what="ready on the fixed provider file")
+        assert provider.sources()[key].error is None
+
+        config.write_text('{"providers": [')  # a broken edit: reported, the last good file kept
+        await wait_until(lambda: str(config) in provider.sources(), what="the broken provider file reported")
+        reported = provider.sources()[str(config)]
+        assert reported.kind == "ProviderFile" and reported.stale and reported.cluster is None
+        assert reported.error == f"{config}: not valid JSON at line 1"
+        assert phase() is mcr.ClusterPhase.READY and provider.access is not None
+        assert provider.access.names() == ["secretreader"]
+
+        config.write_text(UPSTREAM_PROVIDER_CONFIG)
+        await wait_until(lambda: str(config) not in provider.sources(), what="the provider file reads again")
