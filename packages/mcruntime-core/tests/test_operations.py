@@ -246,7 +246,9 @@ async def test_metrics_count_reconciles_per_cluster_and_follow_the_fleet(fleet: 
         assert _sample(text, "mcruntime_cache_sync_duration_seconds", cluster="east") > 0
         # An empty queue is a depth of 0, as controller-runtime exports it, not a missing series.
         for name in ("east", "west"):
-            assert f'workqueue_depth{{cluster="{name}",controller="counter",name="counter"}} 0.0' in text, text
+            assert f'workqueue_depth{{cluster="{name}",controller="counter",name="counter"}} 0.0' in text, (
+                text
+            )
         await provider.remove("west")
 
         async def one_left() -> bool:
