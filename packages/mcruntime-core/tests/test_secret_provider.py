@@ -105,6 +105,11 @@ class SecretDriver(ProviderDriver):
         self.touches += 1  # new metadata, same kubeconfig
         await self._write(name, target, {"conformance.mcruntime.dev/touched": str(self.touches)})
 
+    async def corrupt(self, name: str) -> None:
+        manifest = secret_manifest(name, self.namespace, "clusters: [unclosed\n")  # a bad edit: no YAML
+        applied = await self.writer.client.apply(manifest, field_manager="conformance", force=True)
+        self.written[name] = applied["metadata"]["resourceVersion"]
+
     async def remove(self, name: str) -> None:
         await self.writer.client.delete(SECRET, name, namespace=self.namespace)
         self.written[name] = None

@@ -214,6 +214,9 @@ class CapiDriver(ProviderDriver):
         self.touches += 1
         await self.hub.create_cluster(name, ready=True, annotations={"touched": str(self.touches)})
 
+    async def corrupt(self, name: str) -> None:
+        await self.hub.write_secret(name, "clusters: [unclosed\n")  # a bad edit: no YAML
+
     async def remove(self, name: str) -> None:
         await self.hub.delete_cluster(name)
 

@@ -244,6 +244,7 @@ class ClusterProfileDriver(ProviderDriver):
         self.hub = hub
         self.provider: ClusterProfileProvider | None = None
         self.touches = 0
+        self.targets: dict[str, Target] = {}
 
     def build(self) -> mcr.Provider:
         self.provider = self.hub.provider()
@@ -256,7 +257,13 @@ class ClusterProfileDriver(ProviderDriver):
         return self.provider.statuses().get(self.hub.key(name)) if self.provider is not None else None
 
     async def add(self, name: str, target: Target) -> None:
+        self.targets[name] = target
         await self.hub.profile(name, target)
+
+    async def corrupt(self, name: str) -> None:
+        entry = self.hub.access_entry(self.targets[name])
+        entry["cluster"]["server"] = "https://[::1"  # a bad edit: no URL
+        await self.hub.write(name, status_of([entry]))
 
     async def touch(self, name: str, target: Target) -> None:
         self.touches += 1

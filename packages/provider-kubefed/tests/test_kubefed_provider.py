@@ -200,6 +200,14 @@ class KubeFedDriver(ProviderDriver):
             name, target, annotations={"conformance.mcruntime.dev/touched": str(self.touches)}
         )
 
+    async def corrupt(self, name: str) -> None:
+        patched = await self.hub.writer.client.patch(
+            KUBEFED_CLUSTER, name, {"spec": {"caBundle": "not base64!"}}, namespace=self.hub.namespace
+        )
+        written = self.hub.written[name]
+        assert written is not None
+        self.hub.written[name] = (patched["metadata"]["resourceVersion"], written[1])
+
     async def remove(self, name: str) -> None:
         await self.hub.unjoin(name)
 
@@ -420,13 +428,14 @@ async def test_token_secrets_echoed_are_used_and_spoiled_ones_name_their_secret(
     caplog.set_level(logging.INFO)
     member = fleet["cluster-2"]
     token = member.token_user.token
+    # Written before the provider starts, so it never sees a good token first (which it would keep).
+    await hub.join("echoed", Target.of(member))
+    await hub.write_token("echoed", f"{token}\n")  # what `echo $TOKEN | kubectl create secret` gives
+    for shape in ("control-character", "non-ascii"):
+        await hub.join(shape, Target.of(member))
+        await hub.write_token(shape, spoiled(token, shape))
     provider = hub.provider()
     async with _running(_manager(provider)):
-        await hub.join("echoed", Target.of(member))
-        await hub.write_token("echoed", f"{token}\n")  # what `echo $TOKEN | kubectl create secret` gives
-        for shape in ("control-character", "non-ascii"):
-            await hub.join(shape, Target.of(member))
-            await hub.write_token(shape, spoiled(token, shape))
         await hub.settled(provider)
         cluster = await provider.clusters.wait_engaged("echoed")
         assert await cluster.transport.authorization() == f"Bearer {token}"

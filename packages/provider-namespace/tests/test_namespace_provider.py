@@ -266,6 +266,7 @@ class NamespaceDriver(ProviderDriver):
         Capability.OWN_CONNECTION: "a namespace's cluster runs on its host's connection: it cannot point elsewhere",
         Capability.CREDENTIAL_CHANGE: "the credential is the host's, given to the provider in code",
         Capability.DUPLICATE_NAMES: "namespace names are unique in a cluster",
+        Capability.UNPARSEABLE_SOURCE: "a namespace is an object the API server validated: nothing to parse",
     }
 
     def __init__(self, admin: mcr.Cluster) -> None:
