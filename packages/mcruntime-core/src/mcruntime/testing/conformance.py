@@ -39,6 +39,7 @@ import pytest
 import pytest_asyncio
 
 import mcruntime as mcr
+from mcruntime.provider import SourceStatus
 
 from ._case import _Case, _require, _supports, _token_user
 from ._checks import (
@@ -415,8 +416,9 @@ class ProviderConformance:
             )
             assert status is not None
             if status.source is not None:  # a provider that reports sources says what is wrong
-                reported = getattr(provider, "sources", dict)()
-                errors = [source.error for source in (status.source, *reported.values()) if source.error]
+                sources = getattr(provider, "sources", None)
+                reported: list[SourceStatus] = list(sources().values()) if callable(sources) else []
+                errors = [source.error for source in (status.source, *reported) if source.error]
                 expect(
                     errors,
                     GONE,
