@@ -12,6 +12,7 @@ wrong while a request is built or sent becomes the cluster's reported error.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 from kube_helpers import CONFIGMAP, CREDENTIAL_SHAPES, quotes_token, spoiled
 
 import mcruntime as mcr
+from mcruntime._client.health import HealthRecord
 from mcruntime._config.exec import ExecPlugin, ExecPluginError
 from mcruntime.testing import Fleet, wait_until
 from mcruntime.testing._harness import EngagementRecorder, running
@@ -146,3 +148,28 @@ async def test_any_error_while_sending_becomes_the_clusters_reported_error(fleet
         ), readyz
         exposed = readyz + repr(provider.statuses()) + (cluster.health.last_error or "")
         assert not quotes_token(exposed, token)
+
+
+async def test_a_probe_that_raises_is_recorded_and_the_loop_goes_on() -> None:
+    """Whatever a probe raises becomes the cluster's reason; the loop is never what crashes."""
+    record = HealthRecord("raising")
+    calls = 0
+
+    async def raising_probe(_timeout: float) -> tuple[str, bool] | None:
+        nonlocal calls
+        calls += 1
+        raise ValueError(f"{TOKEN} was in the message")  # its text is never shown
+
+    task = asyncio.create_task(
+        record.probe_forever(raising_probe, interval=5.0, timeout=5.0, backoff=mcr.Backoff(base=0.0, cap=0.0))
+    )
+    try:
+        await wait_until(lambda: calls >= 3, what="three probes, each raising")
+        assert not task.done(), "the probe loop died"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    health = record.snapshot()
+    assert health.state is mcr.HealthState.UNHEALTHY
+    assert health.reason == "the health probe failed on our side (ValueError)"
+    assert not quotes_token(str(health), TOKEN)
