@@ -128,3 +128,26 @@ async def running(manager: mcr.Manager) -> AsyncIterator[mcr.Manager]:
         await task
     left = {t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()}
     assert left == set(), f"tasks left running after shutdown: {sorted(t.get_name() for t in left)}"
+
+
+# --- credential shapes: tokens that cannot travel in a header, for every provider's tests ---
+
+CREDENTIAL_SHAPES: dict[str, tuple[str, str]] = {
+    # name: (how to spoil a token, what the refusal says)
+    "trailing-newline": ("{token}\n", "the token ends with a line break"),
+    "control-character": ("{head}\x07{tail}", "the token has a control character at character 9"),
+    "non-ascii": ("{head}\u00e9{tail}", "the token has a non-ASCII character at character 9"),
+}
+"""Each shape of a hostile token, with the words a load-time refusal uses."""
+
+
+def spoiled(token: str | None, shape: str) -> str:
+    """``token`` in one of :data:`CREDENTIAL_SHAPES` (the character goes after the 8th)."""
+    assert token is not None and len(token) > 8
+    return CREDENTIAL_SHAPES[shape][0].format(token=token, head=token[:8], tail=token[8:])
+
+
+def quotes_token(text: str, token: str | None) -> bool:
+    """Whether ``text`` holds the token, or any 12 characters of it in a row."""
+    assert token is not None
+    return any(token[start : start + 12] in text for start in range(len(token) - 11))

@@ -32,6 +32,7 @@ class SingleDriver(ProviderDriver):
         Capability.MULTIPLE_CLUSTERS: "SingleProvider holds exactly one cluster",
         Capability.CREDENTIAL_CHANGE: "SingleProvider's config cannot change after construction",
         Capability.DUPLICATE_NAMES: "SingleProvider has one name",
+        Capability.UNPARSEABLE_SOURCE: "fed from code: a config is an object, never text to parse",
     }
 
     def __init__(self) -> None:
@@ -62,7 +63,8 @@ class StaticDriver(ProviderDriver):
     """The source is the dict the provider starts from, then its add/update/remove calls."""
 
     unsupported: ClassVar[Mapping[Capability, str]] = {
-        Capability.DUPLICATE_NAMES: "StaticProvider's names are dict keys, unique by construction"
+        Capability.DUPLICATE_NAMES: "StaticProvider's names are dict keys, unique by construction",
+        Capability.UNPARSEABLE_SOURCE: "fed from code: a config is an object, never text to parse",
     }
 
     def __init__(self) -> None:
@@ -105,6 +107,7 @@ class MultiDriver(ProviderDriver):
 
     unsupported: ClassVar[Mapping[Capability, str]] = {
         Capability.DUPLICATE_NAMES: "MultiProvider prefixes are unique and may not contain the separator",
+        Capability.UNPARSEABLE_SOURCE: "fed from code: a config is an object, never text to parse",
     }
     prefixes = ("east", "west")
 

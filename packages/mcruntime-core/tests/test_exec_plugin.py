@@ -219,7 +219,10 @@ async def test_a_missing_plugin_program_is_reported_with_its_install_hint(tmp_pa
         server="https://h",
     )
 
-    with pytest.raises(ExecPluginError, match=r"not found or not executable .install made-up-helper."):
+    with pytest.raises(
+        ExecPluginError,
+        match=r"not found or not executable \(tried made-up-missing-helper on PATH\); install made-up-helper",
+    ):
         await plugin.run()
     assert plugin.runs == 0
 

@@ -193,3 +193,42 @@ async def test_a_silent_connection_is_noticed_within_the_read_timeout(fresh_clus
             os.kill(process.pid, signal.SIGCONT)
         await cluster.client.create(configmap("after", namespace, v="1"))
         await wait_for(lambda: f"{namespace}/after" in informer.store.objects, timeout=60)
+
+
+async def test_a_relist_after_410_across_several_namespaces_emits_each_ones_difference_only(
+    uncached_cluster: ControlPlane, testbed: Fleet
+) -> None:
+    """A scoped informer watches each namespace; a 410 relists them all, and nothing outside the scope."""
+    async with running_cluster(uncached_cluster) as cluster:
+        first, second, third, outside = [await new_namespace(cluster) for _ in range(4)]
+        for namespace in (first, second, third, outside):
+            await cluster.client.create(configmap("a", namespace, v="1"))
+        informer = mcr.Informer(cluster.client, CONFIGMAP, namespaces=[first, second, third])
+        recorder = Recorder()
+        informer.add_handler(recorder.handler())
+        run = asyncio.create_task(informer.run())
+        assert await informer.wait_for_sync(30)
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        recorder.events.clear()
+
+        # While nobody watches, one change per selected namespace and one outside; then compact.
+        await cluster.client.patch(CONFIGMAP, "a", {"data": {"v": "2"}}, namespace=first)
+        await cluster.client.delete(CONFIGMAP, "a", namespace=second)
+        await cluster.client.create(configmap("b", third, v="1"))
+        await cluster.client.create(configmap("b", outside, v="1"))
+        await asyncio.to_thread(testbed.compact)
+
+        run = asyncio.create_task(informer.run())
+        try:
+            await wait_for(lambda: informer.stats.relists_after_gone >= 1)
+            await wait_for(lambda: len(recorder.events) >= 3)
+            assert sorted(recorder.events) == [("add", "b", "1"), ("delete", "a", "1"), ("update", "a", "2")]
+            fresh: dict[str, str] = {}
+            for namespace in (first, second, third):
+                fresh.update(await _fresh_list_view(cluster, namespace))
+            assert _store_view(informer) == fresh
+            assert not any(key.startswith(f"{outside}/") for key in informer.store.objects)
+        finally:
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)

@@ -457,3 +457,40 @@ async def test_the_routed_client_outside_a_reconcile_says_so() -> None:
     with pytest.raises(mcr.ClusterNotFound) as raised:
         await manager.client.get(mcr.Kind("v1", "ConfigMap"), "x", namespace="default")
     assert "outside a reconcile" in str(raised.value) and "get_cluster" in str(raised.value)
+
+
+async def test_the_routed_client_applies_with_the_default_field_manager_and_reads_metadata_only(
+    fleet: Fleet,
+) -> None:
+    """A reconciler written for one cluster uses mgr.client alone: apply without naming a manager, lean reads."""
+    plane = fleet["cluster-2"]
+    namespace = unique("routed")
+    await _seed(plane, namespace, ["source"])
+    manager = mcr.Manager(
+        mcr.StaticProvider({"c": config_of(plane)}), handle_signals=False, field_manager="routed"
+    )
+    seen: dict[str, object] = {}
+
+    async def reconcile(request: mcr.Request) -> None:
+        if request.name != "source":
+            return
+        lean = await manager.client.get(CONFIGMAP, "source", namespace=namespace, metadata_only=True)
+        listed = await manager.client.list(CONFIGMAP, namespace=namespace, metadata_only=True)
+        await manager.client.apply(configmap("copy", namespace, v="1"))  # no field_manager: the manager's
+        seen["lean"], seen["listed"] = lean, [obj["metadata"]["name"] for obj in listed]
+
+    mcr.controller_managed_by(manager).for_(
+        CONFIGMAP, predicates=_in_namespace(namespace), metadata_only=True
+    ).complete(reconcile)
+    async with running(manager):
+        await wait_for(lambda: "lean" in seen)
+        cluster = await manager.get_cluster("c")
+        copy = await cluster.client.get(CONFIGMAP, "copy", namespace=namespace)
+        views = [
+            informer.metadata_only for informer in cluster.cache.informers() if informer.kind == CONFIGMAP
+        ]
+    lean = seen["lean"]
+    assert isinstance(lean, dict) and "data" not in lean and lean["metadata"]["name"] == "source"
+    assert "source" in seen["listed"]  # type: ignore[operator]
+    assert [entry["manager"] for entry in copy["metadata"]["managedFields"]] == ["routed"]
+    assert views == [True], "a metadata-only reconciler made the cache hold the kind whole as well"

@@ -244,6 +244,11 @@ async def test_metrics_count_reconciles_per_cluster_and_follow_the_fleet(fleet: 
         assert _sample(text, "workqueue_adds_total", controller="counter", cluster="east") >= 3
         assert "controller_runtime_reconcile_time_seconds_bucket" in text
         assert _sample(text, "mcruntime_cache_sync_duration_seconds", cluster="east") > 0
+        # An empty queue is a depth of 0, as controller-runtime exports it, not a missing series.
+        for name in ("east", "west"):
+            assert f'workqueue_depth{{cluster="{name}",controller="counter",name="counter"}} 0.0' in text, (
+                text
+            )
         await provider.remove("west")
 
         async def one_left() -> bool:

@@ -23,7 +23,7 @@ from kube_helpers import CONFIGMAP, running, unique
 from test_exec_plugin import API, write_plugin
 
 import mcruntime as mcr
-from mcruntime._client.transport import _describe_connection_error
+from mcruntime._client.failures import _describe_connection_error
 from mcruntime.testing import ControlPlane, Fleet, wait_until
 
 PASSWORD = "made-up-basic-password-4c1f9e"

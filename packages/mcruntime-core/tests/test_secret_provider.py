@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 import yaml
-from kube_helpers import CONFIGMAP, configmap, unique, wait_for
+from kube_helpers import CONFIGMAP, CREDENTIAL_SHAPES, configmap, quotes_token, spoiled, unique, wait_for
 
 import mcruntime as mcr
 from mcruntime._fleet.secret_provider import KubeconfigSecretProvider
@@ -104,6 +104,11 @@ class SecretDriver(ProviderDriver):
     async def touch(self, name: str, target: Target) -> None:
         self.touches += 1  # new metadata, same kubeconfig
         await self._write(name, target, {"conformance.mcruntime.dev/touched": str(self.touches)})
+
+    async def corrupt(self, name: str) -> None:
+        manifest = secret_manifest(name, self.namespace, "clusters: [unclosed\n")  # a bad edit: no YAML
+        applied = await self.writer.client.apply(manifest, field_manager="conformance", force=True)
+        self.written[name] = applied["metadata"]["resourceVersion"]
 
     async def remove(self, name: str) -> None:
         await self.writer.client.delete(SECRET, name, namespace=self.namespace)
@@ -441,3 +446,24 @@ def test_guide_example_is_the_tested_code() -> None:
     regions = set(re.findall(r"# --8<-- \[start:([\w-]+)\]", (CORE / provider).read_text()))
     quoted = {block["region"] for block in blocks if block["path"] == provider}
     assert regions == quoted, "every marked region of the provider is in the guide"
+
+
+@pytest.mark.parametrize("shape", sorted(CREDENTIAL_SHAPES))
+async def test_a_token_that_cannot_be_sent_is_refused_naming_the_secret(
+    hub: Hub, fleet: Fleet, shape: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    plane = fleet["cluster-2"]
+    token = plane.token_user.token
+    kubeconfig = plane.kubeconfig(plane.token_user)
+    kubeconfig["users"][0]["user"]["token"] = spoiled(token, shape)
+    version = await hub.write("shaped", kubeconfig)
+    provider = hub.provider()
+    manager, recorder = manager_for(provider)
+    async with running(manager, recorder):
+        source = await processed(provider, hub.key("shaped"), version)
+        assert source.error is not None and source.error.startswith(f"Secret {hub.key('shaped')}")
+        assert CREDENTIAL_SHAPES[shape][1] in source.error
+        assert provider.statuses()["shaped"].phase is mcr.ClusterPhase.FAILED
+        exposed = caplog.text + repr(provider.sources()) + repr(provider.statuses())
+        assert not quotes_token(exposed, token)

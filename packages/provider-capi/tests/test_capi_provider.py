@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import pytest
 import pytest_asyncio
 import yaml
+from kube_helpers import CREDENTIAL_SHAPES, quotes_token, spoiled
 
 import mcruntime as mcr
 from mcruntime.testing import ControlPlane, Fleet, Target, wait_until
@@ -212,6 +213,9 @@ class CapiDriver(ProviderDriver):
     async def touch(self, name: str, target: Target) -> None:
         self.touches += 1
         await self.hub.create_cluster(name, ready=True, annotations={"touched": str(self.touches)})
+
+    async def corrupt(self, name: str) -> None:
+        await self.hub.write_secret(name, "clusters: [unclosed\n")  # a bad edit: no YAML
 
     async def remove(self, name: str) -> None:
         await self.hub.delete_cluster(name)
@@ -416,3 +420,28 @@ async def test_an_oversized_kubeconfig_secret_is_refused_unparsed_and_named(hub:
         assert "limit of 4096 bytes" in error
         await provider.clusters.wait_engaged(hub.key("good"))
         assert hub.key("huge") not in provider.clusters.names()
+
+
+@pytest.mark.parametrize("shape", sorted(CREDENTIAL_SHAPES))
+async def test_a_token_that_cannot_be_sent_is_refused_naming_the_secret(
+    hub: Hub, fleet: Fleet, shape: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    plane = fleet["cluster-2"]
+    token = plane.token_user.token
+    kubeconfig = plane.kubeconfig(plane.token_user)
+    kubeconfig["users"][0]["user"]["token"] = spoiled(token, shape)
+    provider = hub.provider()
+    async with running(provider):
+        await hub.write_secret("shaped", kubeconfig)
+        await hub.create_cluster("shaped", ready=True)
+        await hub.settled(provider)
+        error = provider.sources()[hub.key("shaped")].error or ""
+        assert (
+            error.startswith(f"Secret {hub.key('shaped')}-kubeconfig")
+            and CREDENTIAL_SHAPES[shape][1] in error
+        )
+        assert hub.key("shaped") not in provider.clusters.names()
+        assert provider.statuses()[hub.key("shaped")].phase is mcr.ClusterPhase.FAILED
+        exposed = caplog.text + repr(provider.sources()) + repr(provider.statuses())
+        assert not quotes_token(exposed, token)

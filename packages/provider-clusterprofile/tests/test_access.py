@@ -71,7 +71,7 @@ def test_the_go_tooling_file_shape_is_read(tmp_path: Path) -> None:
     assert config.names() == ["p"]
     assert config.providers[0].args_policy is ArgsPolicy.APPEND
     assert config.providers[0].env_policy is EnvPolicy.APPEND_IF_NOT_EXISTS
-    assert config.base_dir == str(tmp_path)
+    assert config.base_dir is None  # a relative command is the working directory's, as in Go
     secret = AccessConfig.from_dict(
         provider_file(
             execConfig={

@@ -81,6 +81,9 @@ class FileDriver(ProviderDriver):
         path = self.directory / f"{name}.kubeconfig"
         self._write(path.name, path.read_bytes())  # the same bytes, a new inode and mtime
 
+    async def corrupt(self, name: str) -> None:
+        self._write(f"{name}.kubeconfig", b"clusters: [unclosed\n")  # a bad edit: no YAML
+
     async def remove(self, name: str) -> None:
         path = self.directory / f"{name}.kubeconfig"
         path.unlink()

@@ -6,8 +6,13 @@ what it finds is covered on real control planes in ``test_file_provider.py``.
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
+import shutil
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -75,16 +80,58 @@ def test_symlinks_that_loop_among_themselves_are_reported_not_skipped_silently(t
     ]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root lists a directory whatever its permissions say")
-def test_an_unreadable_directory_is_reported(tmp_path: Path) -> None:
-    closed = tmp_path / "closed"
-    closed.mkdir()
-    closed.chmod(0)
+def as_unprivileged(work: Callable[[], list[list[str]]]) -> list[list[str]]:
+    """``work()`` as it runs for a user without privileges: as is, or, for root, in a child as ``nobody``.
+
+    Root lists a directory whatever its permissions say, and CI runs as root;
+    a forked child that gives up root (the modules are already imported, so
+    it reads nothing from root's home) sees the permissions as a user does.
+    """
+    if os.geteuid() != 0:
+        return work()
+    nobody = pwd.getpwnam("nobody")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop root for good, do the work, report it as JSON, exit at once
+        code = 1
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            with os.fdopen(write, "w") as out:
+                json.dump(work(), out)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        reported = answer.read()
+    _pid, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the unprivileged child failed"
+    result: list[list[str]] = json.loads(reported)
+    return result
+
+
+def test_an_unreadable_directory_is_reported() -> None:
+    """Run for real whoever runs the suite (as ``nobody`` when that is root, as in CI)."""
+    base = Path(tempfile.mkdtemp(prefix="mcruntime-unreadable-"))
     try:
-        layout = find_files([closed], DEFAULT_INCLUDE, recursive=False)
+        base.chmod(0o755)  # nobody must reach the directory to be refused its listing
+        closed = base / "closed"
+        closed.mkdir()
+        closed.chmod(0)
+
+        def problems() -> list[list[str]]:
+            layout = find_files([closed], DEFAULT_INCLUDE, recursive=False)
+            return [[str(path), message] for path, message in layout.problems]
+
+        assert as_unprivileged(problems) == [
+            [str(closed), f"{closed}: cannot list the directory: Permission denied"]
+        ]
     finally:
-        closed.chmod(0o755)
-    assert layout.problems == ((closed, f"{closed}: cannot list the directory: Permission denied"),)
+        (base / "closed").chmod(0o755)
+        shutil.rmtree(base)
 
 
 def test_a_missing_path_is_a_file_watched_from_its_nearest_existing_directory(tmp_path: Path) -> None:

@@ -651,6 +651,9 @@ class KindDriver(ProviderDriver):
     async def add(self, name: str, target: Target) -> None:
         self.kind.create(name, target.kubeconfig())
 
+    async def corrupt(self, name: str) -> None:
+        self.kind.readable(name, False)  # `kind get kubeconfig` fails: the listing still names it
+
     async def remove(self, name: str) -> None:
         self.kind.delete(name)
 

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import pytest
 import pytest_asyncio
+from kube_helpers import CREDENTIAL_SHAPES, quotes_token, spoiled
 
 import mcruntime as mcr
 from mcruntime.testing import ControlPlane, Fleet, Target, wait_until
@@ -198,6 +199,14 @@ class KubeFedDriver(ProviderDriver):
         await self.hub.join(
             name, target, annotations={"conformance.mcruntime.dev/touched": str(self.touches)}
         )
+
+    async def corrupt(self, name: str) -> None:
+        patched = await self.hub.writer.client.patch(
+            KUBEFED_CLUSTER, name, {"spec": {"caBundle": "not base64!"}}, namespace=self.hub.namespace
+        )
+        written = self.hub.written[name]
+        assert written is not None
+        self.hub.written[name] = (patched["metadata"]["resourceVersion"], written[1])
 
     async def remove(self, name: str) -> None:
         await self.hub.unjoin(name)
@@ -410,3 +419,30 @@ async def test_an_oversized_token_is_refused_and_named(hub: Hub, fleet: Fleet) -
         assert f"Secret {hub.namespace}/huge-token key 'token'" in error
         assert f"limit of {MAX_TOKEN_BYTES} bytes" in error
         await provider.clusters.wait_engaged("good")
+
+
+async def test_token_secrets_echoed_are_used_and_spoiled_ones_name_their_secret(
+    hub: Hub, fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A token Secret is a token file by another name: stripped, as kubefedctl's readers strip it."""
+    caplog.set_level(logging.INFO)
+    member = fleet["cluster-2"]
+    token = member.token_user.token
+    # Written before the provider starts, so it never sees a good token first (which it would keep).
+    await hub.join("echoed", Target.of(member))
+    await hub.write_token("echoed", f"{token}\n")  # what `echo $TOKEN | kubectl create secret` gives
+    for shape in ("control-character", "non-ascii"):
+        await hub.join(shape, Target.of(member))
+        await hub.write_token(shape, spoiled(token, shape))
+    provider = hub.provider()
+    async with _running(_manager(provider)):
+        await hub.settled(provider)
+        cluster = await provider.clusters.wait_engaged("echoed")
+        assert await cluster.transport.authorization() == f"Bearer {token}"
+        for shape in ("control-character", "non-ascii"):
+            error = provider.sources()[shape].error or ""
+            assert f"(token from Secret {hub.namespace}/{shape}-token key 'token')" in error, error
+            assert CREDENTIAL_SHAPES[shape][1] in error
+            assert provider.statuses()[shape].phase is mcr.ClusterPhase.FAILED
+        exposed = caplog.text + repr(provider.sources()) + repr(provider.statuses())
+        assert not quotes_token(exposed, token)

@@ -266,6 +266,7 @@ class NamespaceDriver(ProviderDriver):
         Capability.OWN_CONNECTION: "a namespace's cluster runs on its host's connection: it cannot point elsewhere",
         Capability.CREDENTIAL_CHANGE: "the credential is the host's, given to the provider in code",
         Capability.DUPLICATE_NAMES: "namespace names are unique in a cluster",
+        Capability.UNPARSEABLE_SOURCE: "a namespace is an object the API server validated: nothing to parse",
     }
 
     def __init__(self, admin: mcr.Cluster) -> None:
@@ -353,3 +354,45 @@ class TestNamespaceProviderConformance(ProviderConformance):
             for namespace in driver.names.values():
                 with contextlib.suppress(mcr.NotFound):
                     await admin.client.delete(NAMESPACE, namespace)
+
+
+async def test_scoped_informers_hold_only_the_selected_namespaces(host: Host) -> None:
+    """With scoped_informers, an unselected namespace's objects are never listed into this process."""
+    tenants = [await host.namespace(host.name(f"s{i}")) for i in range(2)]
+    outsider = await host.namespace(host.name("outside"), selected=False)
+    for namespace in (*tenants, outsider):
+        await host.admin.client.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "data", "namespace": namespace},
+                "data": {"k": "v"},
+            }
+        )
+    provider = host.provider(scoped_informers=True)
+    await provider.index_field(CONFIGMAP, "by-k", mcr.field_getter("data", "k"))
+    async with running(provider) as (manager, recorder):
+        await wait_until(
+            lambda: all((t, "data") in recorder.cached[t] for t in tenants), what="every tenant reconciled"
+        )
+        host_cluster = host_of(provider)
+        assert host_cluster is not None
+        held: set[str] = set()
+        views = [await manager.get_cluster(t) for t in tenants]
+        for cluster in [host_cluster, *views]:
+            for informer in cluster.cache.informers():
+                if informer.kind == CONFIGMAP:
+                    held.update(key.split("/", 1)[0] for key in informer.store.objects)
+        assert held == set(tenants), f"ConfigMaps held for namespaces {sorted(held)}"
+        assert all(recorder.cached[t] == {(t, "data")} for t in tenants)
+        for tenant in tenants:  # an index registered before engagement applies to each namespace's own
+            cluster = await manager.get_cluster(tenant)
+            found = await cluster.cache.list(CONFIGMAP, index=("by-k", "v"))
+            assert [obj["metadata"]["namespace"] for obj in found] == [tenant]
+            with pytest.raises(mcr.Forbidden):
+                await cluster.cache.list(CONFIGMAP, namespace=outsider)
+        gone = tenants[0]
+        view = await manager.get_cluster(gone)
+        await host.label(gone, None)  # deselected: its own informers end with it
+        await wait_until(lambda: gone not in engaged(manager), what="the deselected namespace disengaged")
+        assert view.stopped and len(view.tasks) == 0

@@ -83,9 +83,13 @@ class AccessConfig:
     """The consumer's provider file: its access providers in order of preference.
 
     A profile is reached through the first of these providers it lists (the
-    Go tooling's rule). ``base_dir`` is where a relative plugin ``command``
-    with a slash resolves: the file's directory, never the working directory.
-    Build one with :meth:`load` or :meth:`from_dict`.
+    Go tooling's rule). A relative plugin ``command`` with a slash
+    (``./bin/secretreader-plugin``) is relative to the working directory, as
+    the Go tooling runs it (``os/exec``; upstream's examples are run from the
+    repository root), so the same file works for both. ``base_dir``, given to
+    :meth:`from_dict`, makes such commands relative to that directory instead;
+    :meth:`load` leaves it ``None``. Build one with :meth:`load` or
+    :meth:`from_dict`.
     """
 
     providers: tuple[AccessProvider, ...]
@@ -112,7 +116,7 @@ class AccessConfig:
         except (ValueError, RecursionError) as error:
             where = f" at line {error.lineno}" if isinstance(error, json.JSONDecodeError) else ""
             raise AccessConfigError(f"{file}: not valid JSON{where}") from None
-        return cls.from_dict(data, origin=str(file), base_dir=str(file.parent))
+        return cls.from_dict(data, origin=str(file))
 
     @classmethod
     def from_dict(

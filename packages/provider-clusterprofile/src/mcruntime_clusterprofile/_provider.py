@@ -22,7 +22,7 @@ import asyncio
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,7 @@ import mcruntime as mcr
 import mcruntime.provider as mcrp
 from mcruntime.provider import ClusterSetProvider, SourceStatus
 
-from ._access import AccessConfig
+from ._access import AccessConfig, AccessConfigError
 from ._profile import (
     MAX_ACCESS_PROVIDERS,
     MAX_PROFILE_BYTES,
@@ -52,6 +52,9 @@ CLUSTER_MANAGER_LABEL = "x-k8s.io/cluster-manager"
 
 CRD_NAME = "clusterprofiles.multicluster.x-k8s.io"
 
+ACCESS_POLL_INTERVAL = 2.0
+"""Seconds between looks at a provider file given as a path; a change is in use within this."""
+
 _KEPT_METADATA = ("name", "namespace", "uid", "resourceVersion", "generation", "deletionTimestamp", "labels")
 
 
@@ -71,6 +74,7 @@ class _Version:
     ready: bool
     access: Access | None
     error: str | None
+    read_with: AccessConfig | None = None
 
 
 class ClusterProfileProvider(ClusterSetProvider):
@@ -103,6 +107,11 @@ class ClusterProfileProvider(ClusterSetProvider):
         crd_backoff: How often a missing CRD is looked for again (default: 1 s
             doubling to 30 s).
         retry_backoff: How long a failed discovery pass waits before the next.
+        access_poll_interval: Seconds between looks at the provider file (given
+            as a path) for changes. A changed file is read again and every
+            profile re-read with it; a file that no longer reads keeps the
+            last good one in use and is reported in :meth:`sources` (kind
+            ``ProviderFile``, by path) until it reads again.
     """
 
     def __init__(
@@ -122,6 +131,7 @@ class ClusterProfileProvider(ClusterSetProvider):
         max_string_chars: int = MAX_STRING_CHARS,
         crd_backoff: mcr.Backoff | None = None,
         retry_backoff: mcr.Backoff | None = None,
+        access_poll_interval: float = ACCESS_POLL_INTERVAL,
     ) -> None:
         self.limits = Limits(max_profile_bytes, max_access_providers, max_string_chars)
         self.namespace = namespace
@@ -130,6 +140,9 @@ class ClusterProfileProvider(ClusterSetProvider):
         self.access: AccessConfig | None = access if isinstance(access, AccessConfig) else None
         """The consumer's provider file, once read (at the start of :meth:`run` when given as a path)."""
         self._access_path = None if isinstance(access, AccessConfig) else access
+        self._access_poll_interval = access_poll_interval
+        self._access_stamp: tuple[int, int, int] | None = None
+        self._access_error: SourceStatus | None = None
         self._ready = ready
         # The explicit opt-in: exec plugins run, because the consumer's own file names them.
         self._trust = dataclasses.replace(trust or mcr.TrustPolicy.untrusted(), allow_exec=True)
@@ -154,14 +167,36 @@ class ClusterProfileProvider(ClusterSetProvider):
     def __repr__(self) -> str:
         return f"<ClusterProfileProvider {self._owner} clusters={self.clusters.names()}>"
 
-    # Reporting comes from ClusterSetProvider: sources() holds one SourceStatus per
-    # ClusterProfile ("namespace/name"), as follow() last published it, and while the
-    # CRD is missing one for clusterprofiles.multicluster.x-k8s.io (also `waiting`).
+    def sources(self) -> Mapping[str, SourceStatus]:
+        """One :class:`SourceStatus` per ClusterProfile (``namespace/name``), and the CRD while missing.
+
+        What :meth:`follow` last published, plus what only running the plugin
+        shows: an engaged profile whose credential cannot be got (the plugin
+        is missing, exits non-zero or is killed after ``exec_timeout``) has
+        that as its ``error``, and one whose plugin is still running says so,
+        with the time so far, in ``detail["waiting"]``. The profile names the
+        access provider, and the access provider the plugin, so this is where
+        an operator looks.
+        """
+        found = dict(super().sources())
+        if self._access_error is not None:
+            found[self._access_error.name] = self._access_error
+        for key, source in found.items():
+            health = self.clusters.health(key) if source.engaged else None
+            if health is None:
+                continue
+            if health.credential_error is not None and source.error is None:
+                found[key] = dataclasses.replace(source, error=health.credential_error)
+            elif health.waiting is not None:
+                found[key] = dataclasses.replace(source, detail={**source.detail, "waiting": health.waiting})
+        return found
 
     async def run(self, aware: mcr.Aware) -> None:
         """Watch ClusterProfiles and keep the engaged clusters equal to them until cancelled."""
+        watchers: list[Callable[[Callable[[], None]], Coroutine[Any, Any, None]]] = []
         if self._access_path is not None:
-            self.access = await asyncio.to_thread(AccessConfig.load, self._access_path)
+            self._access_stamp, self.access = await asyncio.to_thread(_load, self._access_path)
+            watchers.append(self._follow_access_file)
         async with mcrp.hub_connection(self._hub, f"{self._owner} (hub)", self._options) as hub:
             await self._served(hub)
             informer = mcr.Informer(
@@ -177,7 +212,30 @@ class ClusterProfileProvider(ClusterSetProvider):
                 read = await self._read_changed(informer.store.objects)
                 return self._desired(informer.store.objects, read)
 
-            await self.follow(aware, [informer], answer, backoff=self._retry_backoff)
+            await self.follow(aware, [informer], answer, backoff=self._retry_backoff, watchers=watchers)
+
+    async def _follow_access_file(self, look_again: Callable[[], None]) -> None:
+        """Read the provider file again when it changes; keep the last good one while it does not read."""
+        path = self._access_path
+        assert path is not None
+        while True:
+            await asyncio.sleep(self._access_poll_interval)  # a poll, as kubelet's file sources do
+            if await asyncio.to_thread(_stamp, path) == self._access_stamp:
+                continue
+            try:
+                stamp, access = await asyncio.to_thread(_load, path)
+            except AccessConfigError as error:
+                self._access_stamp = await asyncio.to_thread(_stamp, path)  # reported once per version
+                version = _version(self._access_stamp)
+                self._access_error = SourceStatus(
+                    "ProviderFile", str(path), version=version, error=str(error), stale=True
+                )
+                log.warning("%s: %s; keeping the provider file last read", self._owner, error)
+                continue
+            self._access_stamp, self.access, self._access_error = stamp, access, None
+            # Every profile's version was read with the old file: _current() reads each again.
+            log.info("%s: provider file %s changed; reading every profile with it", self._owner, path)
+            look_again()
 
     async def _served(self, hub: mcr.Cluster) -> None:
         if self.wait_for_crd:
@@ -197,26 +255,36 @@ class ClusterProfileProvider(ClusterSetProvider):
         changed = {
             key: profile
             for key, profile in profiles.items()
-            if key not in self._versions or self._versions[key].resource_version != _resource_version(profile)
+            if not self._current(self._versions.get(key), profile)
         }
         if not changed:
             return {}
         return await asyncio.to_thread(lambda: {key: self._read(key, p) for key, p in changed.items()})
 
     def _read(self, key: str, profile: Mapping[str, Any]) -> _Version:
-        assert self.access is not None
+        config = self.access  # one provider file for the whole read, even if a new one arrives
+        assert config is not None
         ready = self._is_ready(key, profile)
+        version = _resource_version(profile)
         try:
-            access = read_access(key, profile, self.access, trust=self._trust, limits=self.limits)
+            access = read_access(key, profile, config, trust=self._trust, limits=self.limits)
         except ProfileError as error:
             if not ready and not _offers_access(profile):
                 # Just created: its manager has not published status yet. Waiting, not failing.
-                return _Version(_resource_version(profile), ready, None, None)
-            return _Version(_resource_version(profile), ready, None, str(error))
+                return _Version(version, ready, None, None, config)
+            return _Version(version, ready, None, str(error), config)
         except Exception as error:  # a shape no check foresaw: name the type, quote nothing
             message = f"ClusterProfile {key}: not usable ({type(error).__name__})"
-            return _Version(_resource_version(profile), ready, None, message)
-        return _Version(_resource_version(profile), ready, access, None)
+            return _Version(version, ready, None, message, config)
+        return _Version(version, ready, access, None, config)
+
+    def _current(self, version: _Version | None, profile: Mapping[str, Any]) -> bool:
+        """Whether ``version`` is this profile's version, read with the provider file now in use."""
+        return (
+            version is not None
+            and version.resource_version == _resource_version(profile)
+            and version.read_with is self.access
+        )
 
     def _is_ready(self, key: str, profile: Mapping[str, Any]) -> bool:
         try:
@@ -248,10 +316,10 @@ class ClusterProfileProvider(ClusterSetProvider):
         reported = self.sources()  # as last published: each new error is logged once
         for key, profile in sorted(live.items()):
             version = self._versions.get(key)
-            if version is None or version.resource_version != _resource_version(profile):
+            if version is None or not self._current(version, profile):
                 version = read.get(key)
-                if version is None or version.resource_version != _resource_version(profile):
-                    version = self._read(key, profile)  # arrived since the threaded read
+                if version is None or not self._current(version, profile):
+                    version = self._read(key, profile)  # arrived (or a new file did) since the threaded read
                 self._versions[key] = version
                 if version.error is not None:
                     previous = reported.get(key)
@@ -278,6 +346,25 @@ class ClusterProfileProvider(ClusterSetProvider):
                 detail=detail,
             )
         return desired, statuses
+
+
+def _stamp(path: str | os.PathLike[str]) -> tuple[int, int, int] | None:
+    """What changes when the file is written or replaced: inode, size, modification time."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return (status.st_ino, status.st_size, status.st_mtime_ns)
+
+
+def _version(stamp: tuple[int, int, int] | None) -> str | None:
+    return None if stamp is None else f"{stamp[0]}-{stamp[1]}-{stamp[2]}"
+
+
+def _load(path: str | os.PathLike[str]) -> tuple[tuple[int, int, int] | None, AccessConfig]:
+    """The file's stamp, taken before reading (a write during the read is seen next time), and its config."""
+    stamp = _stamp(path)
+    return stamp, AccessConfig.load(path)
 
 
 def _offers_access(profile: Mapping[str, Any]) -> bool:

@@ -55,13 +55,16 @@ def member_config(
     token: str,
     *,
     allow_insecure: bool,
+    token_from: str | None = None,
 ) -> mcr.ClusterConfig:
     """The ClusterConfig of member ``name`` from its KubeFedCluster ``spec`` and ``token``.
 
     ``disabledTLSValidations: ["*"]`` turns verification off, and only with
     ``allow_insecure``. ``SubjectName`` and ``ValidityPeriod`` alone have no
     kubeconfig equivalent and are refused with a clear error rather than
-    silently widened to "verify nothing".
+    silently widened to "verify nothing". ``token_from`` names where the token
+    was read (``Secret ns/name``), so a token that cannot be sent (a control or
+    non-ASCII character) is reported with the Secret to fix.
     """
     cluster: dict[str, Any] = {"server": endpoint_url(str(spec.get("apiEndpoint") or ""))}
     bundle = spec.get("caBundle")
@@ -95,8 +98,9 @@ def member_config(
         "current-context": name,
     }
     trust = mcr.TrustPolicy(allow_insecure=allow_insecure)
+    origin = f"KubeFedCluster {name}" + (f" (token from {token_from})" if token_from else "")
     try:
-        return mcr.kubeconfig_from_dict(kubeconfig, trust=trust, origin=f"KubeFedCluster {name}")
+        return mcr.kubeconfig_from_dict(kubeconfig, trust=trust, origin=origin)
     except mcr.TrustPolicyError:
         raise MemberConfigError(
             "TLS verification would be off (disabledTLSValidations ['*'] or an http:// endpoint), "

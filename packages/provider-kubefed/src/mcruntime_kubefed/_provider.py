@@ -199,7 +199,13 @@ class KubeFedProvider(ClusterSetProvider):
         if token is None:
             return None, f"Secret {self.namespace}/{secret_name} is missing or has no 'token'"
         try:
-            config = member_config(name, spec, token, allow_insecure=self.allow_insecure)
+            config = member_config(
+                name,
+                spec,
+                token,
+                allow_insecure=self.allow_insecure,
+                token_from=f"Secret {self.namespace}/{secret_name} key 'token'",
+            )
         except MemberConfigError as error:
             return None, str(error)
         if config.insecure:

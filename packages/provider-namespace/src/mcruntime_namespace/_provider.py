@@ -59,6 +59,14 @@ class NamespaceProvider:
     informers are cluster-wide, including namespaces that are not selected).
     ``options`` tune the host (``cache_namespace`` must stay unset: the cache
     is already split by namespace); ``host_name`` names it in logs and errors.
+
+    ``scoped_informers``: with ``False`` (the default) every namespace's
+    cluster reads the host's one informer per kind, which lists and watches
+    *all* namespaces, selected or not (a thousand tenants cost one watch per
+    kind). With ``True`` each cluster has informers of its own for its
+    namespace, so the process holds only the selected namespaces' objects, at
+    one watch per kind per namespace: the choice when ``label_selector``
+    selects a few namespaces of many.
     """
 
     def __init__(
@@ -68,6 +76,7 @@ class NamespaceProvider:
         label_selector: str | Mapping[str, str] | None = None,
         options: mcr.ClusterOptions | None = None,
         host_name: str = "namespace-host",
+        scoped_informers: bool = False,
     ) -> None:
         options = options or mcr.ClusterOptions()
         if options.cache_namespace is not None:
@@ -79,6 +88,8 @@ class NamespaceProvider:
         self.options: mcr.ClusterOptions = options
         self.label_selector = label_selector
         self.host_name = host_name
+        self.scoped_informers = scoped_informers
+        """Whether each namespace's cluster lists and watches its namespace only (see the class)."""
         self._host: mcr.Cluster | None = None
         self._engaged: dict[str, _Engaged] = {}
         self._indexes: dict[tuple[mcr.Kind, str], mcr.IndexFunc] = {}
@@ -115,10 +126,13 @@ class NamespaceProvider:
         return engaged.cluster
 
     async def index_field(self, kind: mcr.Kind, name: str, extract: mcr.IndexFunc) -> None:
-        """Index ``kind`` once on the host: the one informer (and index) serves every namespace."""
+        """Index ``kind`` on the host (shared informers) or in every namespace's cluster (scoped ones)."""
         self._indexes[(kind, name)] = extract
         if self._host is not None:
             self._host.cache.index_field(kind, name, extract)
+        for engaged in self._engaged.values():
+            if self.scoped_informers:
+                engaged.cluster.cache.index_field(kind, name, extract)
 
     def statuses(self) -> Mapping[str, ClusterStatus]:
         """Frozen snapshots of every engaged namespace; the phase is the host's health."""
@@ -192,7 +206,10 @@ class NamespaceProvider:
             if current is not None:
                 current.version = version
                 continue
-            cluster = mcr.NamespacedCluster(host, name)
+            cluster = mcr.NamespacedCluster(host, name, shared_informers=not self.scoped_informers)
+            if self.scoped_informers:
+                for (kind, index_name), extract in self._indexes.items():
+                    cluster.cache.index_field(kind, index_name, extract)
             await cluster.start()
             self._engaged[name] = _Engaged(cluster, time.time(), version)
             try:

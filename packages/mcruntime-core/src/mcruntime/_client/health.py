@@ -61,7 +61,13 @@ class ClusterHealth:
     ``state`` and ``reason`` are the probe's verdict; ``unreachable`` says
     whether requests are failing fast because the server does not answer.
     ``last_contact`` is the last response of any kind, ``last_error`` the last
-    failure any request, watch or probe saw.
+    failure any request, watch or probe saw. ``waiting`` says what a request
+    is waiting for before it can be sent (an exec plugin still running, with
+    how long so far), so a cluster whose first probe cannot start yet is
+    seen waiting rather than silent. ``credential_error`` says why the last
+    attempt to get the credential failed (an exec plugin missing, failing or
+    too slow; a token file that cannot be used), ``None`` once one was got:
+    providers whose sources name the plugin report it there too.
     """
 
     state: HealthState
@@ -73,6 +79,8 @@ class ClusterHealth:
     last_error_at: float | None
     missing_permissions: tuple[str, ...] = ()
     """Requests the server refused with 403 (verb, kind, namespace) until the same request succeeds."""
+    waiting: str | None = None
+    credential_error: str | None = None
 
     @property
     def healthy(self) -> bool:
@@ -133,6 +141,8 @@ class HealthRecord:
         self._unreachable = False
         self._recovered: asyncio.Event | None = None
         self._suspect: asyncio.Event | None = None
+        self._waits: dict[int, tuple[str, float]] = {}
+        self.credential_error: str | None = None
         self.open_listeners: list[Callable[[str], None]] = []
         self.denials: Denials = Denials(cluster)
 
@@ -146,7 +156,25 @@ class HealthRecord:
             self.last_error,
             self.last_error_at,
             self.denials.describe(),
+            self._waiting(),
+            self.credential_error,
         )
+
+    @contextmanager
+    def waiting(self, what: str) -> Iterator[None]:
+        """Record that requests wait for ``what`` (an exec plugin's run, say) while the block runs."""
+        key = object()  # kept alive by this frame, so its id is not reused while the block runs
+        self._waits[id(key)] = (what, time.monotonic())
+        try:
+            yield
+        finally:
+            del self._waits[id(key)]
+
+    def _waiting(self) -> str | None:
+        if not self._waits:
+            return None
+        what, started = min(self._waits.values(), key=lambda wait: wait[1])
+        return f"waiting for {what} for {time.monotonic() - started:.0f} s"
 
     # --- evidence from requests and watches ----------------------------------------------
 
@@ -269,7 +297,11 @@ class HealthRecord:
         while True:
             started = loop.time()
             self._suspect.clear()
-            verdict = await probe(timeout)
+            try:
+                verdict = await probe(timeout)
+            except Exception as error:  # never a probe loop that crashes and leaves the cluster unexplained
+                log.error("cluster %r: the health probe raised %s", self.cluster, type(error).__name__)
+                verdict = (f"the health probe failed on our side ({type(error).__name__})", False)
             if verdict is None:
                 self.healthy()
                 failures = 0

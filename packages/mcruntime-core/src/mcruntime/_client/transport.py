@@ -30,8 +30,10 @@ import aiohttp
 from .._base.backoff import Backoff
 from .._base.errors import Unreachable
 from .._config.credentials import _Credentials
+from .._config.exec import ExecLimits
 from .._config.kubeconfig import ClusterConfig, _redacted
 from .._config.material import MaterialFiles
+from .failures import _describe_connection_error, _unexpected
 from .health import HealthRecord
 from .pool import Turns, session_pool
 
@@ -103,8 +105,10 @@ class Transport:
         retry: RetryPolicy | None = None,
         connect_timeout: float = _CONNECT_TIMEOUT,
         share_connections: bool = True,
+        exec_limits: ExecLimits | None = None,
     ) -> None:
         self.config: ClusterConfig = config
+        self._exec_limits = exec_limits or ExecLimits()
         self.cluster = cluster
         self.health: HealthRecord = HealthRecord(cluster)
         self.health.open_listeners.append(self._interrupt)
@@ -215,7 +219,14 @@ class Transport:
     def _new_credentials(
         self, config: ClusterConfig, prepare: Callable[[], Awaitable[None]] | None = None
     ) -> _Credentials:
-        return _Credentials(config, self.cluster, use_certificate=self._use_certificate, prepare=prepare)
+        return _Credentials(
+            config,
+            self.cluster,
+            use_certificate=self._use_certificate,
+            prepare=prepare,
+            exec_limits=self._exec_limits,
+            waiting=self.health.waiting,
+        )
 
     async def close(self) -> None:
         """Close every connection (watches included), kill exec plugins, drop key material.
@@ -436,6 +447,9 @@ class Transport:
                 status, response_headers, payload = await self._send(
                     method, path, params, body, content_type, accept, timeout or self._request_timeout
                 )
+            except _Unsendable as failure:
+                self.health.failure(failure.message)
+                raise
             except _NoAnswer as failure:
                 if self._closed:  # cut by close(): the cluster stopped, the server did nothing wrong
                     raise Unreachable("the cluster was stopped", cluster=self.cluster) from None
@@ -488,6 +502,8 @@ class Transport:
                 if failure.timed_out:
                     return f"no answer to GET /version in {timeout:g}s", True
                 return f"GET /version failed: {failure.message}", True
+            except _Unsendable as error:  # our side cannot send it: the server may be fine
+                return error.message, False
             except Unreachable as error:  # unusable TLS material, or the cluster was stopped
                 return error.message, True
             if status == 200:
@@ -524,7 +540,17 @@ class Transport:
         ``patient``: wait for a turn while the shared session's queue moves
         (see :meth:`_take_turn`).
         """
-        headers = await self._headers(accept, content_type)
+        try:
+            headers = await self._headers(accept, content_type)
+        except Unreachable as error:  # an exec plugin or token file that failed, named by its error
+            if not self._closed:
+                self.health.credential_error = error.message
+            raise
+        except Exception as error:  # a credential source that broke in a way nobody foresaw
+            message = _unexpected(error, "getting the credential for", method, path)
+            self.health.credential_error = message
+            raise _Unsendable(message, self.cluster) from None
+        self.health.credential_error = None
         session = self._session
         if session is None:
             raise Unreachable("the cluster was stopped", cluster=self.cluster)
@@ -560,12 +586,18 @@ class Transport:
                 finally:
                     self._waiting.discard(waiting)
                     interrupted = waiting.expired()
+        except (_NoAnswer, Unreachable):
+            raise
         except (aiohttp.ClientError, TimeoutError, ssl.SSLError) as error:
             if interrupted:
                 raise _NoAnswer(f"{self.health.reason}; the request was interrupted", False, False) from None
             never_sent = isinstance(error, aiohttp.ClientConnectorError)
             timed_out = isinstance(error, TimeoutError)
             raise _NoAnswer(_describe_connection_error(error), never_sent, timed_out) from None
+        except Exception as error:
+            # aiohttp's ValueError for a header it will not send, say: the same on every
+            # attempt, so no retry; the cluster's health says what it was.
+            raise _Unsendable(_unexpected(error, "sending", method, path), self.cluster) from None
         self.health.contact()
         return status, response_headers, payload
 
@@ -667,6 +699,13 @@ class Transport:
             raise Unreachable(message, cluster=self.cluster) from None
 
 
+class _Unsendable(Unreachable):
+    """The request could not be built or handed to the HTTP client; retrying would not help."""
+
+    def __init__(self, message: str, cluster: str) -> None:
+        super().__init__(message, cluster=cluster)
+
+
 class _NoAnswer(Exception):
     """One attempt got no response: why, whether it surely never reached the server, whether it timed out."""
 
@@ -692,44 +731,3 @@ def _certificate_of(user: Mapping[str, Any]) -> tuple[Any, Any]:
         user.get("client-certificate-data") or user.get("client-certificate"),
         user.get("client-key-data") or user.get("client-key"),
     )
-
-
-def _describe_connection_error(error: BaseException) -> str:
-    """A short, secret-free description of why no response arrived.
-
-    Built only from fixed words, error class names, errno names and OpenSSL
-    reason codes, never from ``str(error)``: aiohttp's messages carry the URL
-    (and so any userinfo) and sometimes request headers.
-    """
-    if isinstance(error, TimeoutError | asyncio.TimeoutError):
-        return "timed out waiting for the API server"
-    if isinstance(error, aiohttp.ClientConnectorCertificateError):
-        certificate_error = error.certificate_error
-        reason = getattr(certificate_error, "verify_message", None) or getattr(
-            certificate_error, "reason", None
-        )
-        return f"TLS verification failed: {_word(reason) or type(certificate_error).__name__}"
-    if isinstance(error, aiohttp.ClientConnectorError):
-        return f"cannot connect: {_os_reason(error.os_error)}"
-    if isinstance(error, ssl.SSLError):
-        return f"TLS error: {_word(getattr(error, 'reason', None)) or type(error).__name__}"
-    if isinstance(error, aiohttp.ClientResponseError):
-        return f"{type(error).__name__}: HTTP {error.status}"
-    if isinstance(error, OSError):
-        return f"{type(error).__name__}: {_os_reason(error)}"
-    return type(error).__name__
-
-
-def _os_reason(error: OSError) -> str:
-    if error.errno is not None:
-        return os.strerror(error.errno)
-    return type(error).__name__
-
-
-def _word(value: object) -> str | None:
-    """``value`` if it is a short, URL-free phrase (an OpenSSL reason), else ``None``."""
-    if not isinstance(value, str) or not value or len(value) > 120:
-        return None
-    if any(marker in value for marker in ("://", "@", "Authorization", "Bearer")):
-        return None
-    return value

@@ -19,12 +19,14 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._base.errors import Unreachable
-from .exec import ExecCredential, ExecPlugin
+from .exec import ExecCredential, ExecLimits, ExecPlugin
 from .kubeconfig import ClusterConfig
+from .tokens import token_problem
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.config.kube_config import KubeConfigLoader
@@ -50,9 +52,11 @@ class _Credentials:
         *,
         use_certificate: UseCertificate | None = None,
         prepare: Callable[[], Awaitable[None]] | None = None,
-        exec_timeout: float | None = None,
+        exec_limits: ExecLimits | None = None,
+        waiting: Callable[[str], AbstractContextManager[None]] | None = None,
     ) -> None:
         self._cluster = cluster
+        self._waiting = waiting
         self._use_certificate = use_certificate
         self._prepare = prepare
         self._prepared: asyncio.Task[None] | None = None
@@ -76,14 +80,15 @@ class _Credentials:
             self._header = f"Basic {base64.b64encode(raw).decode()}"
         elif "exec" in user:
             spec = dict(user["exec"])
-            options: dict[str, Any] = {} if exec_timeout is None else {"timeout": exec_timeout}
+            limits = exec_limits or ExecLimits()
             self._plugin = ExecPlugin(
                 spec,
                 cluster=cluster,
                 server=config.server,
                 base_dir=spec.pop("_base_dir", None),
                 cluster_entry=config.cluster,
-                **options,
+                timeout=limits.timeout,
+                max_output=limits.max_output,
             )
         elif "auth-provider" in user:
             # Legacy gcp/oidc providers (removed from kubectl): still kubernetes-asyncio's,
@@ -149,8 +154,11 @@ class _Credentials:
         task = self._refresh
         # Shielded: one waiting request being cancelled must not kill the run the
         # others share; close() cancels the run itself.
+        plugin = self._plugin
+        what = f"exec plugin {plugin.name!r} (stopped after {plugin.timeout:g} s)"
         try:
-            credential = await asyncio.shield(task)
+            with self._waiting(what) if self._waiting is not None else contextlib.nullcontext():
+                credential = await asyncio.shield(task)
         except asyncio.CancelledError:
             current = asyncio.current_task()
             ended_by_close = task.cancelled() and self.closed
@@ -172,7 +180,10 @@ class _Credentials:
             return self._header  # keep the last good token while the file is swapped
         stamp = (status.st_mtime, status.st_ino)
         if stamp != self._token_file_stamp or self._header is None:
-            token = (await asyncio.to_thread(self._token_file.read_text)).strip()
+            token = (await asyncio.to_thread(self._token_file.read_text, "utf-8", "replace")).strip()
+            problem = token_problem(token)
+            if problem:  # sent, it would fail in the HTTP client: say which file is wrong instead
+                raise Unreachable(f"tokenFile {self._token_file}: the token {problem}", cluster=self._cluster)
             if token:
                 self._header = f"Bearer {token}"
                 self._token_file_stamp = stamp

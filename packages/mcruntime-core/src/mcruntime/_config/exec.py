@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .._base.errors import Unreachable
+from .tokens import token_problem
 
 DEFAULT_TIMEOUT = 60.0
 """Seconds a plugin may run before it is killed."""
@@ -135,6 +136,14 @@ def _cluster_info(server: str, entry: Mapping[str, Any]) -> dict[str, Any]:
     return info
 
 
+@dataclass(frozen=True)
+class ExecLimits:
+    """How long an exec plugin may run and how much it may print (``ClusterOptions`` sets them)."""
+
+    timeout: float = DEFAULT_TIMEOUT
+    max_output: int = DEFAULT_MAX_OUTPUT
+
+
 class ExecPlugin:
     """One kubeconfig user's plugin; :meth:`run` starts it once and returns its credential."""
 
@@ -153,6 +162,9 @@ class ExecPlugin:
         self._cluster_entry = cluster_entry or {}
         self.api_version = str(spec.get("apiVersion", ""))
         self.command = _resolve_command(str(spec.get("command", "")), base_dir)
+        # What a "not found" names: a relative path is the working directory's, as os/exec has it.
+        in_path = os.sep not in self.command
+        self._tried = f"{self.command} on PATH" if in_path else os.path.abspath(self.command)
         self.args = [str(arg) for arg in spec.get("args") or []]
         self.env = {str(item["name"]): str(item["value"]) for item in spec.get("env") or []}
         self.install_hint = str(spec.get("installHint") or "")
@@ -161,6 +173,16 @@ class ExecPlugin:
         self._timeout = timeout
         self._max_output = max_output
         self.runs = 0  # how many times the program was started (tests and metrics read it)
+
+    @property
+    def name(self) -> str:
+        """The program's file name, as errors and statuses show it."""
+        return os.path.basename(self.command)
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a run may take before the plugin is killed."""
+        return self._timeout
 
     def __repr__(self) -> str:
         return f"<ExecPlugin cluster={self.cluster!r} command={os.path.basename(self.command)!r}>"
@@ -188,9 +210,10 @@ class ExecPlugin:
         if self.api_version not in _API_VERSIONS:
             raise self._error(f"apiVersion {self.api_version!r} is not one of {', '.join(_API_VERSIONS)}")
         executable = self.command if os.sep in self.command else shutil.which(self.command)
+        tried = self._tried
         if not executable or not os.access(executable, os.X_OK):
-            hint = f" ({self.install_hint.strip()[:200]})" if self.install_hint else ""
-            raise self._error(f"the program is not found or not executable{hint}")
+            hint = f"; {self.install_hint.strip()[:200]}" if self.install_hint else ""
+            raise self._error(f"the program is not found or not executable (tried {tried}){hint}")
         self.runs += 1
         try:
             process = await asyncio.create_subprocess_exec(
@@ -253,6 +276,9 @@ class ExecPlugin:
         key = status.get("clientKeyData")
         if token is not None and not isinstance(token, str):
             raise self._error("status.token is not a string")
+        problem = token_problem(token) if token else None
+        if problem:
+            raise self._error(f"status.token {problem}")
         if not all(isinstance(value, str) or value is None for value in (cert, key)):
             raise self._error("status.clientCertificateData and clientKeyData must be strings")
         if bool(cert) != bool(key):

@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from .._base.errors import KubeconfigError, TrustPolicyError
+from .tokens import token_problem
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -570,6 +571,9 @@ def _build(kubeconfig: _Kubeconfig, context: str | None, trust: TrustPolicy) -> 
         user = dict(kubeconfig.users[user_name].value)
         user_base = kubeconfig.users[user_name].base_dir
         _check_types(user, _USER_STRINGS, (), f"user {user_name!r}", origin, chosen)
+        problem = token_problem(user["token"]) if user.get("token") else None
+        if problem:
+            raise KubeconfigError(f"user {user_name!r}: the token {problem}", origin=origin, context=chosen)
 
     if (cluster.get("insecure-skip-tls-verify") or scheme == "http") and not trust.allow_insecure:
         what = "plain HTTP" if scheme == "http" else "insecure-skip-tls-verify"

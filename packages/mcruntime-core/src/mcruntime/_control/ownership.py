@@ -220,8 +220,12 @@ def cluster_owner_of(child: Mapping[str, Any]) -> ClusterOwner | None:
 def owned_by_kind_selector(owner_kind: Kind) -> str:
     """A label selector for children owned by objects of ``owner_kind`` (any cluster, any owner).
 
-    Pass it to ``watches(..., label_selector=...)`` so each cluster's cache
-    holds only those children, not every object of the child kind.
+    Two uses. To keep each cluster's cache to those children, not every object
+    of the child kind, scope the cache:
+    ``ClusterOptions(cache=CacheOptions(by_object={CHILD: ByObject(label_selector=...)}))``.
+    Passed to a builder's ``watches(..., label_selector=...)`` it filters the
+    events that reach the controller only: the cache still holds every object
+    of the kind.
     """
     return f"{OWNER_KIND_LABEL}={label_value(_kind_key(owner_kind))}"
 

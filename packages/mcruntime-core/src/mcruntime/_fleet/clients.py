@@ -61,13 +61,24 @@ class RoutedClient:
                 "address a cluster explicitly: (await mgr.get_cluster(name)).client",
             ) from None
 
-    async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> JSON:
-        """A copy from the request's cluster's cache; raises :class:`NotFound` when it has none."""
-        return await (await self.cluster()).cache.get(kind, name, namespace=namespace)
+    async def get(
+        self, kind: Kind, name: str, *, namespace: str | None = None, metadata_only: bool = False
+    ) -> JSON:
+        """A copy from the request's cluster's cache; raises :class:`NotFound` when it has none.
 
-    async def get_or_none(self, kind: Kind, name: str, *, namespace: str | None = None) -> JSON | None:
-        """A copy from the request's cluster's cache, or ``None`` when it has none."""
-        return await (await self.cluster()).cache.get_or_none(kind, name, namespace=namespace)
+        ``metadata_only`` reads the kind's metadata view (the one a builder's
+        ``metadata_only=True`` fills), so a reconciler watching metadata only
+        does not make the cache hold every object whole as well.
+        """
+        cluster = await self.cluster()
+        return await cluster.cache.get(kind, name, namespace=namespace, metadata_only=metadata_only)
+
+    async def get_or_none(
+        self, kind: Kind, name: str, *, namespace: str | None = None, metadata_only: bool = False
+    ) -> JSON | None:
+        """A copy from the request's cluster's cache, or ``None`` when it has none (see :meth:`get`)."""
+        cluster = await self.cluster()
+        return await cluster.cache.get_or_none(kind, name, namespace=namespace, metadata_only=metadata_only)
 
     async def list(
         self,
@@ -76,10 +87,13 @@ class RoutedClient:
         namespace: str | None = None,
         label_selector: str | Mapping[str, str] | None = None,
         index: tuple[str, str] | None = None,
+        metadata_only: bool = False,
     ) -> list[JSON]:
-        """Copies from the cache."""
+        """Copies from the cache (``metadata_only``: from the kind's metadata view, see :meth:`get`)."""
         cluster = await self.cluster()
-        return await cluster.cache.list(kind, namespace=namespace, label_selector=label_selector, index=index)
+        return await cluster.cache.list(
+            kind, namespace=namespace, label_selector=label_selector, index=index, metadata_only=metadata_only
+        )
 
     async def create(self, obj: Any, **options: Any) -> JSON:
         return await (await self.cluster()).client.create(obj, **options)
@@ -93,8 +107,9 @@ class RoutedClient:
     async def patch(self, kind: Kind, name: str, patch: Any, **options: Any) -> JSON:
         return await (await self.cluster()).client.patch(kind, name, patch, **options)
 
-    async def apply(self, obj: Any, *, field_manager: str, force: bool = False) -> JSON:
-        return await (await self.cluster()).client.apply(obj, field_manager=field_manager, force=force)
+    async def apply(self, obj: Any, *, field_manager: str | None = None, **options: Any) -> JSON:
+        """Server-side apply in the request's cluster; ``field_manager`` defaults to the manager's."""
+        return await (await self.cluster()).client.apply(obj, field_manager=field_manager, **options)
 
     async def delete(self, kind: Kind, name: str, **options: Any) -> JSON | None:
         return await (await self.cluster()).client.delete(kind, name, **options)

@@ -26,6 +26,9 @@ from .._client.client import Client
 from .._client.discovery import Discovery
 from .._client.health import ClusterHealth
 from .._client.transport import RetryPolicy, Transport
+from .._config.exec import DEFAULT_MAX_OUTPUT as DEFAULT_EXEC_MAX_OUTPUT
+from .._config.exec import DEFAULT_TIMEOUT as DEFAULT_EXEC_TIMEOUT
+from .._config.exec import ExecLimits
 from .._config.kubeconfig import ClusterConfig, _redacted
 
 if TYPE_CHECKING:
@@ -71,6 +74,13 @@ class ClusterOptions:
     stay per cluster. A shared pool sends at most 64 requests at once (watches
     aside): a burst from many clusters waits its turn on a few dozen
     connections instead of opening one each."""
+    exec_timeout: float = DEFAULT_EXEC_TIMEOUT
+    """Seconds an exec credential plugin may run before it is killed and its run fails.
+
+    While it runs, the cluster's status says it is waiting for the plugin and for
+    how long; after this it is reported as the cluster's error."""
+    exec_max_output: int = DEFAULT_EXEC_MAX_OUTPUT
+    """Bytes an exec credential plugin may print on stdout (and on stderr); more fails the run."""
     watch_read_timeout: float = 90.0
     cache_sync_timeout: float = 60.0
     resync_period: float | None = None
@@ -94,6 +104,8 @@ class ClusterOptions:
     label and field selectors and transform (:class:`~mcruntime.ByObject`)."""
 
     def __post_init__(self) -> None:
+        if not self.exec_timeout > 0 or self.exec_max_output < 1:
+            raise ValueError("ClusterOptions: exec_timeout and exec_max_output must be positive")
         if self.cache_namespace is not None and self.cache.namespaces is not None:
             raise ValueError(
                 "ClusterOptions: give cache_namespace or cache=CacheOptions(namespaces=...), not both"
@@ -119,6 +131,7 @@ class Cluster:
             retry=self.options.retry,
             connect_timeout=self.options.connect_timeout,
             share_connections=self.options.share_connections,
+            exec_limits=ExecLimits(self.options.exec_timeout, self.options.exec_max_output),
         )
         self.client: Client = Client(
             self.transport,

@@ -30,7 +30,7 @@ from .._base.errors import ClusterNotFound
 from .._base.kind import Kind
 from .._base.tasks import TaskSet
 from .._cache.informer import IndexFunc
-from .._client.health import HealthState
+from .._client.health import ClusterHealth, HealthState
 from .._config.kubeconfig import ClusterConfig
 from .cluster import Cluster, ClusterOptions
 from .provider import Aware
@@ -68,7 +68,7 @@ class _Entry:
         if not self.engaged.is_set() or health.state is HealthState.UNKNOWN:
             if self.start_error is not None:
                 return status(ClusterPhase.UNHEALTHY, self.created, self.start_error)
-            return status(ClusterPhase.ENGAGING, self.created, None)
+            return status(ClusterPhase.ENGAGING, self.created, health.waiting)
         failing = self.cluster.failing_loops()
         if failing:
             return status(ClusterPhase.UNHEALTHY, health.since, "; ".join(failing))
@@ -199,6 +199,15 @@ class ClusterSet:
         if entry is None:
             raise ClusterNotFound(name)
         return entry.status(name)
+
+    def health(self, name: str) -> ClusterHealth | None:
+        """The health record of ``name``'s cluster, ``None`` if none is set.
+
+        For providers that report a cluster's credential trouble with the
+        source that names the credential (see ``ClusterHealth.credential_error``).
+        """
+        entry = self._entries.get(name)
+        return entry.cluster.health if entry is not None else None
 
     def statuses(self) -> dict[str, ClusterStatus]:
         """A snapshot of every cluster's state, by name."""

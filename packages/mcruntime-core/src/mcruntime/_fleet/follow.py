@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 from .._base.backoff import DEFAULT_BACKOFF, Backoff
 from .._base.errors import KindNotFound
@@ -36,6 +37,8 @@ from .provider import Aware
 log = logging.getLogger("mcruntime.follow")
 
 Desired = Callable[[], Mapping[str, ClusterConfig] | Awaitable[Mapping[str, ClusterConfig]]]
+Watcher = Callable[[Callable[[], None]], Coroutine[Any, Any, None]]
+"""Follows one input that is not an informer; calls the function it is given to ask for a pass."""
 """Reads the stores and returns the clusters that should exist; may be async (to parse off the loop)."""
 
 KIND_WAIT_BACKOFF = Backoff(base=1.0, cap=30.0)
@@ -67,6 +70,7 @@ async def follow_informers(
     owner: str,
     applied: Callable[[], None] | None = None,
     backoff: Backoff | None = None,
+    watchers: Sequence[Watcher] = (),
 ) -> None:
     """Run ``informers`` and keep ``clusters`` equal to ``desired()`` until cancelled.
 
@@ -78,6 +82,10 @@ async def follow_informers(
     statuses, so readers never see a status ahead of the clusters it
     describes. A pass that raises is retried after ``backoff``
     (consecutive failures wait longer, up to its cap), for as long as it takes.
+    ``watchers`` follow inputs that are not informers (a provider's own
+    configuration file, say): each runs alongside the informers, is given a
+    function that asks for a pass, and must report its own errors rather than
+    raise, since a watcher that raises ends discovery.
     """
     changed = asyncio.Event()
     changed.set()  # one pass once synced, even if no object ever arrives: an empty hub is an answer too
@@ -93,6 +101,8 @@ async def follow_informers(
         async with asyncio.TaskGroup() as discovery:
             for index, informer in enumerate(informers):
                 discovery.create_task(informer.run(), name=f"{owner}:informer-{index}")
+            for index, watcher in enumerate(watchers):
+                discovery.create_task(watcher(poke), name=f"{owner}:watcher-{index}")
             discovery.create_task(
                 _apply_changes(clusters, informers, desired, applied, changed, owner, retry),
                 name=f"{owner}:follow",

@@ -20,7 +20,7 @@ from .._cache.informer import IndexFunc, Informer
 from .._config.kubeconfig import ClusterConfig
 from .cluster import Cluster, ClusterOptions
 from .clusterset import ClusterSet
-from .follow import follow_informers, wait_for_kind
+from .follow import Watcher, follow_informers, wait_for_kind
 from .provider import Aware
 from .status import ClusterPhase, ClusterStatus, SourceStatus
 
@@ -88,6 +88,7 @@ class ClusterSetProvider:
         answer: Callable[[], Answer | Awaitable[Answer]],
         *,
         backoff: Backoff | None = None,
+        watchers: Sequence[Watcher] = (),
     ) -> None:
         """Run ``informers`` and keep the clusters equal to ``answer()``'s until cancelled.
 
@@ -96,7 +97,9 @@ class ClusterSetProvider:
         read (it may be async, to parse off the event loop). Its sources are
         published, as :meth:`sources`, only once the ClusterSet has acted on
         the configs, so a status is never ahead of the clusters it describes.
-        See :func:`follow_informers` for retries (``backoff``).
+        See :func:`follow_informers` for retries (``backoff``) and for
+        ``watchers``, which ask for a pass when an input that is not an
+        informer changes (a provider's own file).
         """
         pending: dict[str, SourceStatus] = {}
 
@@ -111,7 +114,14 @@ class ClusterSetProvider:
             self._published = dict(pending)
 
         await follow_informers(
-            self.clusters, aware, informers, desired, owner=self.owner, applied=applied, backoff=backoff
+            self.clusters,
+            aware,
+            informers,
+            desired,
+            owner=self.owner,
+            applied=applied,
+            backoff=backoff,
+            watchers=watchers,
         )
 
     async def get(self, name: str) -> Cluster:

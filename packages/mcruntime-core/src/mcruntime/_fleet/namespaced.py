@@ -343,6 +343,21 @@ class _NamespacedCache(Cache):
         ]
 
 
+class _OwnNamespaceCache(Cache):
+    """Informers of one namespace, the view's own, on the host's connection.
+
+    What a view uses when the host should hold only some namespaces' objects:
+    each kind is listed and watched in this namespace alone, and the informers
+    end with the view. Another namespace is refused as the pinned client
+    refuses it, with :class:`~mcruntime.Forbidden`.
+    """
+
+    def _check_namespace(self, kind: Kind, namespace: str | None) -> None:
+        own = self.namespace or ""
+        if namespace not in (None, own) and self._kind_scope(kind).namespaces is not None:
+            raise _refused(self.cluster, own, "cache", namespace, None)
+
+
 class NamespacedCluster(Cluster):
     """One namespace of a host cluster as a cluster: pinned client and cache, shared connection.
 
@@ -358,9 +373,16 @@ class NamespacedCluster(Cluster):
     to the namespace. Health is the host's; ``replace_credentials`` is the
     host's business; ``kubernetes_configuration`` is the host's and is *not*
     pinned (typed API classes reach every namespace).
+
+    ``shared_informers=False`` gives the view informers of its own, listing
+    and watching its namespace only, ended with the view: the host then holds
+    only the objects of namespaces that have a view, at the cost of one watch
+    per kind per view. For a few namespaces selected out of many.
     """
 
-    def __init__(self, host: Cluster, namespace: str, *, name: str | None = None) -> None:
+    def __init__(
+        self, host: Cluster, namespace: str, *, name: str | None = None, shared_informers: bool = True
+    ) -> None:
         # Cluster.__init__ would open a connection of its own: the one thing a view must not have.
         if not namespace:
             raise ValueError(f"a namespace view of cluster {host.name!r} needs a namespace name")
@@ -378,7 +400,20 @@ class NamespacedCluster(Cluster):
         self.transport: Transport = host.transport
         client = _NamespacedClient(host.client, namespace, self.name)
         self.client: Client = client
-        self.cache: Cache = _NamespacedCache(host.cache, client, self._tasks, host.options.cache_sync_timeout)
+        options = host.options
+        self.cache: Cache = (
+            _NamespacedCache(host.cache, client, self._tasks, options.cache_sync_timeout)
+            if shared_informers
+            else _OwnNamespaceCache(
+                client,
+                self._tasks,
+                sync_timeout=options.cache_sync_timeout,
+                transform=options.transform,
+                resync_period=options.resync_period,
+                read_timeout=options.watch_read_timeout,
+                namespace=namespace,
+            )
+        )
         self.started_at = None
         self._stopped = False
         self._teardown = None
@@ -403,7 +438,7 @@ class NamespacedCluster(Cluster):
         if self._unhook_host is not None:
             self._unhook_host()
         await self._notify_stop()
-        await self._tasks.close()  # the connection and the informers are the host's: they stay
+        await self._tasks.close()  # its own informers end here; the connection (and shared ones) stay
 
     def failing_loops(self) -> list[str]:
         """The host's failing loops (the informers are there) and the view's own."""

@@ -316,7 +316,7 @@ class Manager:
         if health.state is HealthState.UNHEALTHY:
             return f"unhealthy: {health.reason}"
         if health.state is HealthState.UNKNOWN:
-            return "no answer from its health probe yet"
+            return "no answer from its health probe yet" + (f"; {health.waiting}" if health.waiting else "")
         failing = cluster.failing_loops()
         if failing:
             return "; ".join(failing)

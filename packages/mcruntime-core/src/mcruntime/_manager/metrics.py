@@ -270,8 +270,13 @@ class _LiveCollector(Collector):
             name = controller.name
             workers.add_metric([name], controller.active_workers)
             limit.add_metric([name], controller.max_concurrent_reconciles)
+            # Every engaged cluster has a depth, 0 when its queue is empty, as
+            # controller-runtime exports it: a series that vanishes reads as "no data".
+            depths = {_cluster_label(cluster): 0 for cluster in controller.engaged()}
             for group, count in controller.queue.depth_by_group().items():
-                depth.add_metric([name, name, _cluster_label(group)], count)
+                depths[_cluster_label(group)] = count
+            for cluster_label, count in sorted(depths.items()):
+                depth.add_metric([name, name, cluster_label], count)
             oldest = controller.queue.longest_processing_seconds()
             unfinished.add_metric([name, name], oldest)
             longest.add_metric([name, name], oldest)

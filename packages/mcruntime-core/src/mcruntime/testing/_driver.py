@@ -34,6 +34,7 @@ class Capability(enum.Enum):
     CREDENTIAL_CHANGE = "a cluster's credential changes while its endpoint stays the same"
     DUPLICATE_NAMES = "two entries of the source can claim the same cluster name"
     OWN_CONNECTION = "each cluster has a connection of its own, which its source can point elsewhere or break"
+    UNPARSEABLE_SOURCE = "an entry of the source can be made unparseable (not YAML, not base64)"
 
 
 class Breakage(enum.Enum):
@@ -205,6 +206,21 @@ class ProviderDriver(abc.ABC):
         The provider must notice nothing worth re-engaging.
         """
         await self.change(name, target)
+
+    async def corrupt(self, name: str) -> None:
+        """Make the source's entry for ``name`` unparseable, as a half-saved or mistyped edit would.
+
+        A file that is no YAML, a Secret whose kubeconfig is no YAML, a token
+        that is no base64: whatever "cannot be read" means for this source.
+        The provider must keep the cluster on its last good config and report
+        the problem (rule 1: only the source says gone). Implement it, or list
+        :attr:`Capability.UNPARSEABLE_SOURCE` in :attr:`unsupported` with the
+        reason (a provider fed from code parses nothing).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement corrupt(): implement it, or list "
+            "Capability.UNPARSEABLE_SOURCE in `unsupported` with the reason"
+        )
 
     @abc.abstractmethod
     async def remove(self, name: str) -> None:

@@ -32,18 +32,29 @@ reason. See the guide ``docs/guides/writing-a-provider.md`` (repository root) fo
 from __future__ import annotations
 
 import asyncio
-import hmac
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_asyncio
 
 import mcruntime as mcr
+from mcruntime.provider import SourceStatus
 
-from ._controlplane import ControlPlane, User
+from ._case import _Case, _require, _supports, _token_user
+from ._checks import (
+    CONTENT,
+    CONTRACT,
+    DISENGAGE,
+    GONE,
+    ISOLATED,
+    NAMES,
+    assert_indexed,
+    assert_no_secret,
+    describe,
+    expect,
+    same_secret,
+)
 from ._driver import Breakage, Capability, ProviderDriver, Target
 from ._fleet import Fleet
 from ._harness import (
@@ -77,102 +88,6 @@ CLUSTER_OPTIONS = mcr.ClusterOptions(
 
 PROBE_INTERVAL = 0.2
 """Health probe interval for providers under test, so unhealthy shows within a second."""
-
-
-def _require(driver: ProviderDriver, *capabilities: Capability) -> None:
-    for capability in capabilities:
-        reason = driver.unsupported.get(capability)
-        if reason is not None:
-            pytest.skip(f"{type(driver).__name__}: no {capability.name}: {reason}")
-
-
-def _supports(driver: ProviderDriver, capability: Capability) -> bool:
-    return capability not in driver.unsupported
-
-
-def _same_secret(actual: str | None, expected: str) -> bool:
-    """Compare credentials without letting either reach an assertion message."""
-    return actual is not None and hmac.compare_digest(actual.encode(), expected.encode())
-
-
-@dataclass
-class _Case:
-    """One case's running world: the driver, the provider, the manager and the observers."""
-
-    driver: ProviderDriver
-    seeder: Seeder
-    recorder: EngagementRecorder
-    seen: Seen
-    provider: mcr.Provider | None = None
-    manager: mcr.Manager | None = None
-
-    @property
-    def namespace(self) -> str:
-        return self.seeder.namespace
-
-    def name(self, source_name: str) -> str:
-        return self.driver.engaged_name(source_name)
-
-    def build(self) -> tuple[mcr.Provider, mcr.Manager]:
-        """A provider from the source as it is, and a manager with the case's controller."""
-        provider = self.driver.build()
-        manager = mcr.Manager(provider, handle_signals=False)
-        manager.add(self.recorder)
-        mcr.controller_managed_by(manager).named("conformance").for_(
-            CONFIGMAP, predicates=[mcr.in_namespaces(self.namespace)]
-        ).complete(self.seen.reconciler(manager))
-        self.provider, self.manager = provider, manager
-        return provider, manager
-
-    @asynccontextmanager
-    async def running(self) -> AsyncIterator[tuple[mcr.Provider, mcr.Manager]]:
-        provider, manager = self.build()
-        async with running(manager, self.recorder):
-            yield provider, manager
-
-    def engaged_names(self) -> set[str]:
-        assert self.manager is not None
-        return {name for name in self.manager.clusters() if name != mcr.LOCAL_CLUSTER}
-
-    async def engaged(self, source_name: str) -> mcr.Cluster:
-        """Wait until ``source_name`` is engaged with the manager; return its cluster."""
-        assert self.manager is not None
-        manager, name = self.manager, self.name(source_name)
-        await wait_until(lambda: name in manager.clusters(), what=f"cluster {name!r} engaged")
-        return manager.clusters()[name]
-
-    async def reconciled(self, source_name: str, plane: ControlPlane, configmap: str) -> None:
-        """Wait until the reconciler read ``configmap`` from ``plane`` under the cluster's name."""
-        key = (self.name(source_name), self.namespace, configmap)
-        await wait_until(
-            lambda: self.seen.objects.get(key) == plane.name,
-            what=f"ConfigMap {configmap!r} of {plane.name} reconciled as cluster {key[0]!r}",
-        )
-
-    async def phase(self, source_name: str, state: mcr.ClusterPhase) -> mcr.ClusterStatus:
-        """Wait until the provider reports ``source_name`` in ``state``; return the status."""
-        driver = self.driver
-
-        def reached() -> bool:
-            status = driver.status(source_name)
-            return status is not None and status.phase is state
-
-        await wait_until(reached, what=f"cluster {source_name!r} reported {state.value}")
-        status = driver.status(source_name)
-        assert status is not None
-        return status
-
-    async def serving(self, source_name: str, plane: ControlPlane) -> mcr.Cluster:
-        """Wait until ``source_name`` is engaged with a cluster whose server is ``plane``'s."""
-        assert self.manager is not None
-        manager, name = self.manager, self.name(source_name)
-
-        def pointed() -> bool:
-            cluster = manager.clusters().get(name)
-            return cluster is not None and cluster.config.server == plane.server
-
-        await wait_until(pointed, what=f"cluster {name!r} engaged with {plane.name}")
-        return manager.clusters()[name]
 
 
 @pytest.mark.asyncio
@@ -224,8 +139,18 @@ class ProviderConformance:
         await driver.add("alpha", Target.of(first))
         async with case.running() as (provider, manager):
             alpha = await case.engaged("alpha")
-            assert await provider.get(case.name("alpha")) is alpha
-            assert await manager.get_cluster(case.name("alpha")) is alpha
+            got = await provider.get(case.name("alpha"))
+            expect(
+                got is alpha,
+                CONTRACT,
+                f"provider.get returned {describe(got)}, the manager has {describe(alpha)}",
+            )
+            got = await manager.get_cluster(case.name("alpha"))
+            expect(
+                got is alpha,
+                CONTRACT,
+                f"manager.get_cluster returned {describe(got)}, engaged {describe(alpha)}",
+            )
             await case.reconciled("alpha", first, "marker")
             await case.phase("alpha", mcr.ClusterPhase.READY)
             if not (
@@ -237,9 +162,15 @@ class ProviderConformance:
                 await provider.get(case.name("beta"))
             await driver.add("beta", Target.of(second))
             beta = await case.engaged("beta")
-            assert await provider.get(case.name("beta")) is beta
+            got = await provider.get(case.name("beta"))
+            expect(
+                got is beta,
+                CONTRACT,
+                f"provider.get returned {describe(got)}, the manager has {describe(beta)}",
+            )
             await case.reconciled("beta", second, "marker")
-            assert case.engaged_names() == {case.name("alpha"), case.name("beta")}
+            names = case.engaged_names()
+            expect(names == {case.name("alpha"), case.name("beta")}, CONTRACT, f"engaged: {sorted(names)}")
 
     async def test_an_unknown_name_raises_cluster_not_found(self, case: _Case, fleet: Fleet) -> None:
         """``get`` of a name the source never held raises ``ClusterNotFound`` naming it."""
@@ -251,7 +182,11 @@ class ProviderConformance:
                     continue  # the local cluster's "" is not a provider name
                 with pytest.raises(mcr.ClusterNotFound) as raised:
                     await provider.get(unknown)
-                assert raised.value.cluster == unknown
+                expect(
+                    raised.value.cluster == unknown,
+                    CONTRACT,
+                    f"ClusterNotFound for {unknown!r} names {raised.value.cluster!r}",
+                )
                 with pytest.raises(mcr.ClusterNotFound):
                     await manager.get_cluster(unknown)
 
@@ -271,7 +206,12 @@ class ProviderConformance:
                     await case.engaged(source_name)
                 await driver.settle()
                 rounds.append(case.engaged_names())
-        assert rounds == [expected, expected]
+        expect(
+            rounds == [expected, expected],
+            NAMES,
+            f"two providers over one source engaged {[sorted(r) for r in rounds]}, "
+            f"expected {sorted(expected)}",
+        )
 
     async def test_duplicate_names_are_reported_and_never_shadow(self, case: _Case, fleet: Fleet) -> None:
         """A second source entry claiming a taken name is reported; the engaged cluster stays."""
@@ -285,9 +225,19 @@ class ProviderConformance:
             await driver.add_duplicate("alpha", Target.of(second))
             await driver.settle()
             await wait_until(lambda: driver.duplicate_reported("alpha"), what="the duplicate reported")
-            assert (await case.engaged("alpha")) is original
-            assert original.config.server == first.server and not original.stopped
-            assert case.recorder.count(case.name("alpha")) == 1
+            now = await case.engaged("alpha")
+            expect(
+                now is original,
+                NAMES,
+                f"the duplicate shadowed the name: {describe(now)} replaced {describe(original)}",
+            )
+            expect(
+                original.config.server == first.server and not original.stopped,
+                NAMES,
+                f"the first claim's cluster is {describe(original)} at {original.config.server}",
+            )
+            count = case.recorder.count(case.name("alpha"))
+            expect(count == 1, NAMES, f"the name was engaged {count} times")
             await case.reconciled("alpha", first, "marker")
 
     # --- change detection ----------------------------------------------------------------
@@ -307,11 +257,21 @@ class ProviderConformance:
             new = await case.serving("alpha", second)
             await case.reconciled("alpha", second, "marker")
             await driver.settle()
-            assert new is not old
-            assert old.stopped and len(old.tasks) == 0 and old.transport.closed
-            assert case.recorder.count(case.name("alpha")) == 2
+            expect(new is not old, CONTENT, f"a new connection kept the old cluster object {describe(old)}")
+            expect(
+                old.stopped and len(old.tasks) == 0 and old.transport.closed,
+                DISENGAGE,
+                f"the replaced cluster is {describe(old)} with {len(old.tasks)} tasks, "
+                f"transport {'closed' if old.transport.closed else 'open'}",
+            )
+            count = case.recorder.count(case.name("alpha"))
+            expect(count == 2, CONTENT, f"one change engaged the name {count} times (expected 2 in all)")
             status = driver.status("alpha")
-            assert status is not None and status.engagements == 2
+            expect(
+                status is not None and status.engagements == 2,
+                CONTENT,
+                f"the status counts {status.engagements if status else None} engagements, expected 2",
+            )
 
     async def test_an_unchanged_source_never_re_engages(self, case: _Case, fleet: Fleet) -> None:
         """Re-stating the same content, and health probes going by, keep the same cluster object."""
@@ -326,11 +286,20 @@ class ProviderConformance:
                     await driver.touch("alpha", Target.of(plane))
                     await driver.settle()
             await driver.settle()
-            assert (await case.engaged("alpha")) is cluster
-            assert not cluster.stopped
-            assert case.recorder.count(case.name("alpha")) == 1
+            now = await case.engaged("alpha")
+            expect(
+                now is cluster and not cluster.stopped,
+                CONTENT,
+                f"after touches {describe(now)} replaced {describe(cluster)}",
+            )
+            count = case.recorder.count(case.name("alpha"))
+            expect(count == 1, CONTENT, f"an unchanged source engaged the name {count} times")
             status = driver.status("alpha")
-            assert status is not None and status.engagements == 1
+            expect(
+                status is not None and status.engagements == 1,
+                CONTENT,
+                f"the status counts {status.engagements if status else None} engagements, expected 1",
+            )
 
     async def test_a_credential_change_is_used_from_then_on(self, case: _Case, fleet: Fleet) -> None:
         """A new token for the same API server is used, in place or by one re-engagement."""
@@ -348,11 +317,12 @@ class ProviderConformance:
 
             async def uses_new_credential() -> bool:
                 cluster = await case.engaged("alpha")
-                return _same_secret(await cluster.transport.authorization(), f"Bearer {after.token}")
+                return same_secret(await cluster.transport.authorization(), f"Bearer {after.token}")
 
             await wait_until(uses_new_credential, what="the new credential in use")
             await driver.settle()
-            assert case.recorder.count(case.name("alpha")) <= 2, "more than one re-engagement"
+            count = case.recorder.count(case.name("alpha"))
+            expect(count <= 2, CONTENT, f"a credential change engaged the name {count} times (at most 2)")
             await case.seeder.configmap(plane, "after-rotation")
             await case.reconciled("alpha", plane, "after-rotation")
             await case.phase("alpha", mcr.ClusterPhase.READY)
@@ -379,10 +349,15 @@ class ProviderConformance:
             name = case.name("alpha")
             await wait_until(lambda: name not in manager.clusters(), what=f"{name!r} disengaged")
             await driver.settle()
-            assert removed.stopped and len(removed.tasks) == 0
+            expect(
+                removed.stopped and len(removed.tasks) == 0,
+                DISENGAGE,
+                f"the removed cluster is {describe(removed)} with {len(removed.tasks)} tasks",
+            )
             if _supports(driver, Capability.OWN_CONNECTION):  # else it shares a connection it may not close
-                assert removed.transport.closed
-            assert driver.status("alpha") is None
+                expect(removed.transport.closed, DISENGAGE, "the removed cluster's connections are open")
+            status = driver.status("alpha")
+            expect(status is None, DISENGAGE, f"a removed cluster still has a status: {status}")
             with pytest.raises(mcr.ClusterNotFound):
                 await provider.get(name)
             with pytest.raises(mcr.ClusterNotFound):
@@ -392,9 +367,73 @@ class ProviderConformance:
                 await case.seeder.configmap(first, "after-removal")
                 await case.seeder.configmap(second, "after-removal")
                 await case.reconciled("beta", second, "after-removal")  # the others go on
-                assert case.seen.calls[name] == calls
-                assert (name, case.namespace, "after-removal") not in case.seen.objects
-                assert case.engaged_names() == {case.name("beta")}
+                expect(
+                    case.seen.calls[name] == calls,
+                    DISENGAGE,
+                    f"{name!r} was reconciled after its removal",
+                )
+                expect(
+                    (name, case.namespace, "after-removal") not in case.seen.objects,
+                    DISENGAGE,
+                    f"{name!r} read an object written after its removal",
+                )
+                names = case.engaged_names()
+                expect(names == {case.name("beta")}, DISENGAGE, f"engaged after the removal: {sorted(names)}")
+
+    # --- rule 1: only the source says gone -----------------------------------------------
+
+    async def test_an_unparseable_source_keeps_its_cluster_and_reports_why(
+        self, case: _Case, fleet: Fleet
+    ) -> None:
+        """A source that stops parsing means "not usable now": the cluster stays, on its last good config.
+
+        Repairing it to the content it had before changes nothing (rule 3).
+        """
+        driver = case.driver
+        _require(driver, Capability.RUNTIME_CHANGES, Capability.UNPARSEABLE_SOURCE)
+        plane = fleet["cluster-1"]
+        await case.seeder.configmap(plane, "marker")
+        await driver.add("alpha", Target.of(plane))
+        async with case.running() as (provider, manager):
+            cluster = await case.engaged("alpha")
+            await case.reconciled("alpha", plane, "marker")
+            await driver.corrupt("alpha")
+            await driver.settle()
+            name = case.name("alpha")
+            now = manager.clusters().get(name)
+            expect(
+                now is cluster and not cluster.stopped,
+                GONE,
+                f"after its source stopped parsing, {name!r} is {describe(now)}; it was {describe(cluster)}",
+            )
+            got = await provider.get(name)
+            expect(got is cluster, GONE, f"provider.get({name!r}) returned {describe(got)}")
+            status = driver.status("alpha")
+            expect(
+                status is not None and status.phase is not mcr.ClusterPhase.FAILED,
+                GONE,
+                f"a cluster running on its last good config is reported {status}",
+            )
+            assert status is not None
+            if status.source is not None:  # a provider that reports sources says what is wrong
+                sources = getattr(provider, "sources", None)
+                reported: list[SourceStatus] = list(sources().values()) if callable(sources) else []
+                errors = [source.error for source in (status.source, *reported) if source.error]
+                expect(
+                    errors,
+                    GONE,
+                    f"the unparseable source is not reported: no source has an error ({status.source})",
+                )
+            await case.seeder.configmap(plane, "while-unparseable")
+            await case.reconciled("alpha", plane, "while-unparseable")
+            await driver.add("alpha", Target.of(plane))  # repaired: the same content as before
+            await driver.settle()
+            count = case.recorder.count(name)
+            expect(
+                count == 1,
+                CONTENT,
+                f"repairing the source to its old content engaged {name!r} {count} times",
+            )
 
     # --- broken clusters -----------------------------------------------------------------
 
@@ -415,19 +454,24 @@ class ProviderConformance:
         await driver.add(broken_name, broken)
         async with case.running() as (provider, manager):
             status = await case.phase(broken_name, mcr.ClusterPhase.UNHEALTHY)
-            assert status.error, "an unhealthy cluster says why"
-            _assert_no_secret(status.error, broken, broken_plane.token_user)
+            expect(status.error, ISOLATED, f"an unhealthy cluster must say why; its status is {status}")
+            assert_no_secret(status.error or "", broken, broken_plane.token_user)
             cluster = await case.engaged(broken_name)  # unavailable is not gone
-            assert await provider.get(case.name(broken_name)) is cluster
-            _assert_no_secret(repr(cluster) + repr(cluster.config), broken, broken_plane.token_user)
+            got = await provider.get(case.name(broken_name))
+            expect(got is cluster, GONE, f"provider.get of the broken cluster returned {describe(got)}")
+            assert_no_secret(repr(cluster) + repr(cluster.config), broken, broken_plane.token_user)
             if others:
                 await case.reconciled("alpha", healthy, "marker")
                 await case.seeder.configmap(healthy, "while-broken")
                 await case.reconciled("alpha", healthy, "while-broken")
                 await case.phase("alpha", mcr.ClusterPhase.READY)
             still = driver.status(broken_name)
-            assert still is not None and still.phase is mcr.ClusterPhase.UNHEALTHY
-            assert case.name(broken_name) in manager.clusters()
+            expect(
+                still is not None and still.phase is mcr.ClusterPhase.UNHEALTHY,
+                GONE,
+                f"a broken cluster must stay reported unhealthy; its status is {still}",
+            )
+            expect(case.name(broken_name) in manager.clusters(), GONE, "the broken cluster was disengaged")
 
     async def test_a_cluster_broken_while_running_stays_and_recovers(self, case: _Case, fleet: Fleet) -> None:
         """Breaking a running cluster makes it unhealthy, not gone; fixing it makes it ready."""
@@ -468,7 +512,7 @@ class ProviderConformance:
         async with running(manager, case.recorder):
             alpha = await case.engaged("alpha")
             await provider.index_field(CONFIGMAP, "conformance-late", seed_index)
-            await _assert_indexed(alpha, case.seeder.token, ["indexed"])
+            await assert_indexed(alpha, case.seeder.token, ["indexed"])
             if not (
                 _supports(driver, Capability.RUNTIME_CHANGES)
                 and _supports(driver, Capability.MULTIPLE_CLUSTERS)
@@ -476,7 +520,7 @@ class ProviderConformance:
                 return
             await case.seeder.configmap(second, "indexed")
             await driver.add("beta", Target.of(second))
-            await _assert_indexed(await case.engaged("beta"), case.seeder.token, ["indexed"])
+            await assert_indexed(await case.engaged("beta"), case.seeder.token, ["indexed"])
 
     # --- churn ---------------------------------------------------------------------------
 
@@ -527,28 +571,11 @@ class ProviderConformance:
                 await case.phase(source_name, mcr.ClusterPhase.READY)
             with pytest.raises(mcr.ClusterNotFound):
                 await provider.get(case.name("epsilon"))
-            assert driver.status("epsilon") is None
+            status = driver.status("epsilon")
+            expect(status is None, DISENGAGE, f"a cluster removed during churn still has a status: {status}")
             current = set(map(id, manager.clusters().values()))
 
             def replaced_all_stopped() -> bool:
                 return all(c.stopped for _n, c in case.recorder.every_cluster() if id(c) not in current)
 
             await wait_until(replaced_all_stopped, what="every replaced or removed cluster stopped")
-
-
-def _token_user(plane: ControlPlane, case: _Case, role: str) -> User:
-    return plane.add_token_user(f"conformance-{case.seeder.token}-{role}")
-
-
-def _assert_no_secret(text: str, target: Target, *users: User) -> None:
-    tokens = [token for token in (target.token, *(user.token for user in users)) if token]
-    leaked = any(token in text for token in tokens)
-    assert not leaked, "a credential appears in a status, error or repr"
-
-
-async def _assert_indexed(cluster: mcr.Cluster, token: str, names: Sequence[str]) -> None:
-    for index in ("conformance-early", "conformance-late"):
-        found = await cluster.cache.list(CONFIGMAP, index=(index, token))
-        assert sorted(obj["metadata"]["name"] for obj in found) == sorted(names), (
-            f"index {index!r} in cluster {cluster.name!r}"
-        )

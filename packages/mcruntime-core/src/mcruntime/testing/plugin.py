@@ -28,10 +28,11 @@ component as a child process or as a container.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -137,6 +138,33 @@ def fresh_cluster(testbed: Fleet, request: pytest.FixtureRequest) -> Iterator[Co
         yield plane
     finally:
         testbed.remove(plane.name)
+
+
+TESTBED_FIXTURES = frozenset({"testbed", "fleet", "workload_fleet", "fresh_cluster"})
+"""The plugin's fixtures: an ``async def`` test asking for one is an asyncio test."""
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> Any:
+    """Mark ``async def`` tests that use the testbed as asyncio tests, whatever ``asyncio_mode`` says.
+
+    Tests against a control plane are async, and pytest-asyncio's default
+    (strict) mode would skip them unless each is marked: a first test copied
+    from the README must pass as written. This wrapper runs inside
+    pytest-asyncio's, so the mark is there when it looks. Tests that use none
+    of these fixtures are left to pytest-asyncio's own rules.
+    """
+    result = yield
+    items = result if isinstance(result, list) else [result]
+    for item in items:
+        if (
+            isinstance(item, pytest.Function)
+            and inspect.iscoroutinefunction(item.obj)
+            and TESTBED_FIXTURES.intersection(item.fixturenames)
+            and item.get_closest_marker("asyncio") is None
+        ):
+            item.add_marker(pytest.mark.asyncio)
+    return result
 
 
 @pytest.hookimpl(trylast=True)

@@ -1,0 +1,77 @@
+"""Failures worded for a person: what went wrong with a request, never what it carried.
+
+Built only from fixed words, error class names, errno names and OpenSSL
+reasons, plus aiohttp's own fixed messages: the text of an arbitrary error may
+hold the credential it choked on, so it is never quoted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+
+import aiohttp
+
+
+def _unexpected(error: Exception, doing: str, method: str, path: str) -> str:
+    """Words for an error nobody foresaw: its class and, for the HTTP client's own, its text.
+
+    Only aiohttp's messages are quoted (fixed words such as "Forbidden control
+    character detected in headers"); any other error's text might carry the
+    credential it choked on, so only its class is named.
+    """
+    text = ""
+    if type(error).__module__.startswith("aiohttp") or "aiohttp" in _raised_in(error):
+        text = str(error).splitlines()[0][:200] if str(error) else ""
+    detail = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return f"{doing} {method} {path} failed on our side ({detail}); the server was not asked"
+
+
+def _raised_in(error: BaseException) -> str:
+    """The module of the innermost frame that raised ``error``."""
+    trace = error.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    return str(trace.tb_frame.f_globals.get("__name__", "")) if trace is not None else ""
+
+
+def _describe_connection_error(error: BaseException) -> str:
+    """A short, secret-free description of why no response arrived.
+
+    Built only from fixed words, error class names, errno names and OpenSSL
+    reason codes, never from ``str(error)``: aiohttp's messages carry the URL
+    (and so any userinfo) and sometimes request headers.
+    """
+    if isinstance(error, TimeoutError | asyncio.TimeoutError):
+        return "timed out waiting for the API server"
+    if isinstance(error, aiohttp.ClientConnectorCertificateError):
+        certificate_error = error.certificate_error
+        reason = getattr(certificate_error, "verify_message", None) or getattr(
+            certificate_error, "reason", None
+        )
+        return f"TLS verification failed: {_word(reason) or type(certificate_error).__name__}"
+    if isinstance(error, aiohttp.ClientConnectorError):
+        return f"cannot connect: {_os_reason(error.os_error)}"
+    if isinstance(error, ssl.SSLError):
+        return f"TLS error: {_word(getattr(error, 'reason', None)) or type(error).__name__}"
+    if isinstance(error, aiohttp.ClientResponseError):
+        return f"{type(error).__name__}: HTTP {error.status}"
+    if isinstance(error, OSError):
+        return f"{type(error).__name__}: {_os_reason(error)}"
+    return type(error).__name__
+
+
+def _os_reason(error: OSError) -> str:
+    if error.errno is not None:
+        return os.strerror(error.errno)
+    return type(error).__name__
+
+
+def _word(value: object) -> str | None:
+    """``value`` if it is a short, URL-free phrase (an OpenSSL reason), else ``None``."""
+    if not isinstance(value, str) or not value or len(value) > 120:
+        return None
+    if any(marker in value for marker in ("://", "@", "Authorization", "Bearer")):
+        return None
+    return value

@@ -1,0 +1,66 @@
+"""The conformance suite's checks: every failure names the rule it breaks and what was seen.
+
+A bare ``assert a is b`` in a provider's test run says nothing a provider's
+author can act on (``<Cluster 'alpha' started> is <Cluster 'alpha' stopped>``).
+Each check here names the rule of ``docs/guides/writing-a-provider.md`` it
+enforces, and the message says what the suite saw instead.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Sequence
+
+import mcruntime as mcr
+
+from ._controlplane import User
+from ._driver import Target
+from ._harness import CONFIGMAP
+
+CONTRACT = "the Provider contract (get and engage agree, one status per cluster)"
+GONE = "rule 1, only the source says gone"
+ISOLATED = "rule 2, one cluster's trouble is its own"
+CONTENT = "rule 3, re-engage on content, never on events"
+NAMES = "rule 4, names are stable and documented"
+DISENGAGE = "rule 5, disengage completely"
+CREDENTIALS = "rule 7, credentials stay out of sight"
+
+
+class RuleBroken(AssertionError):
+    """A conformance case failed: the message names the rule and what was seen."""
+
+
+def expect(condition: object, rule: str, seen: str) -> None:
+    """Fail the case with ``rule`` and ``seen`` unless ``condition`` holds."""
+    if not condition:
+        raise RuleBroken(f"{rule} (see docs/guides/writing-a-provider.md): {seen}")
+
+
+def describe(cluster: mcr.Cluster | None) -> str:
+    """A cluster as a failure message shows it: which object, and whether it still runs."""
+    if cluster is None:
+        return "not engaged"
+    state = "stopped" if cluster.stopped else "running"
+    return f"{cluster!r} (object {id(cluster):#x}, {state})"
+
+
+def same_secret(actual: str | None, expected: str) -> bool:
+    """Compare credentials without letting either reach an assertion message."""
+    return actual is not None and hmac.compare_digest(actual.encode(), expected.encode())
+
+
+def assert_no_secret(text: str, target: Target, *users: User) -> None:
+    tokens = [token for token in (target.token, *(user.token for user in users)) if token]
+    leaked = any(token in text for token in tokens)
+    expect(not leaked, CREDENTIALS, "a credential appears in a status, error or repr")
+
+
+async def assert_indexed(cluster: mcr.Cluster, token: str, names: Sequence[str]) -> None:
+    for index in ("conformance-early", "conformance-late"):
+        listed = await cluster.cache.list(CONFIGMAP, index=(index, token))
+        found = sorted(obj["metadata"]["name"] for obj in listed)
+        expect(
+            found == sorted(names),
+            CONTRACT,
+            f"index {index!r} in cluster {cluster.name!r} finds {found}, expected {sorted(names)}",
+        )
