@@ -39,9 +39,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import pytest_asyncio
 
 import mcruntime as mcr
+
+from ._errors import MissingExtraError
+
+try:
+    import pytest_asyncio
+except ImportError as missing:  # the suite's cases are async tests
+    raise MissingExtraError("pytest-asyncio", "to run the provider conformance suite") from missing
 
 from ._controlplane import ControlPlane, User
 from ._driver import Breakage, Capability, ProviderDriver, Target
