@@ -12,6 +12,7 @@ it; ``tests/test_layer_contract.py`` enforces that.
 
 from __future__ import annotations
 
+from importlib.metadata import version as _distribution_version
 from typing import TYPE_CHECKING, Any
 
 from ._base.backoff import Backoff
@@ -106,7 +107,8 @@ from ._manager.manager import Manager, Runnable, run_manager
 from ._manager.serving import Check
 from ._manager.sharding import ShardedCoordinator, ShardingConfig
 
-__version__ = "0.1.0"
+__version__: str = _distribution_version("mcruntime-core")
+"""The installed distribution's version: one source of truth, ``pyproject.toml``."""
 
 __all__ = [
     "EVERY_CLUSTER",

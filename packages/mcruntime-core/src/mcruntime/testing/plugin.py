@@ -51,16 +51,18 @@ _INSTALL_EXTRA = "pip install 'mcruntime-core[testing]'"
 _EXTRA_MODULES = {"cryptography": "cryptography"}
 
 
-def _require_testing_extra(fixture: str) -> None:
-    """Fail the test asking for ``fixture`` when the ``testing`` extra is missing.
+def _require_testing_extra() -> None:
+    """Fail the test asking for a testbed fixture when the ``testing`` extra is missing.
 
-    Checked before anything is imported, so the failure is one line naming the
-    fixture and the command, not a ``ModuleNotFoundError`` from inside the testbed.
+    Every fixture of the plugin starts from ``testbed``, which calls this before
+    anything is imported: the failure is one line naming the command, not a
+    ``ModuleNotFoundError`` from inside the testbed.
     """
     missing = [dist for module, dist in _EXTRA_MODULES.items() if importlib.util.find_spec(module) is None]
     if missing:
         pytest.fail(
-            f"the mcruntime fixture {fixture!r} needs the 'testing' extra of mcruntime-core "
+            "the mcruntime testbed fixtures (testbed, fleet, workload_fleet, fresh_cluster) need "
+            "the 'testing' extra of mcruntime-core "
             f"({', '.join(missing)} is not installed): {_INSTALL_EXTRA}",
             pytrace=False,
         )
@@ -112,7 +114,7 @@ def _backend_name(config: pytest.Config) -> str:
 @pytest.fixture(scope="session")
 def testbed(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Fleet]:
     """The session's etcd and a place to start clusters with ``testbed.add()``."""
-    _require_testing_extra("testbed")
+    _require_testing_extra()
     from mcruntime.testing import Fleet
 
     fleet = Fleet(workdir=tmp_path_factory.mktemp("testbed"), backend=_backend_name(request.config))
