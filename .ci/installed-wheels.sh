@@ -74,9 +74,9 @@ fresh_venv() {
   local venv=$1
   shift
   "$python" -m venv "$venv"
-  "$venv/bin/pip" install --quiet --no-cache-dir --no-index --no-deps --find-links "$dist" "$@"
+  "$venv/bin/pip" install --quiet --no-index --no-deps --find-links "$dist" "$@"
   # Already satisfied from the wheels above, so only third-party packages come from PyPI.
-  "$venv/bin/pip" install --quiet --no-cache-dir --find-links "$dist" "$@"
+  "$venv/bin/pip" install --quiet --find-links "$dist" "$@"
   "$venv/bin/pip" check
 }
 
@@ -86,7 +86,7 @@ cd "$outside"
 
 echo "--- core without the testing extra: pytest still runs; a testbed fixture names what to install"
 fresh_venv "$scratch/venv-plain" mcruntime-core
-"$scratch/venv-plain/bin/pip" install --quiet --no-cache-dir pytest
+"$scratch/venv-plain/bin/pip" install --quiet pytest
 if "$scratch/venv-plain/bin/python" -c "import cryptography" 2>/dev/null; then
   echo "error: cryptography is installed without the testing extra; this check would prove nothing" >&2
   exit 1
@@ -105,7 +105,7 @@ set +e
 "$scratch/venv-plain/bin/python" -m pytest -p no:cacheprovider -q plain/test_testbed_fixture.py >plain.log 2>&1
 status=$?
 set -e
-cat plain.log
+sed "s/^/  (expected) /" plain.log
 if [ "$status" -ne 1 ] || ! grep -q "pip install 'mcruntime-core\[testing\]'" plain.log; then
   echo "error: a testbed fixture without the testing extra should fail (exit 1) naming the extra; exit $status" >&2
   exit 1
@@ -114,7 +114,7 @@ fi
 echo "--- core[testing] + provider-file from the wheels: configmap-logger and the conformance suite"
 venv=$scratch/venv-testing
 fresh_venv "$venv" "mcruntime-core[testing]" mcruntime-provider-file
-"$venv/bin/pip" install --quiet --no-cache-dir "pytest-timeout>=2.4"
+"$venv/bin/pip" install --quiet "pytest-timeout>=2.4"
 "$venv/bin/python" - "$venv" <<'EOF'
 import sys
 import mcruntime, mcruntime_file
@@ -137,7 +137,7 @@ asyncio_default_fixture_loop_scope = function
 asyncio_default_test_loop_scope = function
 timeout = 300
 EOF
-(cd suite && "$venv/bin/python" -m pytest -p no:cacheprovider -q --testbed-clusters 2 \
+(cd suite && "$venv/bin/python" -m pytest -p no:cacheprovider -q \
   test_configmap_logger.py test_conformance.py)
 
 echo "installed wheels: passed in $((SECONDS - started))s"
