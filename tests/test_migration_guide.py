@@ -72,9 +72,8 @@ def _member_of_class(cls: type, name: str) -> bool:
     for klass in cls.__mro__:
         if name in vars(klass).get("__annotations__", {}):
             return True
-        if klass.__module__.startswith("mcruntime"):
-            if assigned.search(inspect.getsource(klass)):
-                return True
+        if klass.__module__.startswith("mcruntime") and assigned.search(inspect.getsource(klass)):
+            return True
     return False
 
 
