@@ -140,4 +140,17 @@ EOF
 (cd suite && "$venv/bin/python" -m pytest -p no:cacheprovider -q \
   test_configmap_logger.py test_conformance.py)
 
+echo "--- every distribution installs on its own (our wheels, dependencies from PyPI) and imports"
+for spec in mcruntime-core:mcruntime mcruntime-provider-file:mcruntime_file \
+  mcruntime-provider-kind:mcruntime_kind mcruntime-provider-capi:mcruntime_capi \
+  mcruntime-provider-clusterprofile:mcruntime_clusterprofile \
+  mcruntime-provider-kubefed:mcruntime_kubefed mcruntime-provider-namespace:mcruntime_namespace; do
+  name=${spec%%:*} module=${spec##*:}
+  [ "$name" = mcruntime-core ] && requirement=$name || requirement="$name mcruntime-core"
+  rm -rf "$scratch/venv-alone"
+  # shellcheck disable=SC2086  # the core comes from the wheels too, not from PyPI
+  fresh_venv "$scratch/venv-alone" $requirement
+  "$scratch/venv-alone/bin/python" -c "import $module; print('$name installs on its own and imports as $module')"
+done
+
 echo "installed wheels: passed in $((SECONDS - started))s"
