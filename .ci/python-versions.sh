@@ -2,42 +2,16 @@
 # The supported Pythons besides the main one (3.11, which runs everything): on each, the
 # unit tests that need no cluster and one testbed slice (a cluster start with the
 # testbed's certificates, the testbed's clusters, provider-file's conformance suite).
-# The interpreters come with this machine kind (pyenv's 3.12 and 3.13); PyPI, Debian
-# bookworm and the other registries we reach offer no 3.14 interpreter, so 3.14 is not
-# tested and not claimed in the classifiers.
+# The interpreters come with this machine kind (pyenv's 3.12 and 3.13); Debian
+# bookworm and PyPI offer no 3.14 interpreter: .ci/python-3.14.sh gets one from Debian sid.
 # Usage: .ci/python-versions.sh [3.12 3.13]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 versions=("$@")
 [ ${#versions[@]} -gt 0 ] || versions=(3.12 3.13)
 
-unit=(
-  packages/mcruntime-core/tests/test_backoff_and_supervision.py
-  packages/mcruntime-core/tests/test_builder.py
-  packages/mcruntime-core/tests/test_cluster_start_failures.py
-  packages/mcruntime-core/tests/test_controller_lanes.py
-  packages/mcruntime-core/tests/test_errors.py
-  packages/mcruntime-core/tests/test_heartbeat.py
-  packages/mcruntime-core/tests/test_kubeconfig.py
-  packages/mcruntime-core/tests/test_labels.py
-  packages/mcruntime-core/tests/test_limits.py
-  packages/mcruntime-core/tests/test_metrics_series.py
-  packages/mcruntime-core/tests/test_objects.py
-  packages/mcruntime-core/tests/test_predicates.py
-  packages/mcruntime-core/tests/test_provider_kit.py
-  packages/mcruntime-core/tests/test_public_api.py
-  packages/mcruntime-core/tests/test_ratelimit.py
-  packages/mcruntime-core/tests/test_rendezvous.py
-  packages/mcruntime-core/tests/test_settings_reach_controllers.py
-  packages/mcruntime-core/tests/test_workqueue.py
-  packages/mcruntime-core/tests/test_workqueue_lanes.py
-  tests/test_migration_guide.py
-)
-testbed=(
-  packages/mcruntime-core/tests/test_testbed_pki.py
-  packages/mcruntime-core/tests/test_testbed_clusters.py
-  packages/provider-file/tests/test_conformance.py
-)
+# shellcheck source=/dev/null
+source .ci/python-slice.sh
 
 # A directory holding only pythonX.Y links, so hatch's `python = "X.Y"` finds exactly
 # that interpreter without pyenv's shims (which refuse versions not selected).
