@@ -19,8 +19,9 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = sorted(path.parent for path in (ROOT / "packages").glob("*/pyproject.toml"))
-# The Pythons .ci/run tests: 3.11 runs everything, .ci/python-versions.sh the others.
-TESTED_PYTHONS = {"3.11", "3.12", "3.13"}
+# The Pythons .ci/run tests: 3.11 runs everything, .ci/python-versions.sh (3.12, 3.13) and
+# .ci/python-3.14.sh a slice.
+TESTED_PYTHONS = {"3.11", "3.12", "3.13", "3.14"}
 
 
 def _project(package: Path) -> dict[str, Any]:
