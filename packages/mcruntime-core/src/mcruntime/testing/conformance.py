@@ -46,8 +46,8 @@ from ._errors import MissingExtraError
 
 try:
     import pytest_asyncio
-except ImportError as missing:  # the suite's cases are async tests
-    raise MissingExtraError("pytest-asyncio", "to run the provider conformance suite") from missing
+except ImportError as _missing:  # the suite's cases are async tests
+    raise MissingExtraError("pytest-asyncio", "to run the provider conformance suite") from _missing
 
 from ._controlplane import ControlPlane, User
 from ._driver import Breakage, Capability, ProviderDriver, Target
