@@ -13,6 +13,7 @@ the layers below it; ``tests/test_layer_contract.py`` enforces that.
 
 from __future__ import annotations
 
+from importlib.metadata import version as _distribution_version
 from typing import TYPE_CHECKING, Any
 
 from ._base.backoff import Backoff
@@ -114,7 +115,8 @@ from ._webhook.options import WebhookOptions
 from ._webhook.review import AdmissionRequest, Denied
 from ._webhook.server import WebhookServer
 
-__version__ = "0.1.0"
+__version__: str = _distribution_version("mcruntime-core")
+"""The installed distribution's version: one source of truth, ``pyproject.toml``."""
 
 __all__ = [
     "EVERY_CLUSTER",

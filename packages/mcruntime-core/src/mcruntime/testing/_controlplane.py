@@ -15,6 +15,7 @@ import os
 import secrets
 import shutil
 import ssl
+import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,16 +131,43 @@ class APIServer:
 
     def _ready(self) -> bool:
         context = self._plane.admin_ssl_context()
-        answer = https_request(self.port, "GET", "/readyz", context, timeout=2.0)
-        if answer is None or answer[0] != 200:
-            return False
-        answer = https_request(self.port, "GET", "/api/v1/namespaces/default", context, timeout=2.0)
+        try:
+            answer = https_request(self.port, "GET", "/readyz", context, timeout=2.0)
+            if answer is None or answer[0] != 200:
+                return False
+            answer = https_request(self.port, "GET", "/api/v1/namespaces/default", context, timeout=2.0)
+        except ssl.SSLCertVerificationError as error:
+            self._explain_rejected_certificate(error)
+            return False  # another server holds the port: ours exits with "address already in use"
         return answer is not None and answer[0] == 200
 
-    def _await_ready(self, process: Process, timeout: float) -> None:
-        wait_until(lambda: not process.running or self._ready(), timeout, interval=0.1)
-        if process.running and self._ready():
+    def _explain_rejected_certificate(self, error: ssl.SSLCertVerificationError) -> None:
+        """Fail at once when this Python rejects the certificate our own apiserver serves.
+
+        Waiting cannot fix a certificate the client's TLS verification refuses (Python
+        3.13's strict X.509 checks, an OpenSSL policy): say so instead of timing out.
+        """
+        try:
+            served = ssl.get_server_certificate((LOOPBACK, self.port), timeout=2.0)
+        except OSError:
             return
+        ours = (self._plane.directory / "apiserver.crt").read_text()
+        if ssl.PEM_cert_to_DER_cert(served) != ssl.PEM_cert_to_DER_cert(ours):
+            return
+        raise TestbedError(
+            f"{self._plane.name}: kube-apiserver ({self.role}, port {self.port}) serves the testbed's "
+            f"certificate, but this Python ({sys.version.split()[0]}, {ssl.OPENSSL_VERSION}) "
+            f"rejects it: {error.verify_message or error.reason}"
+        )
+
+    def _await_ready(self, process: Process, timeout: float) -> None:
+        try:
+            wait_until(lambda: not process.running or self._ready(), timeout, interval=0.1)
+            if process.running and self._ready():
+                return
+        except TestbedError as error:
+            process.stop()
+            raise TestbedError(f"{error}; log {process.log_path}") from error
         tail = process.log_tail()
         process.stop()
         raise TestbedError(

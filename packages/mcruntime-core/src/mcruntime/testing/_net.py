@@ -45,7 +45,12 @@ def https_request(
     token: str | None = None,
     timeout: float = 5.0,
 ) -> tuple[int, Any] | None:
-    """HTTPS request with a JSON body and reply; ``None`` when nothing answers."""
+    """HTTPS request with a JSON body and reply; ``None`` when nothing answers.
+
+    Raises:
+        ssl.SSLCertVerificationError: the server answered with a certificate that
+            does not verify; unlike a refused connection, retrying cannot help.
+    """
     headers = {"Accept": "application/json"}
     payload = None
     if body is not None:
@@ -58,6 +63,8 @@ def https_request(
         connection.request(method, path, body=payload, headers=headers)
         response = connection.getresponse()
         raw = response.read()
+    except ssl.SSLCertVerificationError:
+        raise  # a certificate this Python rejects: no waiting fixes that, the caller says why
     except OSError:
         return None
     finally:

@@ -4,6 +4,15 @@ Each control plane gets its own CA, so a kubeconfig carrying another cluster's C
 fails verification exactly as a wrong CA would in production: tests of "bad CA is
 unhealthy" need that distinction. ECDSA P-256 keeps generation in the
 milliseconds.
+
+The certificates carry what strict X.509 verification demands (Python 3.13
+turns OpenSSL's ``VERIFY_X509_STRICT`` on by default): a Subject Key Identifier
+on every certificate, an Authority Key Identifier naming the issuer's key,
+critical basicConstraints and keyUsage. Without them every TLS connection to a
+testbed API server is refused on 3.13 although Go's verifier accepts them.
+
+``cryptography`` comes with the ``testing`` extra and is imported on first use,
+so that the pytest plugin, which imports this package, loads without it.
 """
 
 from __future__ import annotations
@@ -11,21 +20,55 @@ from __future__ import annotations
 import datetime
 import ipaddress
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from ._errors import MissingExtraError
+
+if TYPE_CHECKING:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
 
 _VALIDITY = datetime.timedelta(days=7)
 _BACKDATE = datetime.timedelta(hours=1)
 
 
+def _require_cryptography() -> None:
+    try:
+        import cryptography  # noqa: F401
+    except ImportError as error:
+        raise MissingExtraError("cryptography", "to issue the testbed's certificates") from error
+
+
+def _new_key() -> ec.EllipticCurvePrivateKey:
+    _require_cryptography()
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    return ec.generate_private_key(ec.SECP256R1())
+
+
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
     return key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
+    )
+
+
+def _key_usage(*, digital_signature: bool = True, cert_sign: bool = False) -> x509.KeyUsage:
+    from cryptography import x509
+
+    return x509.KeyUsage(
+        digital_signature=digital_signature,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=cert_sign,
+        crl_sign=cert_sign,
+        encipher_only=False,
+        decipher_only=False,
     )
 
 
@@ -39,7 +82,9 @@ class KeyPair:
 
 def signing_key_pair() -> tuple[bytes, bytes]:
     """A service-account signing key: (private PEM, public PEM)."""
-    key = ec.generate_private_key(ec.SECP256R1())
+    from cryptography.hazmat.primitives import serialization
+
+    key = _new_key()
     public = key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
@@ -50,10 +95,15 @@ class CertificateAuthority:
     """A self-signed CA that issues serving and client certificates."""
 
     def __init__(self, common_name: str) -> None:
-        self._key = ec.generate_private_key(ec.SECP256R1())
+        self._key = _new_key()
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.x509.oid import NameOID
+
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
         now = datetime.datetime.now(datetime.UTC)
         self._name = name
+        self._subject_key_id = x509.SubjectKeyIdentifier.from_public_key(self._key.public_key())
         self._cert = (
             x509.CertificateBuilder()
             .subject_name(name)
@@ -63,25 +113,19 @@ class CertificateAuthority:
             .not_valid_before(now - _BACKDATE)
             .not_valid_after(now + _VALIDITY)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(_key_usage(cert_sign=True), critical=True)
+            .add_extension(self._subject_key_id, critical=False)
             .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
+                x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(self._subject_key_id),
+                critical=False,
             )
             .sign(self._key, hashes.SHA256())
         )
 
     @property
     def cert_pem(self) -> bytes:
+        from cryptography.hazmat.primitives import serialization
+
         return self._cert.public_bytes(serialization.Encoding.PEM)
 
     def issue(
@@ -98,7 +142,11 @@ class CertificateAuthority:
         is set, with CN = user and O = groups, as the apiserver's x509
         authenticator reads them.
         """
-        key = ec.generate_private_key(ec.SECP256R1())
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+        key = _new_key()
         attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
         attributes += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations]
         now = datetime.datetime.now(datetime.UTC)
@@ -116,7 +164,13 @@ class CertificateAuthority:
             .not_valid_before(now - _BACKDATE)
             .not_valid_after(now + _VALIDITY)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(_key_usage(), critical=True)
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(self._subject_key_id),
+                critical=False,
+            )
         )
         if server_hosts:
             names: list[x509.GeneralName] = []

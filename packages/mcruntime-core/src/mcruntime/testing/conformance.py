@@ -36,7 +36,6 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import pytest_asyncio
 
 import mcruntime as mcr
 from mcruntime.provider import SourceStatus
@@ -55,6 +54,14 @@ from ._checks import (
     expect,
     same_secret,
 )
+from ._errors import MissingExtraError
+
+try:
+    import pytest_asyncio
+except ImportError as _missing:  # the suite's cases are async tests
+    raise MissingExtraError("pytest-asyncio", "to run the provider conformance suite") from _missing
+
+from ._controlplane import ControlPlane, User
 from ._driver import Breakage, Capability, ProviderDriver, Target
 from ._fleet import Fleet
 from ._harness import (

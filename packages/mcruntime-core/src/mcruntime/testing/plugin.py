@@ -24,11 +24,18 @@ Fixtures:
 Options: ``--testbed-backend process|container`` (default: the
 ``MCRUNTIME_TESTBED_BACKEND`` environment variable, else ``process``) runs every
 component as a child process or as a container.
+
+The entry point is registered by every installation of ``mcruntime-core``, with
+or without the ``testing`` extra, so this module imports nothing beyond pytest
+and the standard library: without the extra the plugin still loads, pytest runs
+as usual, and only a test that asks for a testbed fixture fails, with a message
+naming what to install.
 """
 
 from __future__ import annotations
 
 import inspect
+import importlib.util
 import os
 import sys
 from collections.abc import Iterator
@@ -40,6 +47,26 @@ if TYPE_CHECKING:
     from mcruntime.testing import ControlPlane, Fleet
 
 _BACKEND_VARIABLE = "MCRUNTIME_TESTBED_BACKEND"
+_INSTALL_EXTRA = "pip install 'mcruntime-core[testing]'"
+# What the testbed's fixtures import beyond the core's own dependencies (module: distribution).
+_EXTRA_MODULES = {"cryptography": "cryptography"}
+
+
+def _require_testing_extra() -> None:
+    """Fail the test asking for a testbed fixture when the ``testing`` extra is missing.
+
+    Every fixture of the plugin starts from ``testbed``, which calls this before
+    anything is imported: the failure is one line naming the command, not a
+    ``ModuleNotFoundError`` from inside the testbed.
+    """
+    missing = [dist for module, dist in _EXTRA_MODULES.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        pytest.fail(
+            "the mcruntime testbed fixtures (testbed, fleet, workload_fleet, fresh_cluster) need "
+            "the 'testing' extra of mcruntime-core "
+            f"({', '.join(missing)} is not installed): {_INSTALL_EXTRA}",
+            pytrace=False,
+        )
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -88,6 +115,7 @@ def _backend_name(config: pytest.Config) -> str:
 @pytest.fixture(scope="session")
 def testbed(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Fleet]:
     """The session's etcd and a place to start clusters with ``testbed.add()``."""
+    _require_testing_extra()
     from mcruntime.testing import Fleet
 
     fleet = Fleet(workdir=tmp_path_factory.mktemp("testbed"), backend=_backend_name(request.config))
