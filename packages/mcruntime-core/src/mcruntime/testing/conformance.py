@@ -61,7 +61,6 @@ try:
 except ImportError as _missing:  # the suite's cases are async tests
     raise MissingExtraError("pytest-asyncio", "to run the provider conformance suite") from _missing
 
-from ._controlplane import ControlPlane, User
 from ._driver import Breakage, Capability, ProviderDriver, Target
 from ._fleet import Fleet
 from ._harness import (

@@ -34,8 +34,8 @@ naming what to install.
 
 from __future__ import annotations
 
-import inspect
 import importlib.util
+import inspect
 import os
 import sys
 from collections.abc import Iterator
