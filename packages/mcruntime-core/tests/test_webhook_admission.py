@@ -12,10 +12,10 @@ from webhook_helpers import (
     config_of,
     fleet_manager,
     install_crd,
+    kind_crd,
     make_test,
     new_group,
     serving,
-    kind_crd,
     webhook_options,
 )
 
@@ -28,7 +28,9 @@ async def _prepare(fleet: Fleet, group: str, namespace: str) -> None:
     for plane in fleet:
         await install_crd(plane, kind_crd(group))
         async with mcr.Cluster("setup", config_of(plane)) as cluster:
-            await cluster.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+            await cluster.client.create(
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+            )
             await cluster.client.create(configmap("allowed-images", namespace, image=plane.name))
 
 
@@ -76,7 +78,7 @@ async def test_each_cluster_validates_and_defaults_against_its_own_cache(fleet: 
             other = names[(names.index(name) + 1) % len(names)]
             with pytest.raises(mcr.Forbidden, match=f"image '{other}' is not allowed in cluster '{name}'"):
                 await _create(fleet, name, make_test(kind, "foreign", namespace, image=other))
-            with pytest.raises(mcr.Invalid, match="spec.image is required"):
+            with pytest.raises(mcr.Invalid, match=r"spec\.image is required"):
                 await _create(fleet, name, make_test(kind, "empty", namespace))
             with pytest.raises(mcr.APIError, match="the validator failed: RuntimeError"):
                 await _create(fleet, name, make_test(kind, "crash", namespace, image="crash"))
@@ -105,7 +107,9 @@ async def test_a_hung_handler_in_one_cluster_leaves_the_others_their_capacity(fl
             await release.wait()
         served.append(req.cluster)
 
-    mcr.webhook_managed_by(manager).for_(kind).with_validator(validate).with_options(timeout_seconds=30).complete()
+    mcr.webhook_managed_by(manager).for_(kind).with_validator(validate).with_options(
+        timeout_seconds=30
+    ).complete()
     async with serving(manager, names):
         # Fill the hung cluster's whole lane.
         blocked = [
@@ -127,13 +131,37 @@ async def test_a_hung_handler_in_one_cluster_leaves_the_others_their_capacity(fl
         assert all(isinstance(result, dict) for result in results), results
 
 
+async def test_a_call_past_the_handler_timeout_is_answered_and_the_others_are_not_held(fleet: Fleet) -> None:
+    group, namespace = new_group(), unique("timeout")
+    kind = mcr.Kind(f"{group}/v1", "Test")
+    await _prepare(fleet, group, namespace)
+    names = [plane.name for plane in fleet]
+    hung = names[0]
+    manager = fleet_manager(fleet, webhook_options(max_concurrent_per_cluster=1, handler_timeout=1.0))
+    never = asyncio.Event()
+
+    async def validate(req: mcr.AdmissionRequest) -> None:
+        if req.cluster == hung:
+            await never.wait()
+
+    mcr.webhook_managed_by(manager).for_(kind).with_validator(validate).complete()
+    async with serving(manager, names):
+        blocked = asyncio.create_task(_create(fleet, hung, make_test(kind, "stuck", namespace, image="x")))
+        for name in names[1:]:
+            await _create(fleet, name, make_test(kind, "fine", namespace, image="x"))
+        with pytest.raises(mcr.APIError, match=r"the validator did not answer within 1\.0s"):
+            await blocked
+
+
 async def test_a_handler_error_can_be_left_to_the_failure_policy(fleet: Fleet) -> None:
     group, namespace = new_group(), unique("policy")
     kind = mcr.Kind(f"{group}/v1", "Test")
     plane = fleet["cluster-1"]
     await install_crd(plane, kind_crd(group))
     async with mcr.Cluster("setup", config_of(plane)) as cluster:
-        await cluster.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        await cluster.client.create(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+        )
     manager = mcr.Manager(
         mcr.StaticProvider({plane.name: config_of(plane)}), handle_signals=False, webhook=webhook_options()
     )
@@ -173,7 +201,9 @@ async def test_configurations_are_removed_on_disengage_only_when_asked(fleet: Fl
     async with mcr.Cluster("check", config_of(plane)) as cluster:
         assert await cluster.client.get_or_none(validating, names[0]) is None
         kept = await cluster.client.get(validating, names[1])
-        assert kept["webhooks"][0]["clientConfig"]["url"].endswith(f"/clusters/{plane.name}/validate/{group}/v1/Test")
+        assert kept["webhooks"][0]["clientConfig"]["url"].endswith(
+            f"/clusters/{plane.name}/validate/{group}/v1/Test"
+        )
         assert kept["webhooks"][0]["clientConfig"]["caBundle"]
         with contextlib.suppress(mcr.NotFound):
             await cluster.client.delete(validating, names[1])
@@ -199,3 +229,31 @@ async def test_webhooks_registered_after_start_reach_every_cluster(fleet: Fleet)
         for name in names:
             with pytest.raises(mcr.Forbidden, match=f"late webhook in {name}"):
                 await _create(fleet, name, make_test(kind, "late", "default", image="x"))
+
+
+async def test_registration_waits_for_a_crd_installed_later_and_shows_why_meanwhile(fleet: Fleet) -> None:
+    group = new_group()
+    kind = mcr.Kind(f"{group}/v1", "Test")
+    plane = fleet["cluster-3"]
+    manager = mcr.Manager(
+        mcr.StaticProvider({plane.name: config_of(plane)}), handle_signals=False, webhook=webhook_options()
+    )
+    manager.webhook.registrar.backoff = mcr.Backoff(base=0.05, cap=0.5)
+
+    async def deny(req: mcr.AdmissionRequest) -> None:
+        raise mcr.Denied(f"registered late in {req.cluster}")
+
+    mcr.webhook_managed_by(manager).for_(kind).with_validator(deny).complete()
+    from kube_helpers import running
+
+    async with running(manager):
+        registrar = manager.webhook.registrar
+        await wait_for(lambda: plane.name in registrar.failing)
+        assert f"serves no Test in {group}/v1" in registrar.failing[plane.name]
+        lines = await manager.webhook.readiness()
+        assert (f"webhook:registration:{plane.name}", registrar.failing[plane.name], False) in lines
+        await install_crd(plane, kind_crd(group))
+        await wait_for(lambda: registrar.applied.get(plane.name, 0) >= 1)
+        assert plane.name not in registrar.failing
+        with pytest.raises(mcr.Forbidden, match=f"registered late in {plane.name}"):
+            await _create(fleet, plane.name, make_test(kind, "late", "default", image="x"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 from typing import Any
@@ -99,11 +100,23 @@ def test_an_admission_review_parses_with_its_cluster() -> None:
     assert str(request) == "CREATE Test east:ns/t"
 
 
+def test_the_object_and_user_stay_out_of_the_repr() -> None:
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "data": {"token": "c2VjcmV0"}}
+    request = parse_admission("east", admission_review(object=secret, userInfo={"extra": {"k": ["hidden"]}}))
+    assert "c2VjcmV0" not in repr(request) and "hidden" not in repr(request)
+
+
 @pytest.mark.parametrize(
     ("review", "complaint"),
     [
-        ({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"}, "'admission.k8s.io/v1beta1' is not served"),
-        ({"apiVersion": "admission.k8s.io/v1", "kind": "ConversionReview"}, "this endpoint takes a AdmissionReview"),
+        (
+            {"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"},
+            "'admission.k8s.io/v1beta1' is not served",
+        ),
+        (
+            {"apiVersion": "admission.k8s.io/v1", "kind": "ConversionReview"},
+            "this endpoint takes a AdmissionReview",
+        ),
         ({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}, "no request object"),
         (admission_review(uid=""), "request.uid is missing"),
         (admission_review(operation="PATCH"), "request.operation 'PATCH'"),
@@ -200,7 +213,12 @@ async def test_conversion_goes_through_the_hub_both_ways() -> None:
 
 
 async def test_a_failed_conversion_names_the_object_and_direction() -> None:
-    obj = {"apiVersion": "example.com/v1", "kind": "Test", "metadata": {"name": "t"}, "spec": {"image": "refuse"}}
+    obj = {
+        "apiVersion": "example.com/v1",
+        "kind": "Test",
+        "metadata": {"name": "t"},
+        "spec": {"image": "refuse"},
+    }
     with pytest.raises(mcr.ConversionFailed, match=r"converting Test t from v1 to v1alpha1: image 'refuse'"):
         await CONVERSION.convert(obj, "example.com/v1alpha1")
     with pytest.raises(mcr.ConversionFailed, match="no conversion for version 'v2'"):
@@ -210,3 +228,61 @@ async def test_a_failed_conversion_names_the_object_and_direction() -> None:
 def test_a_conversion_without_both_directions_is_refused() -> None:
     broken = Conversion("example.com", "Test", "v1", {"v1alpha1": _to_hub}, {})
     assert broken.problems() == ["versions ['v1alpha1'] need both to_hub and from_hub functions"]
+
+
+async def test_self_made_keys_leave_no_file_behind(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    from mcruntime._webhook.certs import SelfSignedCertificates
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    certificates = SelfSignedCertificates(("127.0.0.1", "webhook.example.com"))
+    await certificates.load()
+    first = certificates.not_after()
+    await certificates.rotate()
+    assert certificates.ca_bundle() is not None and b"BEGIN CERTIFICATE" in (certificates.ca_bundle() or b"")
+    assert first is not None and certificates.not_after() is not None
+    assert not certificates.due()
+    import datetime
+
+    issued = datetime.datetime.now(datetime.UTC)
+    assert not certificates.due(issued + datetime.timedelta(days=4))
+    assert certificates.due(issued + datetime.timedelta(days=5))  # two thirds of the 7 days
+    assert list(tmp_path.iterdir()) == []
+    assert "PRIVATE" not in repr(certificates)
+
+
+async def _answer(hook: Any, *, mutating: bool, timeout: float = 5.0) -> dict[str, Any]:
+    from mcruntime._webhook.server import WebhookServer
+
+    server = WebhookServer(mcr.WebhookOptions(address="127.0.0.1:0", handler_timeout=timeout), clusters=dict)
+    request = parse_admission("east", admission_review())
+    response: dict[str, Any] = (await server._answer(hook, request, asyncio.Semaphore(1), mutating=mutating))[
+        "response"
+    ]
+    return response
+
+
+async def test_handler_failures_are_answered_by_kind() -> None:
+    from mcruntime._webhook.handlers import AdmissionHook
+
+    async def returns_a_list(_req: mcr.AdmissionRequest) -> Any:
+        return [1]
+
+    async def own_timeout(_req: mcr.AdmissionRequest) -> None:
+        raise TimeoutError("a call of its own timed out")
+
+    never = asyncio.Event()
+
+    async def hangs(_req: mcr.AdmissionRequest) -> None:
+        await never.wait()
+
+    kind = mcr.Kind("example.com/v1", "Test")
+    response = await _answer(AdmissionHook(kind, defaulter=returns_a_list), mutating=True)
+    assert response["allowed"] is False
+    assert response["status"]["message"] == "CREATE Test east:ns/t: the defaulter failed: TypeError"
+    response = await _answer(AdmissionHook(kind, validator=own_timeout), mutating=False)
+    assert response["status"]["message"].endswith("the validator failed: TimeoutError")
+    response = await _answer(AdmissionHook(kind, validator=hangs), mutating=False, timeout=0.05)
+    assert response["status"]["message"].endswith("the validator did not answer within 0.05s")
+    assert response["status"]["code"] == 500

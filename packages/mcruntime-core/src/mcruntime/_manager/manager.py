@@ -163,6 +163,7 @@ class Manager:
         self.work: WorkGate = WorkGate(lambda: list(self.controllers.values()))
         self._webhook_options = webhook
         self._webhook: WebhookServer | None = None
+        self._webhook_checked = False
 
     @classmethod
     def from_settings(
@@ -256,7 +257,9 @@ class Manager:
         server = self.webhook
         await server.listen()  # before any cluster engages: registration needs the port
         self._loops.supervise(server.run, "webhook-server")
-        self._readyz.add_group("webhook", server.readiness)
+        if not self._webhook_checked:
+            self._readyz.add_group("webhook", server.readiness)
+            self._webhook_checked = True
         self._awares.append(server)
 
     # --- probes, metrics, events ------------------------------------------------------------
@@ -363,6 +366,7 @@ class Manager:
 
     @property
     def running(self) -> bool:
+        """Between :meth:`start` and the end of its shutdown."""
         return self._running
 
     @property

@@ -74,7 +74,14 @@ def _server_context() -> ssl.SSLContext:
 
 
 def _load_pem(context: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
-    """Load a pair held in memory: through short-lived private files, deleted at once."""
+    """Load a pair held in memory into ``context``, only if the pair is good.
+
+    ``load_cert_chain`` is not atomic: on a key that does not match, the
+    context keeps the new certificate with the old key and every later
+    handshake fails. So the pair is tried on a scratch context first, and the
+    live one is touched only once the pair is known to load. The key passes
+    through short-lived private files, deleted at once.
+    """
     directory = tempfile.mkdtemp(prefix="mcruntime-webhook-")  # 0700
     cert_path, key_path = Path(directory, "tls.crt"), Path(directory, "tls.key")
     try:
@@ -82,6 +89,7 @@ def _load_pem(context: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
             descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(descriptor, "wb") as handle:
                 handle.write(data)
+        _server_context().load_cert_chain(cert_path, key_path)  # raises on a bad pair; nothing changed yet
         context.load_cert_chain(cert_path, key_path)
     finally:
         for path in (cert_path, key_path):
@@ -158,7 +166,8 @@ class CertificateFiles:
 @dataclass
 class _Issued:
     cert_pem: bytes
-    not_before: datetime.datetime
+    issued_at: datetime.datetime
+    """When it was made: ``notBefore`` is backdated for clock skew, so it cannot time the renewal."""
     not_after: datetime.datetime
 
 
@@ -208,8 +217,8 @@ class SelfSignedCertificates:
         if self._issued is None:
             return True
         now = now or datetime.datetime.now(datetime.UTC)
-        life = self._issued.not_after - self._issued.not_before
-        return now >= self._issued.not_before + life * 2 / 3
+        life = self._issued.not_after - self._issued.issued_at
+        return now >= self._issued.issued_at + life * 2 / 3
 
     async def refresh(self) -> bool:
         if not self.due():
@@ -294,4 +303,4 @@ class SelfSignedCertificates:
         key_pem = key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
-        return cert_pem, key_pem, _Issued(cert_pem, not_before, not_after)
+        return cert_pem, key_pem, _Issued(cert_pem, now, not_after)

@@ -87,6 +87,7 @@ class Conversion:
 
     @property
     def versions(self) -> set[str]:
+        """Every version this conversion knows, the hub included."""
         return {self.hub, *self.to_hub, *self.from_hub}
 
     async def convert(self, obj: JSON, desired_api_version: str) -> JSON:

@@ -77,10 +77,12 @@ class WebhookOptions:
 
     @property
     def listen_host(self) -> str:
+        """The host part of ``address`` (every interface when empty)."""
         return self.address.rpartition(":")[0] or "0.0.0.0"  # noqa: S104 -- an empty host means every interface
 
     @property
     def listen_port(self) -> int:
+        """The port part of ``address`` (0: any free port)."""
         return int(self.address.rpartition(":")[2])
 
     def files(self) -> tuple[Path, Path] | None:
@@ -93,9 +95,11 @@ class WebhookOptions:
 
     @property
     def registers(self) -> bool:
+        """Whether the manager installs the configurations (``register``, or its default)."""
         return self.register if self.register is not None else self.files() is None
 
     def public_host(self) -> str:
+        """The host in the URLs the API servers call."""
         if self.url_host:
             return self.url_host
         host = self.listen_host

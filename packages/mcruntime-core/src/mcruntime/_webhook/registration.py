@@ -23,7 +23,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .._base.backoff import DEFAULT_BACKOFF
+from .._base.backoff import DEFAULT_BACKOFF, Backoff
 from .._base.errors import NotFound
 from .._base.kind import Kind
 from .._fleet.cluster import Cluster
@@ -55,6 +55,9 @@ class Registrar:
         self._changed = asyncio.Event()
         self.applied: dict[str, int] = {}
         """Per cluster, how many times its configurations were applied (tests and debugging)."""
+        self.failing: dict[str, str] = {}
+        """Per cluster whose last attempt failed, why (shown in ``/readyz``)."""
+        self.backoff: Backoff = DEFAULT_BACKOFF
         self._generation = 0
 
     def changed(self) -> None:
@@ -64,6 +67,7 @@ class Registrar:
         self._changed = asyncio.Event()
 
     def engage(self, name: str, cluster: Cluster) -> None:
+        """Keep ``cluster``'s configurations current for as long as it runs."""
         cluster.tasks.supervise(lambda: self._keep_current(name, cluster), "webhook-registration")
         if self._server.options.remove_on_disengage:
             cluster.on_stop(lambda: self._remove(name, cluster))
@@ -72,6 +76,7 @@ class Registrar:
 
     def _forget(self, name: str) -> None:
         self.applied.pop(name, None)
+        self.failing.pop(name, None)
 
     async def _keep_current(self, name: str, cluster: Cluster) -> None:
         failures = 0
@@ -82,8 +87,9 @@ class Registrar:
             except asyncio.CancelledError:
                 raise
             except Exception as error:
-                delay = DEFAULT_BACKOFF.delay(failures)
+                delay = self.backoff.delay(failures)
                 failures += 1
+                self.failing[name] = f"{type(error).__name__}: {error}"
                 log.warning(
                     "cluster %r: webhook registration failed (%s: %s); retrying in %.1fs",
                     name,
@@ -94,6 +100,7 @@ class Registrar:
                 await asyncio.sleep(delay)
                 continue
             failures = 0
+            self.failing.pop(name, None)
             self.applied[name] = self.applied.get(name, 0) + 1
             await changed.wait()
 
@@ -201,4 +208,4 @@ class Registrar:
             )
         else:
             log.info("cluster %r: removed webhook configuration %r on disengage", name, configuration)
-        self.applied.pop(name, None)
+        self._forget(name)

@@ -11,7 +11,6 @@ nothing else.
 from __future__ import annotations
 
 import base64
-import copy
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -64,12 +63,13 @@ class AdmissionRequest:
     operation: Operation
     namespace: str
     name: str
-    object: JSON | None
-    old_object: JSON | None
-    user_info: JSON
+    # Out of the repr: an admitted Secret's data or a user's extra attributes must not reach a log line.
+    object: JSON | None = field(repr=False)
+    old_object: JSON | None = field(repr=False)
+    user_info: JSON = field(repr=False)
     dry_run: bool
     sub_resource: str = ""
-    options: JSON | None = None
+    options: JSON | None = field(default=None, repr=False)
     warnings: list[str] = field(default_factory=list)
 
     def warn(self, message: str) -> None:
@@ -240,5 +240,14 @@ def conversion_response(uid: str, converted: list[JSON] | None, failure: str | N
 
 
 def snapshot(obj: JSON | None) -> JSON | None:
-    """A deep copy, taken before a defaulter runs, to diff its result against."""
-    return copy.deepcopy(obj) if obj is not None else None
+    """A deep copy, taken before a defaulter runs, to diff its result against.
+
+    A JSON round trip through orjson: several times faster than ``copy.deepcopy``
+    on a large object, and the object is JSON by construction.
+    """
+    return orjson.loads(orjson.dumps(obj)) if obj is not None else None
+
+
+def encode(review: JSON) -> str:
+    """A review as JSON text, with orjson (the standard library is several times slower)."""
+    return orjson.dumps(review).decode()

@@ -47,6 +47,7 @@ from .review import (
     admission_response,
     conversion_response,
     decode,
+    encode,
     parse_admission,
     parse_conversion,
     snapshot,
@@ -77,6 +78,11 @@ def group_path(group: str) -> str:
     return group or CORE_GROUP
 
 
+def _with(hosts: tuple[str, ...], host: str) -> tuple[str, ...]:
+    """The certificate's hosts, with the one the API servers call (or its URL would not verify)."""
+    return hosts if host in hosts else (*hosts, host)
+
+
 def _refuse(status: int, message: str) -> web.Response:
     return web.Response(status=status, text=message + "\n", content_type="text/plain")
 
@@ -96,13 +102,16 @@ class WebhookServer:
         clusters: Callable[[], Mapping[str, Cluster]],
         field_manager: str = "mcruntime-webhook",
     ) -> None:
-        self.options = options or WebhookOptions()
+        self.options: WebhookOptions = options or WebhookOptions()
         self._clusters = clusters
         files = self.options.files()
         self.certificates: CertificateSource = (
             CertificateFiles(*files)
             if files is not None
-            else SelfSignedCertificates(self.options.hosts, validity=self.options.certificate_validity)
+            else SelfSignedCertificates(
+                _with(self.options.hosts, self.options.public_host()),
+                validity=self.options.certificate_validity,
+            )
         )
         self.validators: dict[Kind, AdmissionHook] = {}
         self.defaulters: dict[Kind, AdmissionHook] = {}
@@ -110,7 +119,7 @@ class WebhookServer:
         self._lanes: dict[str, asyncio.Semaphore] = {}
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
-        self.registrar = Registrar(self, field_manager=field_manager)
+        self.registrar: Registrar = Registrar(self, field_manager=field_manager)
 
     def __repr__(self) -> str:
         where = f"port {self.port}" if self.port is not None else "not listening"
@@ -142,6 +151,7 @@ class WebhookServer:
 
     @property
     def has_handlers(self) -> bool:
+        """Whether anything is registered (the manager starts the server only then, unless configured)."""
         return bool(self.validators or self.defaulters or self.conversions)
 
     # --- addresses ------------------------------------------------------------------------
@@ -237,7 +247,7 @@ class WebhookServer:
             self.registrar.engage(name, cluster)
 
     async def readiness(self) -> list[tuple[str, str | None, bool]]:
-        """``/readyz`` lines: listening, and the certificate's expiry (in the line's name)."""
+        """``/readyz`` lines: listening, the certificate's expiry (in its name), failing registrations."""
         lines: list[tuple[str, str | None, bool]] = [
             ("webhook", None if self.port is not None else "not listening", True)
         ]
@@ -248,6 +258,9 @@ class WebhookServer:
             lines.append(
                 (f"webhook:certificate (expires {expires.isoformat(timespec='seconds')})", reason, True)
             )
+        # Shown, not counted: one cluster refusing its configuration must not take the server out of service.
+        for name, error in sorted(self.registrar.failing.items()):
+            lines.append((f"webhook:registration:{name or 'local'}", error, False))
         return lines
 
     # --- calls ----------------------------------------------------------------------------
@@ -302,22 +315,25 @@ class WebhookServer:
             review = parse_admission(name, data)
         except ReviewError as error:
             return _refuse(400, str(error))
-        return web.json_response(await self._answer(hook, review, lane, mutating=mutating))
+        return web.json_response(await self._answer(hook, review, lane, mutating=mutating), dumps=encode)
 
     async def _answer(
         self, hook: AdmissionHook, review: AdmissionRequest, lane: asyncio.Semaphore, *, mutating: bool
     ) -> JSON:
         original = snapshot(review.object) if mutating else None
         what = "defaulter" if mutating else "validator"
+        deadline = asyncio.timeout(self.options.handler_timeout)
         try:
-            async with asyncio.timeout(self.options.handler_timeout):
-                async with lane:
-                    result = await _in_context(review, self._call(hook, review, mutating=mutating))
+            async with deadline, lane:
+                result = await _in_context(review, self._call(hook, review, mutating=mutating))
         except Denied as denial:
             return admission_response(
                 review, allowed=False, message=denial.message, code=denial.code, reason=denial.reason
             )
-        except TimeoutError:
+        except TimeoutError as error:
+            if not deadline.expired():  # the handler's own timeout (a slow call it made): its error
+                log.error("webhook %s for %s raised", what, review, exc_info=error)
+                return self._failed(hook, review, f"the {what} failed: {type(error).__name__}")
             log.error("webhook %s for %s took over %.1fs", what, review, self.options.handler_timeout)
             return self._failed(
                 hook, review, f"the {what} did not answer within {self.options.handler_timeout}s"
@@ -331,7 +347,9 @@ class WebhookServer:
     async def _call(hook: AdmissionHook, review: AdmissionRequest, *, mutating: bool) -> JSON | None:
         if mutating:
             assert hook.defaulter is not None
-            returned = await hook.defaulter(review)
+            returned: object = await hook.defaulter(review)
+            if returned is not None and not isinstance(returned, dict):
+                raise TypeError(f"the defaulter returned a {type(returned).__name__}, not the object")
             return returned if returned is not None else review.object
         assert hook.validator is not None
         await hook.validator(review)
@@ -366,12 +384,12 @@ class WebhookServer:
                 ]
         except ConversionFailed as error:
             log.warning("cluster %r: %s", name, error)
-            return web.json_response(conversion_response(review.uid, None, str(error)))
+            return web.json_response(conversion_response(review.uid, None, str(error)), dumps=encode)
         except TimeoutError:
             message = f"conversion to {review.desired_api_version} took over {self.options.handler_timeout}s"
             log.error("cluster %r: %s", name, message)
-            return web.json_response(conversion_response(review.uid, None, message))
-        return web.json_response(conversion_response(review.uid, converted))
+            return web.json_response(conversion_response(review.uid, None, message), dumps=encode)
+        return web.json_response(conversion_response(review.uid, converted), dumps=encode)
 
 
 async def _in_context(review: AdmissionRequest, call: Awaitable[JSON | None]) -> JSON | None:

@@ -1,0 +1,108 @@
+"""The webhook builder refuses wrong wiring at complete(), with a message saying what is wrong."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import mcruntime as mcr
+
+KIND = mcr.Kind("example.com/v1", "Test")
+
+
+def manager() -> mcr.Manager:
+    return mcr.Manager(mcr.StaticProvider({}), handle_signals=False)
+
+
+async def allow(_req: mcr.AdmissionRequest) -> None:
+    return None
+
+
+def same(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj
+
+
+def test_a_webhook_needs_a_kind_and_something_to_serve() -> None:
+    with pytest.raises(mcr.BuilderError, match=r"call for_\(kind\) first"):
+        mcr.webhook_managed_by(manager()).with_validator(allow).complete()
+    with pytest.raises(mcr.BuilderError, match="nothing to serve"):
+        mcr.webhook_managed_by(manager()).for_(KIND).complete()
+
+
+def test_a_conversion_missing_a_direction_is_refused() -> None:
+    with pytest.raises(mcr.BuilderError, match=r"need both to_hub and from_hub"):
+        mcr.webhook_managed_by(manager()).for_(KIND).with_conversion(
+            hub="v1", to_hub={"v1alpha1": same}, from_hub={}
+        ).complete()
+
+
+def test_core_kinds_cannot_be_converted() -> None:
+    with pytest.raises(mcr.BuilderError, match="only custom resources"):
+        mcr.webhook_managed_by(manager()).for_(mcr.Kind("v1", "ConfigMap")).with_conversion(
+            hub="v1", to_hub={"v2": same}, from_hub={"v2": same}
+        ).complete()
+
+
+def test_a_second_validator_for_a_kind_is_refused() -> None:
+    mgr = manager()
+    mcr.webhook_managed_by(mgr).for_(KIND).with_validator(allow).complete()
+    with pytest.raises(mcr.BuilderError, match="already has a validator"):
+        mcr.webhook_managed_by(mgr).for_(KIND).with_validator(allow).complete()
+
+
+def test_bad_options_are_all_named() -> None:
+    with pytest.raises(mcr.BuilderError) as raised:
+        mcr.webhook_managed_by(manager()).for_(KIND).with_validator(allow).with_options(
+            timeout_seconds=60,
+            operations=["PATCH"],
+            failure_policy="Maybe",  # type: ignore[arg-type]
+        ).complete()
+    message = str(raised.value)
+    assert "timeout_seconds must be between 1 and 30, not 60" in message
+    assert "operations must be some of" in message
+    assert "failure_policy must be 'Fail' or 'Ignore'" in message
+
+
+def test_the_completed_webhooks_say_what_was_registered() -> None:
+    mgr = manager()
+    done = mcr.webhook_managed_by(mgr).for_(KIND).with_validator(allow).complete()
+    assert done == mcr.Webhooks(KIND, validating=True, mutating=False, converting=False)
+    assert KIND in mgr.webhook.validators and mgr.webhook.has_handlers
+
+
+@pytest.mark.parametrize(
+    ("options", "complaint"),
+    [
+        ({"address": "9443"}, "must be host:port"),
+        ({"cert_file": "tls.crt"}, "cert_file and key_file together"),
+        ({"cert_dir": "/x", "cert_file": "a", "key_file": "b"}, "cert_dir or cert_file/key_file"),
+        ({"handler_timeout": 0}, "handler_timeout must be above 0"),
+        ({"max_concurrent_per_cluster": 0}, "max_concurrent_per_cluster must be at least 1"),
+    ],
+)
+def test_bad_webhook_options_are_refused(options: dict[str, Any], complaint: str) -> None:
+    with pytest.raises(ValueError, match=complaint):
+        mcr.WebhookOptions(**options)
+
+
+def test_webhook_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MCRUNTIME_WEBHOOK_BIND_ADDRESS", "0.0.0.0:9443")
+    monkeypatch.setenv("MCRUNTIME_WEBHOOK_URL_HOST", "webhook.example.com")
+    options = mcr.ManagerSettings.load().webhook_options()
+    assert options is not None
+    assert (options.address, options.public_host()) == ("0.0.0.0:9443", "webhook.example.com")
+    monkeypatch.setenv("MCRUNTIME_WEBHOOK_BIND_ADDRESS", "nonsense")
+    with pytest.raises(mcr.SettingsError, match="MCRUNTIME_WEBHOOK_BIND_ADDRESS"):
+        mcr.ManagerSettings.load().webhook_options()
+
+
+def test_a_manager_from_settings_gets_the_webhook_options() -> None:
+    settings = mcr.ManagerSettings.load(webhook_bind_address="127.0.0.1:0", webhook_cert_dir="/certs")
+    mgr = mcr.Manager.from_settings(mcr.StaticProvider({}), settings=settings, handle_signals=False)
+    assert mgr.webhook.options.address == "127.0.0.1:0"
+    assert mgr.webhook.options.files() is not None and not mgr.webhook.options.registers
+    plain = mcr.Manager.from_settings(
+        mcr.StaticProvider({}), settings=mcr.ManagerSettings.load(), handle_signals=False
+    )
+    assert plain.webhook.options == mcr.WebhookOptions()

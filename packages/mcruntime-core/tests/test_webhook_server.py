@@ -1,0 +1,235 @@
+"""The webhook server's edges: bad input, readiness, and certificates rotating under load."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from kube_helpers import running, unique, wait_for
+from webhook_helpers import (
+    client_context,
+    config_of,
+    fleet_manager,
+    install_crd,
+    kind_crd,
+    make_test,
+    new_group,
+    served_certificate,
+    serving,
+    webhook_options,
+)
+
+import mcruntime as mcr
+from mcruntime.testing import Fleet
+from mcruntime.testing._pki import CertificateAuthority
+
+KIND = mcr.Kind("example.com/v1", "Test")
+
+
+def review(api_version: str = "admission.k8s.io/v1") -> dict[str, Any]:
+    return {
+        "apiVersion": api_version,
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1",
+            "kind": {"group": "example.com", "version": "v1", "kind": "Test"},
+            "operation": "CREATE",
+            "namespace": "default",
+            "object": {"apiVersion": "example.com/v1", "kind": "Test", "metadata": {"name": "t"}, "spec": {}},
+            "userInfo": {"username": "alice"},
+        },
+    }
+
+
+async def test_bad_input_gets_a_clear_4xx_and_the_server_keeps_serving(fleet: Fleet) -> None:
+    plane = fleet["cluster-1"]
+    manager = mcr.Manager(
+        mcr.StaticProvider({plane.name: config_of(plane)}),
+        handle_signals=False,
+        webhook=webhook_options(register=False),
+        health_probe_address="127.0.0.1:0",
+    )
+
+    async def default(req: mcr.AdmissionRequest) -> None:
+        assert req.object is not None
+        req.object["spec"]["replicas"] = 1
+
+    mcr.webhook_managed_by(manager).for_(KIND).with_defaulter(default).complete()
+    async with running(manager):
+        await wait_for(lambda: plane.name in manager.clusters())
+        server = manager.webhook
+        bundle = server.ca_bundle()
+        assert bundle is not None
+        url = server.admission_url(plane.name, KIND, mutating=True)
+        connector = aiohttp.TCPConnector(ssl=client_context(bundle))
+        async with aiohttp.ClientSession(connector=connector) as session:
+
+            async def post(
+                target: str, body: bytes, content_type: str = "application/json"
+            ) -> tuple[int, str]:
+                data = io.BytesIO(body)
+                async with session.post(
+                    target, data=data, headers={"Content-Type": content_type}
+                ) as response:
+                    return response.status, await response.text()
+
+            status, text = await post(url, b"{" + b" " * (3 * 1024 * 1024) + b"}")
+            assert status == 413 and "larger than 3145728 bytes" in text
+            status, text = await post(url, b"{}", "text/plain")
+            assert status == 415 and "content type 'text/plain' is not served" in text
+            status, text = await post(url, b"{not json")
+            assert status == 400 and "the body is not JSON" in text
+            status, text = await post(url.replace(f"/clusters/{plane.name}/", "/clusters/nowhere/"), b"{}")
+            assert status == 404 and "cluster 'nowhere' is not engaged" in text
+            status, text = await post(url.replace("/Test", "/Other"), b"{}")
+            assert status == 404 and "no mutating webhook is registered for Other.example.com/v1" in text
+            import orjson
+
+            status, text = await post(url, orjson.dumps(review("admission.k8s.io/v1beta1")))
+            assert status == 400 and "'admission.k8s.io/v1beta1' is not served" in text
+            # Still serving: a good review is answered, with the defaulter's patch.
+            status, text = await post(url, orjson.dumps(review()))
+            answer = orjson.loads(text)
+            assert status == 200 and answer["response"]["allowed"] is True
+            assert answer["response"]["patchType"] == "JSONPatch"
+
+        async with (
+            aiohttp.ClientSession() as plain,
+            plain.get(manager.endpoints.url("/readyz") + "?verbose") as response,
+        ):
+            text = await response.text()
+        assert "[+]webhook ok" in text
+        assert "[+]webhook:certificate (expires " in text
+
+
+async def test_certificates_rotate_while_api_servers_call_and_no_request_fails(fleet: Fleet) -> None:
+    group, namespace = new_group(), "default"
+    kind = mcr.Kind(f"{group}/v1", "Test")
+    for plane in fleet:
+        await install_crd(plane, kind_crd(group))
+    manager = fleet_manager(fleet, webhook_options())
+    names = [plane.name for plane in fleet]
+    served = 0
+    progress = asyncio.Condition()
+
+    async def validate(req: mcr.AdmissionRequest) -> None:
+        nonlocal served
+        async with progress:
+            served += 1
+            progress.notify_all()
+
+    mcr.webhook_managed_by(manager).for_(kind).with_validator(validate).complete()
+    rotations = 4
+    async with serving(manager, names):
+        server = manager.webhook
+        bundle = server.ca_bundle()
+        assert bundle is not None and server.port is not None
+        stop = asyncio.Event()
+        failures: list[BaseException] = []
+        created = 0
+
+        async def keep_creating(name: str) -> None:
+            nonlocal created
+            async with mcr.Cluster("caller", config_of(fleet[name])) as cluster:
+                while not stop.is_set():
+                    try:
+                        await cluster.client.create(make_test(kind, unique("r"), namespace, image="x"))
+                        created += 1
+                    except Exception as error:
+                        failures.append(error)
+                        return
+
+        creators = [asyncio.create_task(keep_creating(name)) for name in names for _ in range(2)]
+        certificates = {await served_certificate(server.port, client_context(bundle))}
+        try:
+            for _ in range(rotations):
+                async with progress:
+                    target = served + 6
+                    await progress.wait_for(lambda: served >= target or bool(failures))  # noqa: B023
+                await server.rotate_certificate()
+                certificates.add(await served_certificate(server.port, client_context(bundle)))
+            async with progress:
+                target = served + 6
+                await progress.wait_for(lambda: served >= target or bool(failures))
+        finally:
+            stop.set()
+            await asyncio.gather(*creators)
+        assert failures == []
+        assert len(certificates) == rotations + 1
+        assert created >= 6 * (rotations + 1)
+
+
+def write_pair(directory: Path, authority: CertificateAuthority) -> bytes:
+    pair = authority.issue("webhook", server_hosts=("127.0.0.1", "localhost"))
+    (directory / "tls.key").write_bytes(pair.key_pem)
+    (directory / "tls.crt").write_bytes(pair.cert_pem)
+    return pair.cert_pem
+
+
+def der(pem: bytes) -> bytes:
+    import ssl
+
+    return ssl.PEM_cert_to_DER_cert(pem.decode())
+
+
+async def test_certificate_files_rotated_on_disk_are_picked_up(fleet: Fleet, tmp_path: Path) -> None:
+    plane = fleet["cluster-2"]
+    authority = CertificateAuthority("user CA")
+    first = write_pair(tmp_path, authority)
+    manager = mcr.Manager(
+        mcr.StaticProvider({plane.name: config_of(plane)}),
+        handle_signals=False,
+        webhook=webhook_options(cert_dir=tmp_path, reload_interval=0.05),
+    )
+    mcr.webhook_managed_by(manager).for_(KIND).with_validator(lambda _req: asyncio.sleep(0)).complete()
+    async with running(manager):
+        server = manager.webhook
+        assert server.port is not None and server.ca_bundle() is None and not server.options.registers
+        context = client_context(authority.cert_pem)
+        assert await served_certificate(server.port, context) == der(first)
+        second = write_pair(tmp_path, authority)
+
+        async def serves_second() -> bool:
+            assert server.port is not None
+            return await served_certificate(server.port, context) == der(second)
+
+        await wait_for(serves_second)
+        # A half-written rotation (a certificate whose key is not there yet) keeps the last good pair.
+        (tmp_path / "tls.crt").write_bytes(authority.issue("other", server_hosts=("127.0.0.1",)).cert_pem)
+        assert await server.certificates.refresh() is False
+        assert await served_certificate(server.port, context) == der(second)
+
+
+async def test_a_self_made_certificate_is_renewed_before_it_expires() -> None:
+    import contextlib
+    import datetime
+
+    server = mcr.WebhookServer(
+        mcr.WebhookOptions(
+            address="127.0.0.1:0", certificate_validity=datetime.timedelta(seconds=6), reload_interval=0.05
+        ),
+        clusters=dict,
+    )
+    await server.listen()
+    loop = asyncio.create_task(server.run())
+    try:
+        bundle = server.ca_bundle()
+        assert bundle is not None and server.port is not None
+        first = await served_certificate(server.port, client_context(bundle))
+        expires = server.certificates.not_after()
+
+        async def renewed() -> bool:
+            assert server.port is not None
+            return await served_certificate(server.port, client_context(bundle)) != first
+
+        await wait_for(renewed, timeout=20)
+        renewed_expiry = server.certificates.not_after()
+        assert expires is not None and renewed_expiry is not None and renewed_expiry > expires
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
+        await server.close()
