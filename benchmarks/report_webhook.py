@@ -55,7 +55,7 @@ def section(results: dict[str, Any], load_line: str) -> list[str]:
         "(`utime + stime`) per timed request. The client, the API server, etcd and the webhook",
         "share the machine: the figures include their contention.",
         load_line,
-        "",
+        *([f"*{s13['note']}*", ""] if s13.get("note") else []),
         "| | creates/s | p50 (ms) | p99 (ms) | added p50 (ms) | added p99 (ms) | webhook CPU ms/request |",
         "|---|---|---|---|---|---|---|",
     ]
