@@ -30,7 +30,8 @@ def goal(results: dict[str, Any]) -> list[str]:
     mark = "**met**" if met else "**not met**"
     return [
         f"- {mark}: S13 p99 added admission latency ≤ {GOAL_TIMES:g}x Go's: "
-        f"{mine:.1f} ms vs {theirs:.1f} ms (mcruntime vs controller-runtime)"
+        f"{mine:.1f} ms vs {theirs:.1f} ms (mcruntime vs controller-runtime"
+        + (f", {mine / theirs:.2f}x)" if theirs > 0 else ")")
     ]
 
 
