@@ -13,7 +13,9 @@ events from any cluster reach the Test through ``enqueue_for_cluster_owner``,
 and ``ChildCleanup`` deletes the Jobs everywhere before it releases the Test's
 finalizer (holding it while a cluster is unreachable). Sub clusters come and
 go through a provider while the controller runs (a new cluster gets the Tests'
-Jobs too; a removed one drops out of their status).
+Jobs too; a removed one drops out of their status). The manager also serves the
+Test's admission and conversion webhooks (``job_fanout_webhooks``): validation,
+defaults, and ``v1alpha1`` next to the stored ``v1``.
 
 Run it against a main cluster and a directory of sub-cluster kubeconfigs::
 
