@@ -21,6 +21,8 @@ import matplotlib.pyplot as plt
 from matplotlib import ticker
 from report_fleet import BASELINE, SECTIONS, profile_lines, section, spread_text
 from report_fleet import goals as fleet_goals
+from report_webhook import goal as webhook_goal
+from report_webhook import section as webhook_section
 
 COLORS = {
     "go": "#00add8",
@@ -564,7 +566,9 @@ def render(results: dict[str, Any], out: Path) -> None:
 
     for spec in SECTIONS:
         lines += section(results, spec, _load_line(results.get(spec.key, {})))
+    lines += webhook_section(results, _load_line(results.get("s13", {})))
     goals += fleet_goals(results)
+    goals += webhook_goal(results)
     lines[lines.index("## Machine") : lines.index("## Machine")] = ["## Goals", "", *goals, ""]
     # What profiles of earlier runs pointed at and what changed in the core, written by
     # hand (figures from named runs), so it survives every regeneration of this file.

@@ -48,12 +48,13 @@ from scenarios import (
 )
 from scenarios_fleet import FLEET, GC, WRITES, s7_writes, s8_steady_cpu, s9_fleet, s10_gc, s11_hung
 from scenarios_fleet import profile as profile_scenario
+from scenarios_webhook import s13_admission
 
 import mcruntime as mcr
 from mcruntime.testing import ETCD_VERSION, KUBERNETES_VERSION, Fleet
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ("s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9", "s10", "s11")
+SCENARIOS = ("s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9", "s10", "s11", "s13")
 _T0 = time.monotonic()
 
 
@@ -132,6 +133,7 @@ async def _run(bench: Bench, only: list[str], profile: Path | None) -> tuple[dic
         "s9": lambda: s9_fleet(bench),
         "s10": lambda: s10_gc(bench),
         "s11": lambda: s11_hung(bench),
+        "s13": lambda: s13_admission(bench),
     }
     results: dict[str, Any] = {}
     failed: list[str] = []

@@ -13,7 +13,9 @@ events from any cluster reach the Test through ``enqueue_for_cluster_owner``,
 and ``ChildCleanup`` deletes the Jobs everywhere before it releases the Test's
 finalizer (holding it while a cluster is unreachable). Sub clusters come and
 go through a provider while the controller runs (a new cluster gets the Tests'
-Jobs too; a removed one drops out of their status).
+Jobs too; a removed one drops out of their status). The manager also serves the
+Test's admission and conversion webhooks (``job_fanout_webhooks``): validation,
+defaults, and ``v1alpha1`` next to the stored ``v1``.
 
 Run it against a main cluster and a directory of sub-cluster kubeconfigs::
 
@@ -43,6 +45,8 @@ from pathlib import Path
 from typing import Any
 
 import mcruntime as mcr
+from job_fanout_webhooks import DEFAULT_COMMAND, setup_webhooks
+from job_fanout_webhooks import MAIN as MAIN  # re-exported: the demo reads it from here
 from mcruntime import toolkit
 from mcruntime_file import KubeconfigFileProvider
 
@@ -59,9 +63,9 @@ them with (``mcruntime.testing.EXIT_CODE_ANNOTATION``). A real node ignores it a
 command instead, so the Job fails either way."""
 FAILING_COMMAND = ("sh", "-c", "echo 'failing on purpose (spec.failIn)'; exit 1")
 FINALIZER = f"{GROUP}/jobs"
-MAIN = "main"
-"""How the main (local) cluster, whose mcruntime name is ``""``, appears in a Test's status."""
 FIELD_MANAGER = "job-fanout"
+WEBHOOK_CONFIGURATION = "job-fanout"
+"""The name of the Validating/MutatingWebhookConfiguration the manager registers on the main cluster."""
 
 log = logging.getLogger("job_fanout")
 
@@ -74,9 +78,13 @@ def display_name(cluster: str) -> str:
 
 
 def crd_manifest() -> JSON:
-    """The ``Test`` CustomResourceDefinition (namespaced, with a status subresource)."""
-    string_list = {"type": "array", "items": {"type": "string"}}
-    preserve = {"x-kubernetes-preserve-unknown-fields": True}
+    """The ``Test`` CustomResourceDefinition (namespaced, with a status subresource), in two versions.
+
+    ``v1`` is stored; ``v1alpha1`` is still served and differs in one field
+    (``failOn``, renamed ``failIn``). The conversion webhook of
+    ``job_fanout_webhooks`` translates between them; the manager points the
+    CRD's ``spec.conversion`` at it when it registers its webhooks.
+    """
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -85,50 +93,53 @@ def crd_manifest() -> JSON:
             "group": GROUP,
             "scope": "Namespaced",
             "names": {"plural": "tests", "singular": "test", "kind": "Test", "listKind": "TestList"},
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                    ],
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "properties": {
-                                "spec": {
-                                    "type": "object",
-                                    "properties": {
-                                        "image": {"type": "string"},
-                                        "command": string_list,
-                                        "failIn": {
-                                            **string_list,
-                                            "description": "clusters whose Job fails on purpose",
-                                        },
-                                    },
-                                },
-                                "status": {
-                                    "type": "object",
-                                    "properties": {
-                                        "phase": {"type": "string"},
-                                        "clusters": {
-                                            "type": "object",
-                                            "additionalProperties": {"type": "string"},
-                                        },
-                                        "conditions": {  # the cleanup's ChildrenDeleted, while it waits
-                                            "type": "array",
-                                            "items": {"type": "object", **preserve},
-                                        },
-                                    },
-                                },
+            "versions": [_crd_version("v1", "failIn", storage=True), _crd_version("v1alpha1", "failOn")],
+        },
+    }
+
+
+def _crd_version(name: str, fail_field: str, *, storage: bool = False) -> JSON:
+    """One served version of the Test CRD; they differ only in the name of the failing-clusters field."""
+    string_list = {"type": "array", "items": {"type": "string"}}
+    preserve = {"x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "name": name,
+        "served": True,
+        "storage": storage,
+        "subresources": {"status": {}},
+        "additionalPrinterColumns": [
+            {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+        "schema": {
+            "openAPIV3Schema": {
+                "type": "object",
+                "properties": {
+                    "spec": {
+                        "type": "object",
+                        "properties": {
+                            "image": {"type": "string"},
+                            "command": string_list,
+                            fail_field: {**string_list, "description": "clusters whose Job fails on purpose"},
+                            "clusters": {
+                                **string_list,
+                                "description": "clusters to run the Job in (main included); default: all",
                             },
-                        }
+                        },
                     },
-                }
-            ],
+                    "status": {
+                        "type": "object",
+                        "properties": {
+                            "phase": {"type": "string"},
+                            "clusters": {"type": "object", "additionalProperties": {"type": "string"}},
+                            "conditions": {  # the cleanup's ChildrenDeleted, while it waits
+                                "type": "array",
+                                "items": {"type": "object", **preserve},
+                            },
+                        },
+                    },
+                },
+            }
         },
     }
 
@@ -162,15 +173,22 @@ def make_test(
     namespace: str = "default",
     *,
     image: str = "busybox:1.36",
-    command: Sequence[str] = ("sh", "-c", "echo testing && sleep 2"),
+    command: Sequence[str] = DEFAULT_COMMAND,
     fail_in: Iterable[str] = (),
+    clusters: Iterable[str] | None = None,
 ) -> JSON:
-    """A Test object; ``fail_in`` names clusters (``main`` included) whose Job fails on purpose."""
+    """A Test object; ``fail_in`` names clusters (``main`` included) whose Job fails on purpose.
+
+    ``clusters`` limits its Jobs to those clusters (default: every engaged one).
+    """
+    spec: JSON = {"image": image, "command": list(command), "failIn": list(fail_in)}
+    if clusters is not None:
+        spec["clusters"] = list(clusters)
     return {
         "apiVersion": TEST.api_version,
         "kind": "Test",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"image": image, "command": list(command), "failIn": list(fail_in)},
+        "spec": spec,
     }
 
 
@@ -306,6 +324,8 @@ class JobFanout:
         test = await toolkit.add_finalizer(main.client, test, FINALIZER)
 
         clusters = self.manager.clusters()
+        if (wanted := (test.get("spec") or {}).get("clusters")) is not None:
+            clusters = {name: cluster for name, cluster in clusters.items() if display_name(name) in wanted}
         results = await asyncio.gather(
             *(self._child(name, cluster, test) for name, cluster in clusters.items()), return_exceptions=True
         )
@@ -363,8 +383,14 @@ def build(
     namespace: str | None = None,
     metrics_address: str | None = None,
     handle_signals: bool = True,
+    webhook: mcr.WebhookOptions | None = None,
 ) -> tuple[mcr.Manager, JobFanout]:
-    """The manager with the job-fanout controller."""
+    """The manager with the job-fanout controller, and the Test's webhooks when ``webhook`` is given.
+
+    With ``webhook``, the manager serves the Test's validating, defaulting and
+    conversion webhooks (``job_fanout_webhooks``) and, with its own
+    certificates, registers them in the clusters it engages.
+    """
     manager = mcr.Manager(
         provider,
         local=main,
@@ -372,9 +398,12 @@ def build(
         handle_signals=handle_signals,
         graceful_shutdown_timeout=10.0,
         field_manager=FIELD_MANAGER,
+        webhook=webhook,
     )
     fanout = JobFanout(manager, namespace=namespace)
     fanout.setup()
+    if webhook is not None:
+        setup_webhooks(manager, TEST)
     return manager, fanout
 
 
@@ -442,7 +471,36 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--no-install-crd", action="store_true", help="do not create the Test CRD on the main cluster"
     )
+    parser.add_argument(
+        "--webhook-address",
+        default="127.0.0.1:9443",
+        help="host:port of the Test's admission and conversion webhooks ('' disables them)",
+    )
+    parser.add_argument(
+        "--webhook-url-host",
+        help="host the API servers call the webhooks at (default: the --webhook-address host)",
+    )
+    parser.add_argument(
+        "--remove-webhooks-on-exit",
+        action="store_true",
+        help="delete the webhook configurations from the clusters when the controller stops",
+    )
     return parser.parse_args(argv)
+
+
+def webhook_options(arguments: argparse.Namespace) -> mcr.WebhookOptions | None:
+    """The webhook server's options from the command line; ``None`` when ``--webhook-address ''``."""
+    if not arguments.webhook_address:
+        return None
+    try:
+        return mcr.WebhookOptions(
+            address=arguments.webhook_address,
+            url_host=arguments.webhook_url_host,
+            configuration_name=WEBHOOK_CONFIGURATION,
+            remove_on_disengage=arguments.remove_webhooks_on_exit,
+        )
+    except ValueError as error:
+        raise mcr.MCRuntimeError(f"--webhook-address: {error}") from None
 
 
 def main_config(arguments: argparse.Namespace) -> mcr.ClusterConfig:
@@ -455,6 +513,7 @@ def main_config(arguments: argparse.Namespace) -> mcr.ClusterConfig:
 async def run(arguments: argparse.Namespace) -> None:
     """Install the CRD, then run the manager until SIGINT or SIGTERM."""
     config = main_config(arguments)
+    webhook = webhook_options(arguments)
     if not arguments.no_install_crd:
         async with mcr.Cluster(mcr.LOCAL_CLUSTER, config) as cluster:
             await install_crd(cluster)
@@ -466,6 +525,7 @@ async def run(arguments: argparse.Namespace) -> None:
         provider,
         namespace=arguments.namespace,
         metrics_address=arguments.metrics_address or None,
+        webhook=webhook,
     )
     await manager.start()
 

@@ -10,11 +10,14 @@ see each other's Tests.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 import mcruntime as mcr
 from example_testing import (
@@ -28,6 +31,7 @@ from example_testing import (
 from job_fanout import (
     EXIT_CODE_ANNOTATION,
     FAILING_COMMAND,
+    GROUP,
     JOB,
     TEST,
     TEST_LABEL,
@@ -37,11 +41,13 @@ from job_fanout import (
     parse_arguments,
     run,
 )
+from job_fanout_webhooks import DEFAULT_COMMAND
 from mcruntime import toolkit
 from mcruntime.testing import EXIT_CODE_ANNOTATION as TESTBED_EXIT_CODE_ANNOTATION
 from mcruntime.testing import Fleet
 
 POD = mcr.Kind("v1", "Pod")
+TEST_V1ALPHA1 = mcr.Kind(f"{GROUP}/v1alpha1", "Test")
 
 
 def test_the_failure_annotation_is_the_one_the_testbed_reads() -> None:
@@ -49,8 +55,15 @@ def test_the_failure_annotation_is_the_one_the_testbed_reads() -> None:
 
 
 @asynccontextmanager
-async def fanout(fleet: Fleet, tmp_path: Path, subs: list[str]) -> AsyncIterator[tuple[str, KubeconfigDir]]:
-    """job-fanout running with cluster-1 as main and ``subs`` as kubeconfig files; yields (namespace, dir)."""
+async def fanout(
+    fleet: Fleet, tmp_path: Path, subs: list[str], *, webhooks: bool = False
+) -> AsyncIterator[tuple[str, KubeconfigDir]]:
+    """job-fanout running with cluster-1 as main and ``subs`` as kubeconfig files; yields (namespace, dir).
+
+    ``webhooks`` serves the Test's webhooks on a free port and removes their
+    configurations when it stops (so no later test meets a configuration whose
+    server is gone); without it they are off, as with ``--webhook-address ''``.
+    """
     namespace = f"fanout-{uuid.uuid4().hex[:8]}"
     main_file = write_kubeconfig(tmp_path / "main.kubeconfig", fleet["cluster-1"].kubeconfig())
     fleet_dir = KubeconfigDir(tmp_path / "fleet")
@@ -69,6 +82,8 @@ async def fanout(fleet: Fleet, tmp_path: Path, subs: list[str]) -> AsyncIterator
             namespace,
             "--metrics-address",
             "127.0.0.1:0",
+            *(["--webhook-address", "127.0.0.1:0", "--remove-webhooks-on-exit"] if webhooks else []),
+            *([] if webhooks else ["--webhook-address", ""]),
         ]
     )
     async with running(run(arguments), "job-fanout"):
@@ -220,3 +235,120 @@ async def test_a_cluster_joining_loses_the_jobs_of_tests_deleted_while_it_was_aw
             return await away.client.get_or_none(JOB, "gone", namespace=namespace) is None
 
         await eventually(orphan_gone, "the Job of the deleted Test deleted when cluster-3 joined")
+
+
+# --- webhooks: on a plain fleet (no Job runs; admission and conversion are the API server's) ----
+
+
+def bare_test(name: str, namespace: str, kind: mcr.Kind = TEST, **spec: Any) -> dict[str, Any]:
+    """A Test with only the fields given (``make_test`` fills in every field)."""
+    return {
+        "apiVersion": kind.api_version,
+        "kind": "Test",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": dict(spec),
+    }
+
+
+async def webhooks_serving(main: mcr.Cluster, namespace: str) -> None:
+    """Wait until main's API server calls this run's validating, mutating and conversion webhooks.
+
+    Dry runs store nothing. A v1alpha1 Test with ``failOn`` and no command comes
+    back defaulted, in v1alpha1, with ``failOn`` and no ``failIn`` only when the
+    request went v1alpha1 -> v1 (conversion webhook) -> defaulter -> v1alpha1.
+    """
+
+    async def answering() -> bool:
+        try:
+            await main.client.create(bare_test("probe", namespace), dry_run=True)
+            return False  # admitted without an image: the validating webhook is not called yet
+        except mcr.Invalid as error:
+            if "spec.image is required" not in str(error):
+                return False
+        except mcr.APIError:
+            return False  # a configuration of this run's server not yet in effect
+        probe = bare_test("probe", namespace, TEST_V1ALPHA1, image="busybox:1.36", failOn=["main"])
+        try:
+            spec = (await main.client.create(probe, dry_run=True))["spec"]
+        except mcr.APIError:
+            return False
+        return spec.get("failOn") == ["main"] and "failIn" not in spec and spec.get("command") is not None
+
+    await eventually(answering, "the Test's validating, mutating and conversion webhooks answer on main")
+
+
+async def test_invalid_tests_are_refused_and_valid_ones_defaulted(fleet: Fleet, tmp_path: Path) -> None:
+    async with (
+        fanout(fleet, tmp_path, ["cluster-2"], webhooks=True) as (namespace, _),
+        admin_cluster(fleet["cluster-1"]) as main,
+    ):
+        await webhooks_serving(main, namespace)
+        with pytest.raises(mcr.Invalid, match=f"Test {namespace}/no-image: spec.image is required"):
+            await main.client.create(bare_test("no-image", namespace, command=["true"]))
+
+        async def sub_engaged() -> bool:  # the validator reads the manager's engaged clusters
+            named = bare_test("probe", namespace, image="busybox:1.36", clusters=["cluster-2"])
+            try:
+                await main.client.create(named, dry_run=True)
+            except mcr.Invalid:
+                return False
+            return True
+
+        await eventually(sub_engaged, "cluster-2 engaged: a Test may name it")
+        with pytest.raises(
+            mcr.Invalid,
+            match=re.escape(
+                "spec.clusters names 'nowhere', which is not engaged; engaged clusters: cluster-2, main"
+            ),
+        ):
+            await main.client.create(
+                bare_test("lost", namespace, image="busybox:1.36", clusters=["main", "nowhere"])
+            )
+        assert await main.client.get_or_none(TEST, "lost", namespace=namespace) is None
+
+        created = await main.client.create(bare_test("minimal", namespace, image="busybox:1.36"))
+        assert created["spec"] == {"image": "busybox:1.36", "command": list(DEFAULT_COMMAND), "failIn": []}
+        # Defaults fill only what is missing.
+        given = await main.client.create(
+            bare_test("given", namespace, image="busybox:1.36", command=["true"], clusters=["cluster-2"])
+        )
+        assert given["spec"] == {
+            "image": "busybox:1.36",
+            "command": ["true"],
+            "failIn": [],
+            "clusters": ["cluster-2"],
+        }
+
+        async def only_in_cluster_2() -> bool:  # spec.clusters limits the fan-out
+            status = await phase_of(main, namespace, "given")
+            return set(status.get("clusters") or {}) == {"cluster-2"}
+
+        await eventually(only_in_cluster_2, "Test given has a Job in cluster-2 only")
+        assert await main.client.get_or_none(JOB, "given", namespace=namespace) is None
+
+
+async def test_a_test_written_as_v1alpha1_reads_back_as_v1_and_the_reverse(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    async with (
+        fanout(fleet, tmp_path, [], webhooks=True) as (namespace, _),
+        admin_cluster(fleet["cluster-1"]) as main,
+    ):
+        await webhooks_serving(main, namespace)
+        old = bare_test("old", namespace, TEST_V1ALPHA1, image="busybox:1.36", failOn=["main"])
+        written = await main.client.create(old)
+        assert written["apiVersion"] == TEST_V1ALPHA1.api_version
+        assert written["spec"]["failOn"] == ["main"] and "failIn" not in written["spec"]
+        read = await main.client.get(TEST, "old", namespace=namespace)
+        assert read["apiVersion"] == TEST.api_version
+        assert read["spec"] == {"image": "busybox:1.36", "command": list(DEFAULT_COMMAND), "failIn": ["main"]}
+
+        await main.client.create(make_test("new", namespace, fail_in=["main"], clusters=["main"]))
+        read_old = await main.client.get(TEST_V1ALPHA1, "new", namespace=namespace)
+        assert read_old["apiVersion"] == TEST_V1ALPHA1.api_version
+        assert read_old["spec"] == {
+            "image": "busybox:1.36",
+            "command": list(DEFAULT_COMMAND),
+            "failOn": ["main"],
+            "clusters": ["main"],
+        }

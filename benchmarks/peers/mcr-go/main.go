@@ -18,6 +18,7 @@
 // clusters side by side (see concurrent.go) instead of the file provider's one
 // at a time. -mode write patches each object once (data.observed), -mode live
 // reads from the API server instead of the cache. -floor lists and exits.
+// -webhook-port serves S13's validating admission webhook (webhook.go) instead.
 //
 // Timestamps are wall-clock seconds (time.Now), the clock the harness's writer
 // uses, so write-to-reconcile latency needs no clock translation.
@@ -95,6 +96,8 @@ func main() {
 	mode := flag.String("mode", "read", "read: from the cache; write: patch data.observed once; live: GET from the API server")
 	runID := flag.String("run-id", "0", "write mode: marks this run's patches")
 	floorRuns := flag.Int("floor", 0, "list every context's namespace this many times (after one warm-up), report the fastest, exit")
+	webhookPort := flag.Int("webhook-port", 0, "serve the S13 validating webhook on this port (see webhook.go) instead of reconciling")
+	certDir := flag.String("cert-dir", "", "webhook mode: directory with tls.crt and tls.key")
 	flag.Parse()
 	ctrllog.SetLogger(logr.Discard())
 
@@ -103,6 +106,8 @@ func main() {
 	var err error
 	if *floorRuns > 0 {
 		err = floor(o, *dir, *namespace, *floorRuns)
+	} else if *webhookPort > 0 {
+		err = serveWebhook(o, *webhookPort, *certDir)
 	} else {
 		err = run(o, *dir, *local, *namespace, *workers, *engage, *mode, *runID)
 	}

@@ -183,9 +183,14 @@ class Registrar:
                     }
                 }
             }
-            await cluster.client.patch(
-                CRD, f"{plural}.{conversion.group}", patch, field_manager=self.field_manager
-            )
+            try:
+                await cluster.client.patch(
+                    CRD, f"{plural}.{conversion.group}", patch, field_manager=self.field_manager
+                )
+            except NotFound:
+                # A cluster without the CRD holds no objects to convert (a fleet's hub often has
+                # CRDs its members lack); retrying would only fill the log. The next change applies again.
+                log.debug("cluster %r: no CRD %s.%s to set the conversion of", name, plural, conversion.group)
 
     async def _remove(self, name: str, cluster: Cluster) -> None:
         configuration = self._server.options.configuration_name
