@@ -293,6 +293,9 @@ class Transport:
         user = self.config.user if user is None else user
         ca_file = self._material_file("certificate-authority", cluster)
         context = ssl.create_default_context(cafile=ca_file)
+        # Python 3.13 made its defaults stricter than client-go's verifier (a CA without
+        # key identifiers is refused); kubectl trusts such clusters, so we do too.
+        context.verify_flags &= ~ssl.VERIFY_X509_STRICT
         if cluster.get("insecure-skip-tls-verify"):
             log.warning("cluster %r: TLS verification is disabled by its kubeconfig", self.cluster)
             context.check_hostname = False
