@@ -4,17 +4,20 @@ The image cannot be built here (no registry is reachable), so everything around
 it is checked: each manifest by a server-side dry-run on a testbed API server
 (schema, defaulting, admission, the namespace's Pod Security level), the CRD
 against ``crd_manifest()``, the Deployment's ``MCRUNTIME_*`` against the
-settings' validation and its entry point with ``mcruntime run --check``.
+settings' validation and its entry point with ``mcruntime run --check``, and
+the RBAC files against what ``mcruntime rbac`` derives from the program today.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 import mcruntime as mcr
@@ -25,6 +28,12 @@ from mcruntime.testing import Fleet
 
 DEPLOY = Path(__file__).parent / "deploy"
 FIELD_MANAGER = "deploy-dry-run"
+RBAC_SETTINGS = {
+    "MCRUNTIME_LEADER_ELECTION": "true",
+    "MCRUNTIME_LEADER_ELECTION_ID": "job-fanout",
+    "MCRUNTIME_LEADER_ELECTION_NAMESPACE": "job-fanout",
+}
+"""The settings that change the RBAC (the Lease), as the Deployment sets them and the RBAC files were generated."""
 
 
 def manifests() -> list[tuple[str, dict[str, Any]]]:
@@ -40,6 +49,19 @@ def manifests() -> list[tuple[str, dict[str, Any]]]:
 def deployment() -> dict[str, Any]:
     [found] = [obj for _, obj in manifests() if obj["kind"] == "Deployment"]
     return found
+
+
+def rbac_command(role: str) -> list[str]:
+    return [
+        "rbac",
+        "job_fanout:operator",
+        "--name",
+        "job-fanout",
+        "--namespace",
+        "job-fanout",
+        "--role",
+        role,
+    ]
 
 
 def test_deploy_has_the_pieces_a_cluster_needs() -> None:
@@ -70,6 +92,57 @@ async def test_every_manifest_is_accepted_by_a_server_side_dry_run(fleet: Fleet)
             except mcr.APIError as error:
                 rejected.append(f"{where}: {obj['kind']} {obj['metadata']['name']}: {error}")
         assert rejected == []
+
+
+@pytest.mark.parametrize("role", ["hub", "member"])
+def test_the_rbac_files_are_what_mcruntime_rbac_generates_and_say_how(role: str, tmp_path: Path) -> None:
+    """Below its header, ``deploy/<role>/rbac.yaml`` is byte for byte the command's output: it cannot drift."""
+    kubeconfig = tmp_path / "kubeconfig"  # read, never connected to
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "hub", "cluster": {"server": "https://hub.invalid:6443"}}],
+                "users": [{"name": "hub", "user": {"token": "unused"}}],
+                "contexts": [{"name": "hub", "context": {"cluster": "hub", "user": "hub"}}],
+                "current-context": "hub",
+            }
+        )
+    )
+    (tmp_path / "members").mkdir()
+    env = {name: value for name, value in os.environ.items() if not name.startswith("MCRUNTIME_")}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    env.update(RBAC_SETTINGS, KUBECONFIG=str(kubeconfig), JOB_FANOUT_CLUSTERS=str(tmp_path / "members"))
+    generated = subprocess.run(
+        [sys.executable, "-m", "mcruntime", *rbac_command(role)],
+        cwd=Path(__file__).parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert generated.returncode == 0, generated.stderr
+    header, separator, body = (DEPLOY / role / "rbac.yaml").read_text().partition("\n\n")
+    assert separator and all(line.startswith("#") for line in header.splitlines())
+    assert body == generated.stdout, f"deploy/{role}/rbac.yaml: regenerate it with the command in its header"
+    # The header's command is the one run here, with the Deployment's settings.
+    words = " ".join(header.replace("#", " ").replace("\\", " ").split())
+    assert "python -m mcruntime " + " ".join(rbac_command(role)) in words
+    assert all(f"{name}={value}" in words.split() for name, value in RBAC_SETTINGS.items())
+
+
+def test_the_deployment_sets_what_the_rbac_was_generated_with() -> None:
+    namespace = yaml.safe_load((DEPLOY / "hub" / "namespace.yaml").read_text())["metadata"]["name"]
+    [container] = deployment()["spec"]["template"]["spec"]["containers"]
+    env = {
+        item["name"]: item.get("value", namespace)  # the namespace comes from the downward API
+        for item in container["env"]
+        if item["name"].startswith(("MCRUNTIME_LEADER_ELECTION", "MCRUNTIME_SHARDING"))
+    }
+    assert env == RBAC_SETTINGS
+    assert deployment()["spec"]["template"]["spec"]["serviceAccountName"] == "job-fanout"
 
 
 def test_the_crd_manifest_is_the_one_the_code_declares() -> None:

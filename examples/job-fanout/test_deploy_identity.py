@@ -1,10 +1,11 @@
 """job-fanout under ``mcruntime run`` with deploy/'s identities and RBAC, and nothing more.
 
 As in a real deployment: an administrator applies the namespace, the CRD,
-``rbac.yaml`` and ``hub/identity.yaml`` to the hub and ``rbac.yaml`` with
-``member/access.yaml`` to each member; the controller then runs as the
-``job-fanout`` ServiceAccount (a real token) on the hub and as
-``job-fanout-member`` in the members, on API servers that authorize with RBAC.
+``hub/identity.yaml`` and the generated ``hub/rbac.yaml`` to the hub, and the
+generated ``member/rbac.yaml`` with ``member/access.yaml`` to each member; the
+controller then runs as the ``job-fanout`` ServiceAccount (a real token) on the
+hub and as the members' own ``job-fanout`` ServiceAccounts, on API servers that
+authorize with RBAC.
 A Test fans out to every cluster, finishes, and is deleted (Jobs removed
 everywhere, finalizer released); the manager then drains on SIGTERM. A missing
 permission would stall the Test or show up as a 403 in the log.
@@ -78,13 +79,13 @@ async def probe_ok(port: int, path: str) -> bool:
 
 async def test_job_fanout_works_with_exactly_the_deploy_rbac(workload_fleet: Fleet, tmp_path: Path) -> None:
     hub = workload_fleet["cluster-1"]
-    await apply(hub, "hub/namespace.yaml", "hub/crd.yaml", "rbac.yaml", "hub/identity.yaml")
+    await apply(hub, "hub/namespace.yaml", "hub/crd.yaml", "hub/identity.yaml", "hub/rbac.yaml")
     members = tmp_path / "members"
     members.mkdir()
     for name, plane_name in MEMBERS.items():
         plane = workload_fleet[plane_name]
-        await apply(plane, "member/access.yaml", "rbac.yaml")
-        write_kubeconfig(members / f"{name}.kubeconfig", kubeconfig_as(plane, "job-fanout-member", name))
+        await apply(plane, "member/rbac.yaml", "member/access.yaml")
+        write_kubeconfig(members / f"{name}.kubeconfig", kubeconfig_as(plane, "job-fanout", name))
     hub_kubeconfig = write_kubeconfig(tmp_path / "hub.kubeconfig", kubeconfig_as(hub, "job-fanout", "hub"))
 
     async with admin_cluster(hub) as main:
