@@ -18,8 +18,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
-import pytest
-
 import mcruntime as mcr
 from mcruntime.testing import Fleet, wait_until
 
@@ -28,9 +26,6 @@ NAMESPACE = mcr.Kind("v1", "Namespace")
 CLUSTERS = 1000
 BATCH = 100
 SIZE_SLACK = 2048  # bytes: counters' digits grow (1 -> 1001), the set of series must not
-# Maps whose pruning is being fixed in the core on another branch (issue 18): reported as an
-# expected failure while they grow, so every other check still runs and passes meanwhile.
-PENDING_FIX = frozenset({"ClusterSet._locks", "Manager._tasks"})
 
 
 class LateComponent:
@@ -153,8 +148,14 @@ async def test_a_thousand_clusters_come_and_go_and_nothing_stays_behind(fleet: F
         base_series, base_bytes, _ = await scrape(session, url)
         base_maps = per_name_maps(manager, provider)
 
+        peak: dict[str, int] = {}
+
+        def first_batch_engaged() -> None:
+            peak.update(per_name_maps(manager, provider))
+            manager.add(late)
+
         for batch in range(CLUSTERS // BATCH):
-            await churn(BATCH, while_engaged=(lambda: manager.add(late)) if batch == 0 else None)
+            await churn(BATCH, while_engaged=first_batch_engaged if batch == 0 else None)
         await wait_until(lambda: late.engagements >= BATCH, what="the late component met every cluster")
 
         series, size, body = await scrape(session, url)
@@ -167,6 +168,7 @@ async def test_a_thousand_clusters_come_and_go_and_nothing_stays_behind(fleet: F
         engaged = "mcruntime_cluster_engagements_total"
         assert f"{engaged} {float(CLUSTERS + 2)}" in body  # the fleet-wide counts kept counting
         grown = {name: (base_maps[name], maps[name]) for name in maps if maps[name] > base_maps[name]}
-        assert set(grown) <= PENDING_FIX, f"per-name maps grew (before, after): {grown}"
-        if grown:
-            pytest.xfail(f"per-name maps awaiting their fix in the core (before, after): {grown}")
+        assert grown == {}, f"per-name maps grew (before, after): {grown}"
+        # The measure sees the maps: while a batch was engaged they held every one of its names.
+        assert peak["ClusterSet._entries"] >= base_maps["ClusterSet._entries"] + BATCH
+        assert peak["Manager._engaged"] >= base_maps["Manager._engaged"] + BATCH
