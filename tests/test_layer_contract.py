@@ -69,7 +69,7 @@ def test_the_core_imports_no_provider() -> None:
 # The core's layers, bottom to top. A module may import its own layer and the layers
 # below it, never one above: that keeps the client usable without the cache, the
 # cache without clusters, clusters without controllers, and so on up to the manager.
-CORE_LAYERS = ["_base", "_config", "_client", "_cache", "_fleet", "_control", "_manager"]
+CORE_LAYERS = ["_base", "_reconcile", "_config", "_client", "_cache", "_fleet", "_control", "_manager"]
 PACKAGE = CORE / "mcruntime"
 
 
@@ -112,6 +112,29 @@ def test_a_core_layer_imports_only_itself_and_the_layers_below(layer: str) -> No
     ]
     assert offenders == []
     assert any(True for path in (PACKAGE / layer).glob("*.py") if path.name != "__init__.py")
+
+
+def _core_name_imports(path: Path) -> Iterator[tuple[int, str, str]]:
+    """(line, module, name) for every ``from mcruntime... import name``, relative imports resolved."""
+    package = ["mcruntime", *path.relative_to(PACKAGE).parent.parts]
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *node.module.split(".")])
+            for alias in node.names:
+                yield node.lineno, module, alias.name
+
+
+@pytest.mark.parametrize("layer", CORE_LAYERS)
+def test_a_layer_imports_no_private_name_of_another(layer: str) -> None:
+    """What one layer takes from another is that layer's surface, not its internals."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: imports {name} from {module}"
+        for path in sorted((PACKAGE / layer).rglob("*.py"))
+        for line, module, name in _core_name_imports(path)
+        if (target := _layer_of(module)) is not None and target != layer and _private(name)
+    ]
+    assert offenders == []
 
 
 def test_the_layer_check_sees_relative_imports() -> None:

@@ -10,7 +10,7 @@ import pytest
 from kube_helpers import wait_for
 
 import mcruntime as mcr
-from mcruntime._fleet.reconcile import as_reconcile_function
+from mcruntime._reconcile.request import as_reconcile_function
 
 
 def _controller(

@@ -91,11 +91,9 @@ from ._control.source import (
 from ._control.workqueue import QueueMetrics, QueueShutDown, WorkQueue
 from ._fleet.clients import FleetClient, FleetResult, RoutedClient
 from ._fleet.cluster import Cluster, ClusterOptions
-from ._fleet.context import ReconcileContext, current_reconcile, current_request
 from ._fleet.namespaced import NamespacedCluster
 from ._fleet.provider import Aware, Provider, ProviderRunnable
 from ._fleet.providers import MultiProvider, SingleProvider, StaticProvider
-from ._fleet.reconcile import LOCAL_CLUSTER, ReconcileFunction, Reconciler, Request, Result, TerminalError
 from ._fleet.secret_provider import KubeconfigSecretProvider
 from ._fleet.status import ClusterPhase, ClusterStatus
 from ._manager.builder import Builder, BuilderError, controller_managed_by
@@ -105,6 +103,8 @@ from ._manager.logging import JSONFormatter, ReconcileContextFilter, configure_l
 from ._manager.manager import Manager, Runnable, run_manager
 from ._manager.serving import Check
 from ._manager.sharding import ShardedCoordinator, ShardingConfig
+from ._reconcile.context import ReconcileContext, current_reconcile, current_request
+from ._reconcile.request import LOCAL_CLUSTER, ReconcileFunction, Reconciler, Request, Result, TerminalError
 
 __version__ = "0.1.0"
 

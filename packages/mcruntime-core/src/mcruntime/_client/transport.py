@@ -29,8 +29,8 @@ import aiohttp
 
 from .._base.backoff import Backoff
 from .._base.errors import Unreachable
-from .._config.credentials import _Credentials
-from .._config.kubeconfig import ClusterConfig, _redacted
+from .._config.credentials import ClusterCredentials
+from .._config.kubeconfig import ClusterConfig, redacted_url
 from .._config.material import MaterialFiles
 from .health import HealthRecord
 from .pool import Turns, session_pool
@@ -125,14 +125,14 @@ class Transport:
         # open watches keep running on the old identity until they reconnect; closed
         # (or given back) with the transport.
         self._retired: list[tuple[str | None, aiohttp.ClientSession]] = []
-        self._credentials: _Credentials | None = None
+        self._credentials: ClusterCredentials | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._files: dict[str, str] = {}
         self._open_lock = asyncio.Lock()
         self._closed = False
 
     def __repr__(self) -> str:
-        return f"<Transport cluster={self.cluster!r} server={_redacted(self.config.server)}>"
+        return f"<Transport cluster={self.cluster!r} server={redacted_url(self.config.server)}>"
 
     @property
     def server(self) -> str:
@@ -214,8 +214,10 @@ class Transport:
 
     def _new_credentials(
         self, config: ClusterConfig, prepare: Callable[[], Awaitable[None]] | None = None
-    ) -> _Credentials:
-        return _Credentials(config, self.cluster, use_certificate=self._use_certificate, prepare=prepare)
+    ) -> ClusterCredentials:
+        return ClusterCredentials(
+            config, self.cluster, use_certificate=self._use_certificate, prepare=prepare
+        )
 
     async def close(self) -> None:
         """Close every connection (watches included), kill exec plugins, drop key material.

@@ -64,7 +64,7 @@ YAML aliases produce), so its check counts every visit and stops here rather
 than following an exponential structure."""
 
 
-def _redacted(url: str) -> str:
+def redacted_url(url: str) -> str:
     """The URL with any userinfo masked, for reprs and messages."""
     return _USERINFO.sub(r"\1***@", url)
 
@@ -145,7 +145,7 @@ class ClusterConfig:
 
     def __repr__(self) -> str:
         context = f" context={self.context!r}" if self.context else ""
-        return f"<ClusterConfig {self.origin}{context} server={_redacted(self.server)}>"
+        return f"<ClusterConfig {self.origin}{context} server={redacted_url(self.server)}>"
 
     __str__ = __repr__
 
@@ -554,7 +554,7 @@ def _build(kubeconfig: _Kubeconfig, context: str | None, trust: TrustPolicy) -> 
         )
     if scheme not in ("https", "http"):
         raise KubeconfigError(
-            f"cluster {cluster_name!r}: server must be an http(s) URL, not {_redacted(server)!r}",
+            f"cluster {cluster_name!r}: server must be an http(s) URL, not {redacted_url(server)!r}",
             origin=origin,
             context=chosen,
         )

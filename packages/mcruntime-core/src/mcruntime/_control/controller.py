@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._base.backoff import DEFAULT_BACKOFF, Backoff
 from .._base.errors import ClusterNotFound, Conflict, Unreachable
 from .._base.tasks import TaskSet
-from .._fleet.context import _enter, _leave
-from .._fleet.reconcile import ReconcileFunction, Request, Result, TerminalError
+from .._reconcile.context import enter_reconcile, leave_reconcile
+from .._reconcile.request import ReconcileFunction, Request, Result, TerminalError
 from .predicate import ObjectEvent, Predicate, matches
 from .ratelimit import RateLimiter, default_rate_limiter
 from .source import Attachment, ChannelSource, KindSource
@@ -468,7 +468,7 @@ class Controller:
                 self._notify_released()
 
     async def _reconcile_one(self, request: Request) -> None:
-        token = _enter(self.name, request)
+        token = enter_reconcile(self.name, request)
         started = time.monotonic()
         outcome = "success"
         try:
@@ -523,7 +523,7 @@ class Controller:
         else:
             outcome = self._apply_result(request, result)
         finally:
-            _leave(token)
+            leave_reconcile(token)
         elapsed = time.monotonic() - started
         for observer in self.observers:
             try:

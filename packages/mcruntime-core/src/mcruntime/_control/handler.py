@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from .._base.kind import Kind
 from .._base.objects import JSON, metadata
-from .._fleet.reconcile import Request
+from .._reconcile.request import Request
 from .predicate import ObjectEvent
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ import orjson
 from .._base.errors import MCRuntimeError
 from .._base.kind import Kind
 from .._base.objects import JSON, metadata
-from .._fleet.reconcile import Request
+from .._reconcile.request import Request
 from .handler import EventHandler
 from .predicate import ObjectEvent
 

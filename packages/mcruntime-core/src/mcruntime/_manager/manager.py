@@ -33,8 +33,8 @@ from .._control.events import EventRecorder
 from .._fleet.clients import FleetClient, RoutedClient
 from .._fleet.cluster import Cluster, ClusterOptions
 from .._fleet.provider import Aware, Provider, ProviderRunnable
-from .._fleet.reconcile import LOCAL_CLUSTER
 from .._fleet.status import ClusterPhase, ClusterStatus
+from .._reconcile.request import LOCAL_CLUSTER
 from .coordinator import Coordinator, WorkGate
 from .gcfreeze import CacheFreezer
 from .leaderelection import LeaderElectionConfig, LeaderElector
