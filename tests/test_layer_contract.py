@@ -69,7 +69,18 @@ def test_the_core_imports_no_provider() -> None:
 # The core's layers, bottom to top. A module may import its own layer and the layers
 # below it, never one above: that keeps the client usable without the cache, the
 # cache without clusters, clusters without controllers, and so on up to the manager.
-CORE_LAYERS = ["_base", "_reconcile", "_config", "_client", "_controllerutil", "_cache", "_fleet", "_control", "_manager"]
+CORE_LAYERS = [
+    "_base",
+    "_reconcile",
+    "_config",
+    "_client",
+    "_controllerutil",
+    "_cache",
+    "_fleet",
+    "_control",
+    "_coordination",
+    "_manager",
+]
 PACKAGE = CORE / "mcruntime"
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from kube_helpers import wait_for
 
-from mcruntime._manager.heartbeat import Heartbeat
+from mcruntime._coordination.heartbeat import Heartbeat
 
 
 class Beats:

@@ -20,8 +20,8 @@ from kube_helpers import running_cluster, unique, wait_for
 from prometheus_client import CollectorRegistry
 
 import mcruntime as mcr
-from mcruntime._manager.coordinator import WorkGate
-from mcruntime._manager.heartbeat import own_connection
+from mcruntime._coordination.coordinator import WorkGate
+from mcruntime._coordination.heartbeat import own_connection
 from mcruntime.testing import Fleet
 
 LEASE = mcr.Kind("coordination.k8s.io/v1", "Lease")

@@ -25,8 +25,8 @@ from kube_helpers import CONFIGMAP, running, running_cluster, unique, wait_for
 from shard_replica import CLUSTER_LABEL
 
 import mcruntime as mcr
-from mcruntime._manager.coordinator import Seat
-from mcruntime._manager.rendezvous import owner as rendezvous_owner
+from mcruntime._coordination.coordinator import Seat
+from mcruntime._coordination.rendezvous import owner as rendezvous_owner
 from mcruntime.testing import Fleet
 
 CLUSTERS = [f"c{index:02d}" for index in range(30)]

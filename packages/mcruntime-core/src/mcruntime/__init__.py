@@ -89,6 +89,9 @@ from ._control.source import (
     KindSource,
 )
 from ._control.workqueue import QueueMetrics, QueueShutDown, WorkQueue
+from ._coordination.coordinator import Coordinator
+from ._coordination.leaderelection import LeaderElectionConfig, LeaderElector
+from ._coordination.sharding import ShardedCoordinator, ShardingConfig
 from ._fleet.clients import FleetClient, FleetResult, RoutedClient
 from ._fleet.cluster import Cluster, ClusterOptions
 from ._fleet.namespaced import NamespacedCluster
@@ -97,12 +100,9 @@ from ._fleet.providers import MultiProvider, SingleProvider, StaticProvider
 from ._fleet.secret_provider import KubeconfigSecretProvider
 from ._fleet.status import ClusterPhase, ClusterStatus
 from ._manager.builder import Builder, BuilderError, controller_managed_by
-from ._manager.coordinator import Coordinator
-from ._manager.leaderelection import LeaderElectionConfig, LeaderElector
 from ._manager.logging import JSONFormatter, ReconcileContextFilter, configure_logging
 from ._manager.manager import Manager, Runnable, run_manager
 from ._manager.serving import Check
-from ._manager.sharding import ShardedCoordinator, ShardingConfig
 from ._reconcile.context import ReconcileContext, current_reconcile, current_request
 from ._reconcile.request import LOCAL_CLUSTER, ReconcileFunction, Reconciler, Request, Result, TerminalError
 

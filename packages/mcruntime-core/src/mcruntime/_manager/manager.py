@@ -30,17 +30,17 @@ from .._client.health import HealthState
 from .._config.kubeconfig import ClusterConfig
 from .._control.controller import Controller
 from .._control.events import EventRecorder
+from .._coordination.coordinator import Coordinator, WorkGate
+from .._coordination.leaderelection import LeaderElectionConfig, LeaderElector
+from .._coordination.sharding import ShardedCoordinator, ShardingConfig
 from .._fleet.clients import FleetClient, RoutedClient
 from .._fleet.cluster import Cluster, ClusterOptions
 from .._fleet.provider import Aware, Provider, ProviderRunnable
 from .._fleet.status import ClusterPhase, ClusterStatus
 from .._reconcile.request import LOCAL_CLUSTER
-from .coordinator import Coordinator, WorkGate
 from .gcfreeze import CacheFreezer
-from .leaderelection import LeaderElectionConfig, LeaderElector
 from .metrics import ManagerMetrics
 from .serving import Check, CheckLine, Checks, Endpoints
-from .sharding import ShardedCoordinator, ShardingConfig
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
