@@ -95,9 +95,9 @@ from ._coordination.sharding import ShardedCoordinator, ShardingConfig
 from ._fleet.clients import FleetClient, FleetResult, RoutedClient
 from ._fleet.cluster import Cluster, ClusterOptions
 from ._fleet.namespaced import NamespacedCluster
-from ._fleet.provider import Aware, Provider, ProviderRunnable
-from ._fleet.providers import MultiProvider, SingleProvider, StaticProvider
+from ._fleet.protocols import Aware, Provider, ProviderRunnable
 from ._fleet.secret_provider import KubeconfigSecretProvider
+from ._fleet.static_providers import MultiProvider, SingleProvider, StaticProvider
 from ._fleet.status import ClusterPhase, ClusterStatus
 from ._manager.builder import Builder, BuilderError, controller_managed_by
 from ._manager.logging import JSONFormatter, ReconcileContextFilter, configure_logging

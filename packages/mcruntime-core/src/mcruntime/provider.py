@@ -13,10 +13,10 @@ Run :mod:`mcruntime.testing.conformance` against the result.
 from __future__ import annotations
 
 from ._fleet.clusterset import ClusterSet
+from ._fleet.clusterset_provider import Answer, ClusterSetProvider
 from ._fleet.follow import follow_informers, hub_connection, wait_for_kind
-from ._fleet.kit import Answer, ClusterSetProvider
 from ._fleet.lastgood import LastGoodConfigs
-from ._fleet.provider import Aware, Provider, ProviderRunnable
+from ._fleet.protocols import Aware, Provider, ProviderRunnable
 from ._fleet.status import ClusterPhase, ClusterStatus, SourceStatus
 
 __all__ = [

@@ -31,9 +31,9 @@ from .._base.kind import Kind
 from .._cache.informer import Informer
 from .._config.kubeconfig import ClusterConfig, TrustPolicy, kubeconfig_from_dict, parse_kubeconfig
 from .cluster import Cluster, ClusterOptions
+from .clusterset_provider import ClusterSetProvider
 from .follow import hub_connection
-from .kit import ClusterSetProvider
-from .provider import Aware
+from .protocols import Aware
 from .status import SourceStatus
 
 log = logging.getLogger("mcruntime.providers.secrets")

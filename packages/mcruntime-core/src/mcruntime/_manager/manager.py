@@ -35,7 +35,7 @@ from .._coordination.leaderelection import LeaderElectionConfig, LeaderElector
 from .._coordination.sharding import ShardedCoordinator, ShardingConfig
 from .._fleet.clients import FleetClient, RoutedClient
 from .._fleet.cluster import Cluster, ClusterOptions
-from .._fleet.provider import Aware, Provider, ProviderRunnable
+from .._fleet.protocols import Aware, Provider, ProviderRunnable
 from .._fleet.status import ClusterPhase, ClusterStatus
 from .._reconcile.request import LOCAL_CLUSTER
 from .gcfreeze import CacheFreezer

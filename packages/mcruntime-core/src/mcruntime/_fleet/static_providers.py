@@ -15,8 +15,8 @@ from .._base.kind import Kind
 from .._cache.informer import IndexFunc
 from .._config.kubeconfig import ClusterConfig
 from .cluster import Cluster, ClusterOptions
-from .kit import ClusterSetProvider
-from .provider import Aware, Provider, ProviderRunnable
+from .clusterset_provider import ClusterSetProvider
+from .protocols import Aware, Provider, ProviderRunnable
 from .status import ClusterStatus
 
 
