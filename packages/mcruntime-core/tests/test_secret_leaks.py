@@ -23,7 +23,7 @@ from kube_helpers import CONFIGMAP, running, unique
 from test_exec_plugin import API, write_plugin
 
 import mcruntime as mcr
-from mcruntime._client.transport import _describe_connection_error
+from mcruntime._client.wording import describe_connection_error
 from mcruntime.testing import ControlPlane, Fleet, wait_until
 
 PASSWORD = "made-up-basic-password-4c1f9e"
@@ -190,7 +190,7 @@ def test_connection_errors_are_described_without_urls_or_headers() -> None:
     ]
 
     for error in errors:
-        description = _describe_connection_error(error)
+        description = describe_connection_error(error)
         assert URL_PASSWORD not in description
         assert "example.invalid" not in description
         assert description

@@ -48,7 +48,7 @@ from ._cache.informer import (
 from ._cache.options import ByObject, CacheOptions, NamespaceNotCached
 from ._client.client import Client, ObjectList, PatchType, WatchEvent
 from ._client.health import ClusterHealth, HealthState
-from ._client.transport import RetryPolicy
+from ._client.retry import RetryPolicy
 from ._config.kubeconfig import (
     ClusterConfig,
     TrustPolicy,

@@ -6,34 +6,33 @@ This is the seam between mcruntime and the HTTP stack: it turns a
 change, exec plugins re-run before expiry and after a 401). Everything above it
 speaks paths and bytes, so swapping the base client later stays a local change.
 
-Retries live here because only here is it known whether a request reached the
-server: idempotent requests retry 429 (honouring Retry-After), 5xx and
-connection failures with jittered exponential backoff; other requests retry
-only what provably never reached the server.
+Retries are decided here because only here is it known whether a request
+reached the server: idempotent requests retry 429 (honouring Retry-After), 5xx
+and connection failures with the backoff of ``retry.py``; other requests retry
+only what provably never reached the server. TLS material is ``tls.py``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import asyncio.sslproto
 import base64
 import logging
-import os
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from .._base.backoff import Backoff
 from .._base.errors import Unreachable
 from .._config.credentials import ClusterCredentials
 from .._config.kubeconfig import ClusterConfig, redacted_url
 from .._config.material import MaterialFiles
 from .health import HealthRecord
 from .pool import Turns, session_pool
+from .retry import RETRY_STATUSES, RetryPolicy, retry_after_seconds
+from .tls import MaterialPaths, certificate_of, tune_tls_read_buffer
+from .wording import describe_connection_error
 
 if TYPE_CHECKING:
     # Imported where used: kubernetes-asyncio's generated models take ~0.3 s and
@@ -45,50 +44,7 @@ _KEEPALIVE_SECONDS = 75.0
 
 log = logging.getLogger("mcruntime.transport")
 
-_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 _CONNECT_TIMEOUT = 5.0
-_STDLIB_TLS_READ_BUFFER = 256 * 1024
-_tls_buffer_tuned = False
-
-
-def _tune_tls_read_buffer() -> None:
-    """Lower asyncio's per-connection TLS read buffer from 256 KiB to 64 KiB, once per process.
-
-    Every TLS connection asyncio makes allocates (and zero-fills, so it is
-    resident) a read buffer of ``SSLProtocol.max_size``, and a fleet holds a
-    watch connection per cluster and kind: at 256 KiB that buffer was most of
-    an idle cluster's memory. TLS records carry at most 16 KiB, so 64 KiB
-    reads lose nothing. The setting is the process's, so it is only lowered
-    from the standard library's own default; ``MCRUNTIME_TLS_READ_BUFFER_KIB``
-    chooses another size (256 keeps the default).
-    """
-    global _tls_buffer_tuned
-    if _tls_buffer_tuned:
-        return
-    _tls_buffer_tuned = True
-    raw = os.environ.get("MCRUNTIME_TLS_READ_BUFFER_KIB", "64")
-    try:
-        size = int(raw) * 1024
-    except ValueError:
-        log.warning("MCRUNTIME_TLS_READ_BUFFER_KIB=%r is not a whole number of KiB; keeping 64", raw)
-        size = 64 * 1024
-    protocol = getattr(asyncio.sslproto, "SSLProtocol", None)
-    if size > 0 and getattr(protocol, "max_size", None) == _STDLIB_TLS_READ_BUFFER:
-        protocol.max_size = size  # type: ignore[union-attr]
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How hard to retry a request that may succeed a moment later."""
-
-    attempts: int = 5
-    base_delay: float = 0.2
-    max_delay: float = 10.0
-
-    def delay(self, attempt: int, retry_after: float | None = None) -> float:
-        """Full-jitter capped backoff (the one :class:`Backoff`), never shorter than Retry-After."""
-        backoff = Backoff(base=self.base_delay, cap=max(self.max_delay, self.base_delay), jitter=1.0)
-        return max(backoff.delay(attempt), retry_after or 0.0)
 
 
 class Transport:
@@ -127,7 +83,7 @@ class Transport:
         self._retired: list[tuple[str | None, aiohttp.ClientSession]] = []
         self._credentials: ClusterCredentials | None = None
         self._closing: set[asyncio.Task[None]] = set()
-        self._files: dict[str, str] = {}
+        self._paths: MaterialPaths | None = None
         self._open_lock = asyncio.Lock()
         self._closed = False
 
@@ -147,9 +103,10 @@ class Transport:
                 raise Unreachable("the cluster was stopped", cluster=self.cluster)
             if self._session is not None:
                 return
-            _tune_tls_read_buffer()
+            tune_tls_read_buffer()
             material = MaterialFiles()
             self._material = material
+            self._paths = MaterialPaths(material)
             self._credentials = self._new_credentials(self.config)
             key = self._sharing_key()
             if key is not None:
@@ -165,7 +122,7 @@ class Transport:
                 if isinstance(error, Exception) and self.closed:
                     raise Unreachable("the cluster was stopped", cluster=self.cluster) from None
                 if isinstance(error, ssl.SSLError | OSError | ValueError):  # a CA that is no certificate, say
-                    message = f"unusable TLS configuration: {_describe_connection_error(error)}"
+                    message = f"unusable TLS configuration: {describe_connection_error(error)}"
                     raise Unreachable(message, cluster=self.cluster) from None
                 raise
             if self.closed:  # closed while the TLS context was being built: open nothing
@@ -189,7 +146,7 @@ class Transport:
         if not self._share:
             return None
         endpoint = self.config.endpoint_fingerprint()
-        if _certificate_of(self.config.user) == (None, None):
+        if certificate_of(self.config.user) == (None, None):
             return endpoint  # the identity travels per request, in a header
         return f"{endpoint}/{self.config.credential_fingerprint()}"
 
@@ -251,43 +208,16 @@ class Transport:
         material.close()
         if self._material is material:
             self._material = None
-            self._files.clear()
+            self._paths = None
 
     @property
     def closed(self) -> bool:
         return self._closed
 
-    def _material_file(self, field_name: str, entry: Mapping[str, Any]) -> str | None:
-        """A path holding a certificate or key.
-
-        The referenced file, or inline data put once into an in-memory file
-        (memfd: nothing on disk, gone with the process however it ends).
-        """
-        data_field = f"{field_name}-data"
-        if entry.get(data_field):
-            key = f"{field_name}:{entry[data_field]}"
-            if key not in self._files:
-                assert self._material is not None
-                data = base64.b64decode(str(entry[data_field]).replace("\r", "").replace("\n", ""))
-                self._files[key] = self._material.path(field_name, data)
-            return self._files[key]
-        path = entry.get(field_name)
-        return str(path) if path else None
-
     def _ssl_context(self, user: Mapping[str, Any] | None = None) -> ssl.SSLContext:
-        cluster = self.config.cluster
+        assert self._paths is not None
         user = self.config.user if user is None else user
-        ca_file = self._material_file("certificate-authority", cluster)
-        context = ssl.create_default_context(cafile=ca_file)
-        if cluster.get("insecure-skip-tls-verify"):
-            log.warning("cluster %r: TLS verification is disabled by its kubeconfig", self.cluster)
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        cert = self._material_file("client-certificate", user)
-        key = self._material_file("client-key", user)
-        if cert and key:
-            context.load_cert_chain(cert, key)
-        return context
+        return self._paths.ssl_context(self.cluster, self.config.cluster, user)
 
     async def _use_certificate(self, certificate: bytes, key: bytes) -> None:
         """Present a new client certificate on new connections (an exec plugin's, say)."""
@@ -310,7 +240,7 @@ class Transport:
         try:
             context = await asyncio.to_thread(self._ssl_context, user)
         except (ssl.SSLError, OSError, ValueError) as error:
-            message = f"unusable client certificate: {_describe_connection_error(error)}"
+            message = f"unusable client certificate: {describe_connection_error(error)}"
             self.health.failure(message)
             raise Unreachable(message, cluster=self.cluster) from None
         if self._closed or self._session is None:
@@ -336,22 +266,8 @@ class Transport:
         """
         if self._material is None:
             raise RuntimeError(f"cluster {self.cluster!r}: the transport is not open")
-        assert self._credentials is not None
-        from kubernetes_asyncio import client as k8s_client
-
-        configuration = k8s_client.Configuration(host=self.server)
-        configuration.ssl_ca_cert = self._material_file("certificate-authority", self.config.cluster)
-        configuration.cert_file = self._material_file("client-certificate", self.config.user)
-        configuration.key_file = self._material_file("client-key", self.config.user)
-        configuration.verify_ssl = not self.config.cluster.get("insecure-skip-tls-verify")
-        if self.config.cluster.get("tls-server-name"):
-            configuration.tls_server_name = self.config.cluster["tls-server-name"]
-        if self.config.cluster.get("proxy-url"):
-            configuration.proxy = self.config.cluster["proxy-url"]
-        authorization = await self.authorization()
-        if authorization and authorization.startswith("Bearer "):
-            configuration.api_key["BearerToken"] = authorization
-        return configuration
+        assert self._credentials is not None and self._paths is not None
+        return self._paths.kubernetes_configuration(self.server, self.config, await self.authorization())
 
     def replace_credentials(self, config: ClusterConfig) -> None:
         """Use ``config``'s user from the next request on (same endpoint, new credential).
@@ -365,8 +281,8 @@ class Transport:
         if self._material is None:
             return  # not open: open() builds everything from the new config
         prepare = None
-        if _certificate_of(config.user) != _certificate_of(old_config.user) and (
-            _certificate_of(config.user) != (None, None)
+        if certificate_of(config.user) != certificate_of(old_config.user) and (
+            certificate_of(config.user) != (None, None)
         ):
             user = config.user
 
@@ -457,8 +373,8 @@ class Transport:
                 self.health.credentials_rejected(
                     f"credentials rejected: {method} {path} answered 401 Unauthorized"
                 )
-            if status in _RETRY_STATUSES and (safe or status == 429) and attempt + 1 < self._retry.attempts:
-                retry_after = _retry_after(response_headers)
+            if status in RETRY_STATUSES and (safe or status == 429) and attempt + 1 < self._retry.attempts:
+                retry_after = retry_after_seconds(response_headers)
                 await asyncio.sleep(self._retry.delay(attempt, retry_after))
                 attempt += 1
                 self._fail_fast(method, path)
@@ -567,7 +483,7 @@ class Transport:
                 raise _NoAnswer(f"{self.health.reason}; the request was interrupted", False, False) from None
             never_sent = isinstance(error, aiohttp.ClientConnectorError)
             timed_out = isinstance(error, TimeoutError)
-            raise _NoAnswer(_describe_connection_error(error), never_sent, timed_out) from None
+            raise _NoAnswer(describe_connection_error(error), never_sent, timed_out) from None
         self.health.contact()
         return status, response_headers, payload
 
@@ -664,7 +580,7 @@ class Transport:
                 finally:
                     self._streams.discard(response)
         except (aiohttp.ClientConnectorError, ssl.SSLError) as error:
-            message = _describe_connection_error(error)
+            message = describe_connection_error(error)
             self.health.failure(message)
             raise Unreachable(message, cluster=self.cluster) from None
 
@@ -677,61 +593,3 @@ class _NoAnswer(Exception):
         self.message = message
         self.never_sent = never_sent
         self.timed_out = timed_out
-
-
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    value = headers.get("Retry-After")
-    if value is None:
-        return None
-    try:
-        return min(float(value), 60.0)
-    except ValueError:
-        return None
-
-
-def _certificate_of(user: Mapping[str, Any]) -> tuple[Any, Any]:
-    return (
-        user.get("client-certificate-data") or user.get("client-certificate"),
-        user.get("client-key-data") or user.get("client-key"),
-    )
-
-
-def _describe_connection_error(error: BaseException) -> str:
-    """A short, secret-free description of why no response arrived.
-
-    Built only from fixed words, error class names, errno names and OpenSSL
-    reason codes, never from ``str(error)``: aiohttp's messages carry the URL
-    (and so any userinfo) and sometimes request headers.
-    """
-    if isinstance(error, TimeoutError | asyncio.TimeoutError):
-        return "timed out waiting for the API server"
-    if isinstance(error, aiohttp.ClientConnectorCertificateError):
-        certificate_error = error.certificate_error
-        reason = getattr(certificate_error, "verify_message", None) or getattr(
-            certificate_error, "reason", None
-        )
-        return f"TLS verification failed: {_word(reason) or type(certificate_error).__name__}"
-    if isinstance(error, aiohttp.ClientConnectorError):
-        return f"cannot connect: {_os_reason(error.os_error)}"
-    if isinstance(error, ssl.SSLError):
-        return f"TLS error: {_word(getattr(error, 'reason', None)) or type(error).__name__}"
-    if isinstance(error, aiohttp.ClientResponseError):
-        return f"{type(error).__name__}: HTTP {error.status}"
-    if isinstance(error, OSError):
-        return f"{type(error).__name__}: {_os_reason(error)}"
-    return type(error).__name__
-
-
-def _os_reason(error: OSError) -> str:
-    if error.errno is not None:
-        return os.strerror(error.errno)
-    return type(error).__name__
-
-
-def _word(value: object) -> str | None:
-    """``value`` if it is a short, URL-free phrase (an OpenSSL reason), else ``None``."""
-    if not isinstance(value, str) or not value or len(value) > 120:
-        return None
-    if any(marker in value for marker in ("://", "@", "Authorization", "Bearer")):
-        return None
-    return value
