@@ -30,7 +30,8 @@ from .._config.kubeconfig import ClusterConfig, redacted_url
 from .._config.material import MaterialFiles
 from .health import HealthRecord
 from .pool import Turns, session_pool
-from .retry import RETRY_STATUSES, RetryPolicy, retry_after_seconds
+from .retry import RETRY_STATUSES, retry_after_seconds
+from .retry import RetryPolicy as RetryPolicy  # a transport option, importable here too
 from .tls import MaterialPaths, certificate_of, tune_tls_read_buffer
 from .wording import describe_connection_error
 

@@ -35,7 +35,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .._base.errors import KubeconfigError, TrustPolicyError
-from .bounded_yaml import DEFAULT_MAX_BYTES, check_bounded, parse_kubeconfig, read_yaml
+from .bounded_yaml import DEFAULT_MAX_BYTES, check_bounded, read_yaml
+from .bounded_yaml import parse_kubeconfig as parse_kubeconfig  # the loaders' parser, importable here too
 from .fields import (
     CLUSTER_BOOLS,
     CLUSTER_STRINGS,
