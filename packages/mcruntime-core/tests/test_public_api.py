@@ -54,6 +54,7 @@ EXPORTED = [
     "FleetResult",
     "Forbidden",
     "Gone",
+    "HandlerDefaults",
     "HealthState",
     "IndexFunc",
     "Informer",

@@ -49,6 +49,7 @@ from ._cache.options import ByObject, CacheOptions, NamespaceNotCached
 from ._client.client import Client, ObjectList, PatchType, WatchEvent
 from ._client.health import ClusterHealth, HealthState
 from ._client.retry import RetryPolicy
+from ._config.bounded_yaml import parse_kubeconfig
 from ._config.kubeconfig import (
     ClusterConfig,
     TrustPolicy,
@@ -60,11 +61,16 @@ from ._config.kubeconfig import (
     load_kubeconfig,
     load_kubeconfig_async,
     load_kubeconfig_env,
-    parse_kubeconfig,
 )
 from ._control.controller import Controller
 from ._control.events import EventRecorder
-from ._control.handler import EventHandler, enqueue_for_object, enqueue_for_owner, enqueue_mapped
+from ._control.handler import (
+    EventHandler,
+    HandlerDefaults,
+    enqueue_for_object,
+    enqueue_for_owner,
+    enqueue_mapped,
+)
 from ._control.predicate import (
     ObjectEvent,
     Predicate,
@@ -145,6 +151,7 @@ __all__ = [
     "FleetResult",
     "Forbidden",
     "Gone",
+    "HandlerDefaults",
     "HealthState",
     "IndexFunc",
     "Informer",

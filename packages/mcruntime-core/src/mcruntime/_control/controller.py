@@ -198,9 +198,7 @@ class Controller:
         for source in sources:
             if not source.clusters.includes(name, has_provider=self.has_provider):
                 continue
-            bind = getattr(source.handler, "bind_cluster", None)
-            if bind is not None:
-                bind(name, engagement.cluster)  # handlers that need the cluster's discovery (owner scope)
+            source.handler.bind_cluster(name, engagement.cluster)  # owner scope, say, from discovery
             attachment = source.attach(name, engagement.cluster, self._sink(source))
             engagement.attachments.append((source, attachment))
             fresh.append(attachment)
@@ -290,7 +288,7 @@ class Controller:
         """
         for name, engagement in self._engaged.items():
             for source, attachment in engagement.attachments:
-                if name not in clusters and getattr(source.handler, "same_cluster", False):
+                if name not in clusters and source.handler.same_cluster:
                     continue
                 for obj in attachment.informer.list():
                     if not attachment.wanted(obj):

@@ -40,7 +40,7 @@ from .._base.errors import MCRuntimeError
 from .._base.kind import Kind
 from .._base.objects import JSON, metadata
 from .._reconcile.request import Request
-from .handler import EventHandler
+from .handler import EventHandler, HandlerDefaults
 from .predicate import ObjectEvent
 
 __all__ = [
@@ -226,7 +226,7 @@ def owned_by_kind_selector(owner_kind: Kind) -> str:
     return f"{OWNER_KIND_LABEL}={label_value(_kind_key(owner_kind))}"
 
 
-class _ForClusterOwner:
+class _ForClusterOwner(HandlerDefaults):
     def __init__(self, owner_kind: Kind) -> None:
         self._owner_kind = owner_kind
 
