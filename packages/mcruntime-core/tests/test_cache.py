@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from kube_helpers import CONFIGMAP, configmap, new_namespace, running_cluster, wait_for
+from kube_helpers import CONFIGMAP, configmap, new_namespace, running_cluster
 
 import mcruntime as mcr
-from mcruntime.testing import Fleet
+from mcruntime.testing import Fleet, wait_until
 
 
 def _labelled(name: str, namespace: str, team: str, owner: str) -> dict[str, object]:
@@ -68,7 +68,7 @@ async def test_field_indexes_registered_before_and_after_the_informer_starts(fle
             owned = await cluster.cache.list(CONFIGMAP, index=("owner", "alice"), namespace=namespace)
             return sorted(obj["metadata"]["name"] for obj in owned) == ["x", "y"]
 
-        await wait_for(both_owned_by_alice)
+        await wait_until(both_owned_by_alice)
 
 
 async def test_list_filters_by_namespace_and_label_selector(fleet: Fleet) -> None:
@@ -82,7 +82,7 @@ async def test_list_filters_by_namespace_and_label_selector(fleet: Fleet) -> Non
             found = await cluster.cache.list(CONFIGMAP, namespace=first, label_selector="team in (blue)")
             return [obj["metadata"]["name"] for obj in found]
 
-        await wait_for(lambda: blue_in_first())
+        await wait_until(lambda: blue_in_first())
         assert await blue_in_first() == ["a"]
         everywhere = await cluster.cache.list(CONFIGMAP, label_selector={"team": "blue"})
         assert {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in everywhere} >= {

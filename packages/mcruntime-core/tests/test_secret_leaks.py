@@ -19,12 +19,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from kube_helpers import CONFIGMAP, running, unique
+from kube_helpers import CONFIGMAP, unique
 from test_exec_plugin import API, write_plugin
 
 import mcruntime as mcr
 from mcruntime._client.wording import describe_connection_error
-from mcruntime.testing import ControlPlane, Fleet, wait_until
+from mcruntime.testing import ControlPlane, Fleet, running, wait_until
 
 PASSWORD = "made-up-basic-password-4c1f9e"
 URL_PASSWORD = "made-up-url-password-90ab3d"

@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_helpers import running_cluster, wait_for
+from kube_helpers import running_cluster
 from test_sharding import Shards, shard_group
 
 import mcruntime as mcr
-from mcruntime.testing import Fleet
+from mcruntime.testing import Fleet, wait_until
 
 LEASE = mcr.Kind("coordination.k8s.io/v1", "Lease")
 SCALE = int(os.environ.get("MCRUNTIME_SHARD_SCALE_CLUSTERS", "1000"))
@@ -207,7 +207,7 @@ async def test_hub_writes_follow_replicas_not_clusters_and_failover_moves_only_t
 
             # The dead replica's peer Lease is collected after peer_gc_after; live ones stay.
             dead_peer = shards_peer(shards, "replica-3")
-            await wait_for(lambda: writes.first("deleted", dead_peer, killed_at) is not None, timeout=30)
+            await wait_until(lambda: writes.first("deleted", dead_peer, killed_at) is not None, timeout=30)
             leases = await hub.client.list(LEASE, namespace=shards.spec["namespace"])
             peers = {
                 item["spec"].get("holderIdentity")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import uuid
@@ -16,6 +15,7 @@ import pytest_asyncio
 
 import mcruntime as mcr
 from mcruntime.testing import ControlPlane, Fleet
+from mcruntime.testing import running as run_manager
 from mcruntime.testing.conformance import (
     CLUSTER_OPTIONS,
     PROBE_INTERVAL,
@@ -105,14 +105,8 @@ async def running(provider: NamespaceProvider) -> AsyncIterator[tuple[mcr.Manage
     manager = mcr.Manager(provider, handle_signals=False)
     recorder = Recorder(manager)
     mcr.controller_managed_by(manager).named("recorder").for_(CONFIGMAP).complete(recorder)
-    task = asyncio.create_task(manager.start())
-    try:
-        async with asyncio.timeout(30):
-            await manager.wait_started()
+    async with run_manager(manager, tasks_must_end=False):
         yield manager, recorder
-    finally:
-        manager.stop()
-        await task
 
 
 def host_of(provider: NamespaceProvider) -> mcr.Cluster | None:
