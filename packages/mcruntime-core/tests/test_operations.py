@@ -116,13 +116,17 @@ async def test_a_crashed_leader_is_replaced_within_the_lease_duration_plus_one_r
         assert await _holder(plane, namespace, "ctl") == "doomed"
         survivor = _stamping_manager(plane, namespace, "ctl", "survivor")
         async with running(survivor):
-            await asyncio.sleep(1.0)  # let the survivor observe the live lease (a warm standby)
-            assert survivor.elector is not None and not survivor.elector.leading.is_set()
+            elector = survivor.elector
+            assert elector is not None
+            await wait_until(
+                lambda: elector.observed_holder == "doomed", what="the survivor saw the live lease"
+            )
+            assert not elector.leading.is_set()
             process.send_signal(signal.SIGKILL)
             killed_at = time.monotonic()
-            await asyncio.wait_for(survivor.elector.leading.wait(), 30)
+            await asyncio.wait_for(elector.leading.wait(), 30)
             takeover = time.monotonic() - killed_at
-            limit = survivor.elector.config.lease_duration + survivor.elector.config.retry_period
+            limit = elector.config.lease_duration + elector.config.retry_period
             print(f"leader takeover after SIGKILL: {takeover:.2f}s (limit {limit}s)")
             assert takeover <= limit + 0.5, f"took {takeover:.2f}s, limit {limit}s"
             async with mcr.Cluster("writer", config_of(plane)) as writer:
