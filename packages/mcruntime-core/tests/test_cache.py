@@ -8,6 +8,7 @@ import pytest
 from kube_helpers import CONFIGMAP, configmap, new_namespace, running_cluster
 
 import mcruntime as mcr
+from mcruntime.cache import field_getter
 from mcruntime.testing import Fleet, wait_until
 
 
@@ -54,7 +55,7 @@ async def test_field_indexes_registered_before_and_after_the_informer_starts(fle
         namespace = await new_namespace(cluster)
         await cluster.client.create(_labelled("x", namespace, "blue", "alice"))
         await cluster.client.create(_labelled("y", namespace, "green", "bob"))
-        cluster.cache.index_field(CONFIGMAP, "owner", mcr.field_getter("data", "owner"))
+        cluster.cache.index_field(CONFIGMAP, "owner", field_getter("data", "owner"))
         alice = await cluster.cache.list(CONFIGMAP, index=("owner", "alice"))
         assert [obj["metadata"]["name"] for obj in alice] == ["x"]
         cluster.cache.index_field(

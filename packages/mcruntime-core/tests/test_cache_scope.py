@@ -10,6 +10,8 @@ from kube_helpers import CONFIGMAP, configmap, new_namespace, running_cluster
 from prometheus_client import generate_latest
 
 import mcruntime as mcr
+from mcruntime.cache import Informer
+from mcruntime.client import object_key
 from mcruntime.testing import Fleet, running, wait_until
 
 SECRET = mcr.Kind("v1", "Secret")
@@ -277,10 +279,10 @@ def test_scope_options_are_checked_when_written() -> None:
 
 def test_a_relist_of_one_namespace_leaves_the_others_alone() -> None:
     """Pure store logic: each namespace's relist replaces only that namespace's part."""
-    informer = mcr.Informer(cast("mcr.Client", None), CONFIGMAP, namespaces=["a", "b"])
+    informer = Informer(cast("mcr.Client", None), CONFIGMAP, namespaces=["a", "b"])
     informer._streams = ("a", "b")
     deleted: list[str] = []
-    informer.add_handler(mcr.ResourceEventHandler(on_delete=lambda obj: deleted.append(mcr.object_key(obj))))
+    informer.add_handler(mcr.ResourceEventHandler(on_delete=lambda obj: deleted.append(object_key(obj))))
 
     def obj(namespace: str, name: str, version: str) -> dict[str, Any]:
         meta = {"namespace": namespace, "name": name, "resourceVersion": version}

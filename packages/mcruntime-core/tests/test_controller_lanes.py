@@ -10,6 +10,7 @@ import pytest
 
 import mcruntime as mcr
 from mcruntime.testing import wait_until
+from mcruntime.workqueue import ExponentialBackoff
 
 
 def _controller(
@@ -19,7 +20,7 @@ def _controller(
     controller = mcr.Controller(
         "lanes",
         reconcile,
-        rate_limiter=mcr.ExponentialBackoff(base=0.001, cap=0.05),
+        rate_limiter=ExponentialBackoff(base=0.001, cap=0.05),
         max_concurrent_reconciles=lane,
         max_total_reconciles=total,
     )

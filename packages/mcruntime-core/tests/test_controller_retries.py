@@ -11,6 +11,7 @@ import pytest
 import mcruntime as mcr
 from mcruntime._reconcile.request import as_reconcile_function
 from mcruntime.testing import wait_until
+from mcruntime.workqueue import ExponentialBackoff
 
 
 def _controller(
@@ -20,7 +21,7 @@ def _controller(
     controller = mcr.Controller(
         "retries",
         reconcile,
-        rate_limiter=mcr.ExponentialBackoff(base=0.001, cap=0.05),
+        rate_limiter=ExponentialBackoff(base=0.001, cap=0.05),
         max_concurrent_reconciles=2,
     )
     controller.watch(mcr.ChannelSource(channel))

@@ -9,6 +9,7 @@ from kube_helpers import CONFIGMAP, unique, widget_crd
 
 import mcruntime as mcr
 import mcruntime.provider as mcrp
+from mcruntime.cache import Informer
 from mcruntime.testing import Fleet, admin_config, wait_until
 
 CRD = mcr.Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
@@ -35,7 +36,7 @@ async def test_a_pass_that_fails_five_thousand_times_is_retried_until_it_works(f
         return {}
 
     async with mcr.Cluster("hub", admin_config(fleet["cluster-1"])) as hub:
-        informer = mcr.Informer(hub.client, CONFIGMAP, namespace=unique("follow"))
+        informer = Informer(hub.client, CONFIGMAP, namespace=unique("follow"))
         clusters = mcrp.ClusterSet(owner="follow test")
         following = asyncio.create_task(
             mcrp.follow_informers(

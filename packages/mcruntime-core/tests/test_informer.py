@@ -11,6 +11,7 @@ import pytest
 from kube_helpers import CONFIGMAP, configmap, new_namespace, running_cluster
 
 import mcruntime as mcr
+from mcruntime.cache import Informer
 from mcruntime.testing import ControlPlane, Fleet, wait_until
 
 
@@ -39,7 +40,7 @@ class Recorder:
         return [(kind, value) for kind, event_name, value in self.events if event_name == name]
 
 
-def _store_view(informer: mcr.Informer) -> dict[str, str]:
+def _store_view(informer: Informer) -> dict[str, str]:
     return {key: obj["metadata"]["resourceVersion"] for key, obj in informer.store.objects.items()}
 
 
@@ -106,7 +107,7 @@ async def test_a_watch_from_a_compacted_version_relists_and_emits_the_difference
         namespace = await new_namespace(cluster)
         for name in ("kept", "changed", "deleted"):
             await cluster.client.create(configmap(name, namespace, v="1"))
-        informer = mcr.Informer(cluster.client, CONFIGMAP, namespace=namespace)
+        informer = Informer(cluster.client, CONFIGMAP, namespace=namespace)
         recorder = Recorder()
         informer.add_handler(recorder.handler())
         run = asyncio.create_task(informer.run())

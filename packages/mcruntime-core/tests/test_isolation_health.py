@@ -23,6 +23,7 @@ from kube_helpers import CONFIGMAP, configmap, running_cluster, unique
 import mcruntime as mcr
 from mcruntime._base.backoff import Backoff
 from mcruntime._client.health import HealthRecord
+from mcruntime.cache import Informer
 from mcruntime.testing import ControlPlane, Fleet, running, wait_until
 
 # The defaults under test: a probe every 5 s with a 4 s timeout; the promise is 10 s.
@@ -196,7 +197,7 @@ async def test_an_informer_survives_5000_consecutive_failures_at_its_capped_dela
     async with running_cluster(fresh_cluster, options=options) as cluster:
         await wait_until(lambda: cluster.health.healthy, timeout=30)
         await fresh_cluster.stop_async()  # every list now fails: connection refused
-        informer = mcr.Informer(cluster.client, CONFIGMAP, namespace="default", backoff=Recording())
+        informer = Informer(cluster.client, CONFIGMAP, namespace="default", backoff=Recording())
         task = asyncio.create_task(informer.run())
         try:
             await wait_until(lambda: len(chosen) >= 5000, timeout=120)

@@ -11,6 +11,7 @@ from kube_helpers import CONFIGMAP, configmap, unique
 
 import mcruntime as mcr
 from mcruntime.testing import ControlPlane, Fleet, running, wait_until
+from mcruntime.workqueue import ExponentialBackoff
 
 
 def config_of(plane: ControlPlane) -> mcr.ClusterConfig:
@@ -219,7 +220,7 @@ async def test_requests_for_a_removed_cluster_are_dropped_not_retried(fleet: Fle
     controller = (
         mcr.controller_managed_by(manager)
         .for_(CONFIGMAP, predicates=_in_namespace(namespace))
-        .with_options(rate_limiter=mcr.ExponentialBackoff(base=0.05, cap=0.2))
+        .with_options(rate_limiter=ExponentialBackoff(base=0.05, cap=0.2))
         .complete(always_failing)
     )
     async with running(manager):

@@ -9,6 +9,7 @@ import pytest
 from kube_helpers import CONFIGMAP, NAMESPACE, configmap, new_namespace, running_cluster
 
 import mcruntime as mcr
+from mcruntime.cache import field_getter
 from mcruntime.testing import Fleet, wait_until
 
 
@@ -100,7 +101,7 @@ async def test_views_share_one_informer_per_kind_and_see_only_their_namespace(fl
         ]
         assert own == [["cm"], ["cm"], ["cm", "late"], ["cm"]]
         # Indexes registered through one view live on the host and serve every view.
-        tenants[0].cache.index_field(CONFIGMAP, "owner", mcr.field_getter("data", "owner"))
+        tenants[0].cache.index_field(CONFIGMAP, "owner", field_getter("data", "owner"))
         assert [
             obj["metadata"]["namespace"]
             for obj in await tenants[3].cache.list(CONFIGMAP, index=("owner", namespaces[3]))

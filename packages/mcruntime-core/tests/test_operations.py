@@ -19,7 +19,9 @@ from kube_helpers import CONFIGMAP, configmap, unique
 from leader_process import stamping_manager
 
 import mcruntime as mcr
+from mcruntime.log import JSONFormatter, ReconcileContextFilter
 from mcruntime.testing import ControlPlane, Fleet, running, wait_until
+from mcruntime.workqueue import ExponentialBackoff
 
 LEASE = mcr.Kind("coordination.k8s.io/v1", "Lease")
 EVENT = mcr.Kind("events.k8s.io/v1", "Event")
@@ -321,7 +323,7 @@ async def test_reconcile_logs_carry_the_context_and_json_is_one_object_per_line(
             records.append(record)
 
     handler = Keep()
-    handler.addFilter(mcr.ReconcileContextFilter())
+    handler.addFilter(ReconcileContextFilter())
     logger.addHandler(handler)
     try:
         runner = asyncio.create_task(controller.start())
@@ -334,7 +336,7 @@ async def test_reconcile_logs_carry_the_context_and_json_is_one_object_per_line(
     record = records[0]
     context = tuple(getattr(record, field) for field in ("cluster", "controller", "namespace", "object"))
     assert context == ("east", "noisy", "team-a", "web")
-    line = json.loads(mcr.JSONFormatter().format(record))
+    line = json.loads(JSONFormatter().format(record))
     assert line["cluster"] == "east" and line["object"] == "web" and line["message"] == "working on it"
 
 
@@ -370,7 +372,7 @@ async def test_no_token_or_key_reaches_the_logs_of_a_whole_run(
         raise RuntimeError(f"fail once in {request.cluster} to log a traceback")
 
     mcr.controller_managed_by(manager).for_(CONFIGMAP, namespace=namespace).with_options(
-        rate_limiter=mcr.ExponentialBackoff(base=0.5, cap=1)
+        rate_limiter=ExponentialBackoff(base=0.5, cap=1)
     ).complete(reconcile)
     with caplog.at_level(logging.DEBUG):
         async with running(manager):

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 import mcruntime
-from mcruntime import toolkit
+import mcruntime.testing
+from mcruntime import cache, client, kubeconfig, log, provider, toolkit, workqueue
 
 EXPORTED = [
     "APIError",
@@ -49,7 +50,6 @@ EXPORTED = [
     "EVERY_CLUSTER",
     "EventHandler",
     "EventRecorder",
-    "ExponentialBackoff",
     "FleetClient",
     "FleetResult",
     "Forbidden",
@@ -57,9 +57,7 @@ EXPORTED = [
     "HandlerDefaults",
     "HealthState",
     "IndexFunc",
-    "Informer",
     "Invalid",
-    "JSONFormatter",
     "Kind",
     "KindNotFound",
     "KindSource",
@@ -67,33 +65,22 @@ EXPORTED = [
     "KubeconfigSecretProvider",
     "LOCAL_CLUSTER",
     "LOCAL_ONLY",
-    "LabelSelector",
     "LeaderElectionConfig",
     "LeaderElector",
     "MCRuntimeError",
     "Manager",
     "ManagerSettings",
-    "MaxOf",
     "MultiProvider",
     "NamespaceNotCached",
     "NamespacedCluster",
     "NotFound",
     "ObjectEvent",
-    "ObjectList",
     "PROVIDER_ONLY",
-    "PatchType",
     "Predicate",
     "Provider",
-    "ProviderRunnable",
-    "QueueMetrics",
-    "QueueShutDown",
-    "RateLimiter",
-    "ReconcileContext",
-    "ReconcileContextFilter",
     "ReconcileFunction",
     "Reconciler",
     "Request",
-    "Resource",
     "ResourceEventHandler",
     "Result",
     "RetryPolicy",
@@ -107,27 +94,21 @@ EXPORTED = [
     "SingleProvider",
     "StaticProvider",
     "TerminalError",
-    "TokenBucket",
     "TooManyRequests",
     "TrustPolicy",
     "TrustPolicyError",
     "Unauthorized",
     "Unreachable",
-    "WatchEvent",
-    "WorkQueue",
     "__version__",
     "all_of",
     "annotations_changed",
     "any_of",
     "configure_logging",
     "controller_managed_by",
-    "current_reconcile",
     "current_request",
-    "default_rate_limiter",
     "enqueue_for_object",
     "enqueue_for_owner",
     "enqueue_mapped",
-    "field_getter",
     "generation_changed",
     "has_labels",
     "in_cluster_config",
@@ -135,18 +116,12 @@ EXPORTED = [
     "in_namespaces",
     "kubeconfig_from_dict",
     "kubeconfig_from_yaml",
-    "kubeconfig_paths_from_env",
     "labels_changed",
-    "list_contexts",
     "load_kubeconfig",
-    "load_kubeconfig_async",
     "load_kubeconfig_env",
     "negate",
-    "object_key",
-    "parse_kubeconfig",
     "resource_version_changed",
     "run_manager",
-    "strip_managed_fields",
 ]
 
 
@@ -180,6 +155,120 @@ TOOLKIT = [
     "set_owner_reference",
     "set_status_condition",
 ]
+
+
+PROVIDER = [
+    "Answer",
+    "ClusterSet",
+    "ClusterSetProvider",
+    "LastGoodConfigs",
+    "ProviderRunnable",
+    "SourceStatus",
+    "follow_informers",
+    "hub_connection",
+    "wait_for_kind",
+]
+
+TESTING = [
+    "APIServer",
+    "Assets",
+    "AssetsError",
+    "BACKEND_VARIABLE",
+    "Backend",
+    "Breakage",
+    "CONTROLLERS",
+    "Capability",
+    "ControlPlane",
+    "ETCD_VERSION",
+    "EXIT_CODE_ANNOTATION",
+    "EngagementRecorder",
+    "Etcd",
+    "Fleet",
+    "KUBERNETES_VERSION",
+    "KWOK_VERSION",
+    "ManagedProcess",
+    "Process",
+    "ProcessBackend",
+    "ProviderConformance",
+    "ProviderDriver",
+    "Target",
+    "TestbedError",
+    "User",
+    "WorkloadAssets",
+    "Workloads",
+    "admin_config",
+    "backend_named",
+    "cache_dir",
+    "ensure_assets",
+    "ensure_workload_assets",
+    "find_assets",
+    "find_workload_assets",
+    "live_processes",
+    "running",
+    "wait_until",
+]
+
+# The submodules that keep what left the root reachable (see the CHANGELOG).
+SUBMODULES = {
+    "cache": ["Informer", "field_getter", "strip_managed_fields"],
+    "client": ["LabelSelector", "ObjectList", "PatchType", "Resource", "WatchEvent", "object_key"],
+    "kubeconfig": ["kubeconfig_paths_from_env", "list_contexts", "load_kubeconfig_async", "parse_kubeconfig"],
+    "log": ["JSONFormatter", "ReconcileContext", "ReconcileContextFilter", "current_reconcile"],
+    "workqueue": [
+        "ExponentialBackoff",
+        "MaxOf",
+        "QueueMetrics",
+        "QueueShutDown",
+        "RateLimiter",
+        "TokenBucket",
+        "WorkQueue",
+        "default_rate_limiter",
+    ],
+}
+SURFACES = {
+    "mcruntime": mcruntime,
+    "mcruntime.cache": cache,
+    "mcruntime.client": client,
+    "mcruntime.kubeconfig": kubeconfig,
+    "mcruntime.log": log,
+    "mcruntime.provider": provider,
+    "mcruntime.toolkit": toolkit,
+    "mcruntime.workqueue": workqueue,
+}
+
+
+def test_the_root_stays_small() -> None:
+    """The root is the runtime a program wires together; machinery lives in a submodule."""
+    assert len(mcruntime.__all__) <= 100
+
+
+def test_each_name_is_exported_once() -> None:
+    """One import path per name: a name in two surfaces' ``__all__`` has two homes to keep in step."""
+    homes: dict[str, list[str]] = {}
+    for surface, module in SURFACES.items():
+        for name in module.__all__:
+            homes.setdefault(name, []).append(surface)
+    assert {name: where for name, where in homes.items() if len(where) > 1} == {}
+
+
+def test_the_provider_kit_exports_exactly_the_pinned_names() -> None:
+    assert sorted(provider.__all__) == sorted(PROVIDER)
+    for name in PROVIDER:
+        assert getattr(provider, name) is not None
+
+
+def test_the_testing_surface_exports_exactly_the_pinned_names() -> None:
+    assert sorted(mcruntime.testing.__all__) == sorted(TESTING)
+    for name in TESTING:
+        assert getattr(mcruntime.testing, name) is not None
+
+
+@pytest.mark.parametrize("submodule", sorted(SUBMODULES))
+def test_each_submodule_exports_exactly_the_pinned_names(submodule: str) -> None:
+    module = SURFACES[f"mcruntime.{submodule}"]
+    assert sorted(module.__all__) == SUBMODULES[submodule]
+    for name in SUBMODULES[submodule]:
+        assert getattr(module, name) is not None
 
 
 def test_the_exported_names_are_exactly_the_pinned_ones() -> None:

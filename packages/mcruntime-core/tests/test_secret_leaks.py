@@ -24,6 +24,7 @@ from test_exec_plugin import API, write_plugin
 
 import mcruntime as mcr
 from mcruntime._client.wording import describe_connection_error
+from mcruntime.log import JSONFormatter
 from mcruntime.testing import ControlPlane, Fleet, running, wait_until
 
 PASSWORD = "made-up-basic-password-4c1f9e"
@@ -41,7 +42,7 @@ def captured_logs() -> Iterator[tuple[io.StringIO, io.StringIO]]:
     text, structured = io.StringIO(), io.StringIO()
     handlers = [logging.StreamHandler(text), logging.StreamHandler(structured)]
     handlers[0].setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
-    handlers[1].setFormatter(mcr.JSONFormatter())
+    handlers[1].setFormatter(JSONFormatter())
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.DEBUG)

@@ -16,6 +16,7 @@ from kube_helpers import CONFIGMAP, configmap, unique
 
 import mcruntime as mcr
 from mcruntime._client.pool import REQUESTS_IN_FLIGHT, session_pool
+from mcruntime.cache import Informer
 from mcruntime.testing import ControlPlane, wait_until
 
 
@@ -109,7 +110,7 @@ async def test_a_revoked_or_stopped_cluster_costs_its_pool_partners_nothing(
     seen: list[str] = []
     options = mcr.ClusterOptions(health_probe_interval=0.5)
     async with mcr.Cluster("healthy", _config(plane, healthy_user), options) as healthy:
-        informer = mcr.Informer(healthy.client, CONFIGMAP, namespace=namespace)
+        informer = Informer(healthy.client, CONFIGMAP, namespace=namespace)
         informer.add_handler(
             mcr.ResourceEventHandler(on_add=lambda obj, _initial: seen.append(obj["metadata"]["name"]))
         )

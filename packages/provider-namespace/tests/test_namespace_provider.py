@@ -14,6 +14,7 @@ import pytest
 import pytest_asyncio
 
 import mcruntime as mcr
+from mcruntime.cache import field_getter
 from mcruntime.testing import ControlPlane, Fleet
 from mcruntime.testing import running as run_manager
 from mcruntime.testing.conformance import (
@@ -216,7 +217,7 @@ async def test_a_field_index_is_registered_once_on_the_host(host: Host) -> None:
         }
     )
     provider = host.provider()
-    await provider.index_field(CONFIGMAP, "by-k", mcr.field_getter("data", "k"))
+    await provider.index_field(CONFIGMAP, "by-k", field_getter("data", "k"))
     async with running(provider) as (manager, _recorder):
         await wait_until(lambda: tenant in engaged(manager), what="the tenant engaged")
         cluster = await manager.get_cluster(tenant)

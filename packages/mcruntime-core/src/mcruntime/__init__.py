@@ -1,13 +1,14 @@
 """mcruntime: Kubernetes controllers that reconcile across a dynamic fleet of clusters.
 
-The public API is what this module exports; every implementation module is
-private (``mcruntime._*``) so it can change without breaking users. The private
-packages are the layers, bottom to top: ``_base`` (errors, backoff, tasks),
-``_config`` (kubeconfigs, credentials), ``_client`` (transport, health, client),
-``_cache`` (informers), ``_fleet`` (clusters, providers), ``_control``
-(controllers) and ``_manager``. A layer imports only itself and the layers below
-it; ``tests/test_layer_contract.py`` enforces that.
-``mcruntime.testing`` holds the testbed its tests and its users' tests run on.
+The public API is what this module exports (at most 100 names: the runtime a
+program wires together), plus a few submodules for the machinery some code
+needs: ``mcruntime.provider`` (the provider author's kit), ``mcruntime.toolkit``
+(the controller helpers), ``mcruntime.cache``, ``mcruntime.client``,
+``mcruntime.kubeconfig``, ``mcruntime.log``, ``mcruntime.workqueue`` and
+``mcruntime.testing`` (the testbed and the one test harness). Every
+implementation module is private (``mcruntime._*``) and sits in a layer; the
+layers, what each may import, and the check that keeps them so are described
+in ``docs/guides/architecture.md`` and enforced by ``tests/test_layer_contract.py``.
 """
 
 from __future__ import annotations
@@ -35,31 +36,23 @@ from ._base.errors import (
     Unauthorized,
     Unreachable,
 )
-from ._base.kind import Kind, Resource
-from ._base.labels import LabelSelector
-from ._base.objects import object_key
-from ._cache.cache import Cache, CacheSyncTimeout, field_getter
+from ._base.kind import Kind
+from ._cache.cache import Cache, CacheSyncTimeout
 from ._cache.informer import (
     IndexFunc,
-    Informer,
     ResourceEventHandler,
-    strip_managed_fields,
 )
 from ._cache.options import ByObject, CacheOptions, NamespaceNotCached
-from ._client.client import Client, ObjectList, PatchType, WatchEvent
+from ._client.client import Client
 from ._client.health import ClusterHealth, HealthState
 from ._client.retry import RetryPolicy
-from ._config.bounded_yaml import parse_kubeconfig
 from ._config.kubeconfig import (
     ClusterConfig,
     TrustPolicy,
     in_cluster_config,
     kubeconfig_from_dict,
     kubeconfig_from_yaml,
-    kubeconfig_paths_from_env,
-    list_contexts,
     load_kubeconfig,
-    load_kubeconfig_async,
     load_kubeconfig_env,
 )
 from ._control.controller import Controller
@@ -85,7 +78,6 @@ from ._control.predicate import (
     negate,
     resource_version_changed,
 )
-from ._control.ratelimit import ExponentialBackoff, MaxOf, RateLimiter, TokenBucket, default_rate_limiter
 from ._control.source import (
     EVERY_CLUSTER,
     LOCAL_ONLY,
@@ -94,22 +86,21 @@ from ._control.source import (
     ClusterSelection,
     KindSource,
 )
-from ._control.workqueue import QueueMetrics, QueueShutDown, WorkQueue
 from ._coordination.coordinator import Coordinator
 from ._coordination.leaderelection import LeaderElectionConfig, LeaderElector
 from ._coordination.sharding import ShardedCoordinator, ShardingConfig
 from ._fleet.clients import FleetClient, FleetResult, RoutedClient
 from ._fleet.cluster import Cluster, ClusterOptions
 from ._fleet.namespaced import NamespacedCluster
-from ._fleet.protocols import Aware, Provider, ProviderRunnable
+from ._fleet.protocols import Aware, Provider
 from ._fleet.secret_provider import KubeconfigSecretProvider
 from ._fleet.static_providers import MultiProvider, SingleProvider, StaticProvider
 from ._fleet.status import ClusterPhase, ClusterStatus
 from ._manager.builder import Builder, BuilderError, controller_managed_by
-from ._manager.logging import JSONFormatter, ReconcileContextFilter, configure_logging
+from ._manager.logging import configure_logging
 from ._manager.manager import Manager, Runnable, run_manager
 from ._manager.serving import Check
-from ._reconcile.context import ReconcileContext, current_reconcile, current_request
+from ._reconcile.context import current_request
 from ._reconcile.request import LOCAL_CLUSTER, ReconcileFunction, Reconciler, Request, Result, TerminalError
 
 __version__ = "0.1.0"
@@ -146,7 +137,6 @@ __all__ = [
     "Coordinator",
     "EventHandler",
     "EventRecorder",
-    "ExponentialBackoff",
     "FleetClient",
     "FleetResult",
     "Forbidden",
@@ -154,40 +144,27 @@ __all__ = [
     "HandlerDefaults",
     "HealthState",
     "IndexFunc",
-    "Informer",
     "Invalid",
-    "JSONFormatter",
     "Kind",
     "KindNotFound",
     "KindSource",
     "KubeconfigError",
     "KubeconfigSecretProvider",
-    "LabelSelector",
     "LeaderElectionConfig",
     "LeaderElector",
     "MCRuntimeError",
     "Manager",
     "ManagerSettings",
-    "MaxOf",
     "MultiProvider",
     "NamespaceNotCached",
     "NamespacedCluster",
     "NotFound",
     "ObjectEvent",
-    "ObjectList",
-    "PatchType",
     "Predicate",
     "Provider",
-    "ProviderRunnable",
-    "QueueMetrics",
-    "QueueShutDown",
-    "RateLimiter",
-    "ReconcileContext",
-    "ReconcileContextFilter",
     "ReconcileFunction",
     "Reconciler",
     "Request",
-    "Resource",
     "ResourceEventHandler",
     "Result",
     "RetryPolicy",
@@ -201,27 +178,21 @@ __all__ = [
     "SingleProvider",
     "StaticProvider",
     "TerminalError",
-    "TokenBucket",
     "TooManyRequests",
     "TrustPolicy",
     "TrustPolicyError",
     "Unauthorized",
     "Unreachable",
-    "WatchEvent",
-    "WorkQueue",
     "__version__",
     "all_of",
     "annotations_changed",
     "any_of",
     "configure_logging",
     "controller_managed_by",
-    "current_reconcile",
     "current_request",
-    "default_rate_limiter",
     "enqueue_for_object",
     "enqueue_for_owner",
     "enqueue_mapped",
-    "field_getter",
     "generation_changed",
     "has_labels",
     "in_cluster_config",
@@ -229,18 +200,12 @@ __all__ = [
     "in_namespaces",
     "kubeconfig_from_dict",
     "kubeconfig_from_yaml",
-    "kubeconfig_paths_from_env",
     "labels_changed",
-    "list_contexts",
     "load_kubeconfig",
-    "load_kubeconfig_async",
     "load_kubeconfig_env",
     "negate",
-    "object_key",
-    "parse_kubeconfig",
     "resource_version_changed",
     "run_manager",
-    "strip_managed_fields",
 ]
 
 if TYPE_CHECKING:

@@ -16,18 +16,18 @@ from ._fleet.clusterset import ClusterSet
 from ._fleet.clusterset_provider import Answer, ClusterSetProvider
 from ._fleet.follow import follow_informers, hub_connection, wait_for_kind
 from ._fleet.lastgood import LastGoodConfigs
-from ._fleet.protocols import Aware, Provider, ProviderRunnable
-from ._fleet.status import ClusterPhase, ClusterStatus, SourceStatus
+from ._fleet.protocols import Aware as Aware  # exported by mcruntime; reachable here too
+from ._fleet.protocols import Provider as Provider  # exported by mcruntime; reachable here too
+from ._fleet.protocols import ProviderRunnable
+from ._fleet.status import ClusterPhase as ClusterPhase  # exported by mcruntime; reachable here too
+from ._fleet.status import ClusterStatus as ClusterStatus  # exported by mcruntime; reachable here too
+from ._fleet.status import SourceStatus
 
 __all__ = [
     "Answer",
-    "Aware",
-    "ClusterPhase",
     "ClusterSet",
     "ClusterSetProvider",
-    "ClusterStatus",
     "LastGoodConfigs",
-    "Provider",
     "ProviderRunnable",
     "SourceStatus",
     "follow_informers",

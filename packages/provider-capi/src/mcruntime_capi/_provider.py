@@ -25,6 +25,8 @@ from typing import Any
 
 import mcruntime as mcr
 import mcruntime.provider as mcrp
+from mcruntime.cache import Informer
+from mcruntime.kubeconfig import parse_kubeconfig
 from mcruntime.provider import ClusterSetProvider, SourceStatus
 
 log = logging.getLogger("mcruntime_capi")
@@ -142,14 +144,14 @@ class ClusterAPIProvider(ClusterSetProvider):
             kind = await self._served_kind(hub)
             self.api_version = kind.api_version
             read_timeout = hub.options.watch_read_timeout
-            clusters = mcr.Informer(
+            clusters = Informer(
                 hub.client,
                 kind,
                 namespace=self.namespace,
                 label_selector=self.label_selector,
                 read_timeout=read_timeout,
             )
-            secrets = mcr.Informer(
+            secrets = Informer(
                 hub.client,
                 SECRET,
                 namespace=self.namespace,
@@ -269,7 +271,7 @@ class ClusterAPIProvider(ClusterSetProvider):
         except (binascii.Error, ValueError):
             return None, f"Secret {secret_key} key 'value' is not base64-encoded UTF-8 text"
         try:
-            document = mcr.parse_kubeconfig(text, origin=f"Secret {secret_key} key 'value'", max_bytes=limit)
+            document = parse_kubeconfig(text, origin=f"Secret {secret_key} key 'value'", max_bytes=limit)
         except mcr.KubeconfigError as error:  # no aliases, bounded depth and size; secret-free
             return None, str(error)
         try:

@@ -28,6 +28,7 @@ from typing import Any
 
 import mcruntime as mcr
 import mcruntime.provider as mcrp
+from mcruntime.cache import Informer
 from mcruntime.provider import ClusterSetProvider, SourceStatus
 
 from ._access import AccessConfig
@@ -155,7 +156,7 @@ class ClusterProfileProvider(ClusterSetProvider):
             self.access = await asyncio.to_thread(AccessConfig.load, self._access_path)
         async with mcrp.hub_connection(self._hub, f"{self._owner} (hub)", self._options) as hub:
             await self._served(hub)
-            informer = mcr.Informer(
+            informer = Informer(
                 hub.client,
                 CLUSTER_PROFILE,
                 namespace=self.namespace,

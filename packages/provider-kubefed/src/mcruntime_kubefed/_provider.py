@@ -19,6 +19,7 @@ from typing import Any
 
 import mcruntime as mcr
 import mcruntime.provider as mcrp
+from mcruntime.cache import Informer
 from mcruntime.provider import ClusterSetProvider, SourceStatus
 
 from ._config import MemberConfigError, member_config, token_of
@@ -121,10 +122,10 @@ class KubeFedProvider(ClusterSetProvider):
                         f"({KUBEFED_CLUSTER.api_version})"
                     ) from None
             read_timeout = hub.options.watch_read_timeout
-            members = mcr.Informer(
+            members = Informer(
                 hub.client, KUBEFED_CLUSTER, namespace=self.namespace, read_timeout=read_timeout
             )
-            secrets = mcr.Informer(
+            secrets = Informer(
                 hub.client, SECRET, namespace=self.namespace, transform=_token_only, read_timeout=read_timeout
             )
 

@@ -1,0 +1,15 @@
+"""The client's data types, for code that annotates or builds what :class:`~mcruntime.Client` handles.
+
+Calls go through ``cluster.client``; these name what flows through it: a
+watch's events, a list's result, a patch's type, a resolved resource, a label
+selector, and an object's ``namespace/name`` key.
+"""
+
+from __future__ import annotations
+
+from ._base.kind import Resource
+from ._base.labels import LabelSelector
+from ._base.objects import object_key
+from ._client.client import ObjectList, PatchType, WatchEvent
+
+__all__ = ["LabelSelector", "ObjectList", "PatchType", "Resource", "WatchEvent", "object_key"]
