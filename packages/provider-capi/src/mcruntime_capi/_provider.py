@@ -161,8 +161,8 @@ class ClusterAPIProvider(ClusterSetProvider):
             )
 
             async def answer() -> tuple[dict[str, mcr.ClusterConfig], dict[str, SourceStatus]]:
-                await self._parse_changed(secrets.store.objects)
-                return self._desired(clusters.store.objects, secrets.store.objects)
+                await self._parse_changed(secrets.view())
+                return self._desired(clusters.view(), secrets.view())
 
             await self.follow(aware, [clusters, secrets], answer, backoff=self._retry_backoff)
 

@@ -166,8 +166,8 @@ class ClusterProfileProvider(ClusterSetProvider):
             )
 
             async def answer() -> tuple[dict[str, mcr.ClusterConfig], dict[str, SourceStatus]]:
-                read = await self._read_changed(informer.store.objects)
-                return self._desired(informer.store.objects, read)
+                read = await self._read_changed(informer.view())
+                return self._desired(informer.view(), read)
 
             await self.follow(aware, [informer], answer, backoff=self._retry_backoff)
 

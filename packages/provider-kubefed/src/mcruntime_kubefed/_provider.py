@@ -130,7 +130,7 @@ class KubeFedProvider(ClusterSetProvider):
             )
 
             def answer() -> tuple[dict[str, mcr.ClusterConfig], dict[str, SourceStatus]]:
-                return self._desired(members.store.objects, secrets.store.objects)
+                return self._desired(members.view(), secrets.view())
 
             await self.follow(aware, [members, secrets], answer, backoff=self._retry_backoff)
 

@@ -142,8 +142,8 @@ class KubeconfigSecretProvider(ClusterSetProvider):
             )
 
             async def answer() -> tuple[dict[str, ClusterConfig], dict[str, SourceStatus]]:
-                read = await self._read_changed(informer.store.objects)  # parsed in a thread
-                return self._desired(informer.store.objects, read)
+                read = await self._read_changed(informer.view())  # parsed in a thread
+                return self._desired(informer.view(), read)
 
             await self.follow(aware, [informer], answer)
 
