@@ -10,7 +10,13 @@ from typing import Any
 from kubernetes_asyncio import client, config
 
 import mcruntime as mcr
-from mcruntime.testing import ControlPlane, admin_config, wait_until
+from mcruntime.testing import ControlPlane, admin_config, running, wait_until
+
+# The harness lives in mcruntime.testing; these two names stay importable from here only
+# until tests written on other branches against the old helpers are merged and ported
+# (``wait_for(...)`` is ``wait_until(...)``). New tests import from mcruntime.testing.
+wait_for = wait_until
+__all__ = ["running", "wait_for"]
 
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
 NAMESPACE = mcr.Kind("v1", "Namespace")

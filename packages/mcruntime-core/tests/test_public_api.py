@@ -166,6 +166,8 @@ PROVIDER = [
     "SourceStatus",
     "follow_informers",
     "hub_connection",
+    "resource_version",
+    "secret_key_only",
     "wait_for_kind",
 ]
 

@@ -29,7 +29,7 @@ from typing import Any
 import mcruntime as mcr
 import mcruntime.provider as mcrp
 from mcruntime.cache import Informer
-from mcruntime.provider import ClusterSetProvider, SourceStatus
+from mcruntime.provider import ClusterSetProvider, SourceStatus, resource_version
 
 from ._access import AccessConfig
 from ._profile import (
@@ -189,7 +189,7 @@ class ClusterProfileProvider(ClusterSetProvider):
         changed = {
             key: profile
             for key, profile in profiles.items()
-            if key not in self._versions or self._versions[key].resource_version != _resource_version(profile)
+            if key not in self._versions or self._versions[key].resource_version != resource_version(profile)
         }
         if not changed:
             return {}
@@ -203,12 +203,12 @@ class ClusterProfileProvider(ClusterSetProvider):
         except ProfileError as error:
             if not ready and not _offers_access(profile):
                 # Just created: its manager has not published status yet. Waiting, not failing.
-                return _Version(_resource_version(profile), ready, None, None)
-            return _Version(_resource_version(profile), ready, None, str(error))
+                return _Version(resource_version(profile), ready, None, None)
+            return _Version(resource_version(profile), ready, None, str(error))
         except Exception as error:  # a shape no check foresaw: name the type, quote nothing
             message = f"ClusterProfile {key}: not usable ({type(error).__name__})"
-            return _Version(_resource_version(profile), ready, None, message)
-        return _Version(_resource_version(profile), ready, access, None)
+            return _Version(resource_version(profile), ready, None, message)
+        return _Version(resource_version(profile), ready, access, None)
 
     def _is_ready(self, key: str, profile: Mapping[str, Any]) -> bool:
         try:
@@ -240,9 +240,9 @@ class ClusterProfileProvider(ClusterSetProvider):
         reported = self.sources()  # as last published: each new error is logged once
         for key, profile in sorted(live.items()):
             version = self._versions.get(key)
-            if version is None or version.resource_version != _resource_version(profile):
+            if version is None or version.resource_version != resource_version(profile):
                 version = read.get(key)
-                if version is None or version.resource_version != _resource_version(profile):
+                if version is None or version.resource_version != resource_version(profile):
                     version = self._read(key, profile)  # arrived since the threaded read
                 self._versions[key] = version
                 if version.error is not None:
@@ -277,10 +277,6 @@ def _offers_access(profile: Mapping[str, Any]) -> bool:
     return isinstance(status, Mapping) and bool(
         status.get("accessProviders") or status.get("credentialProviders")
     )
-
-
-def _resource_version(profile: Mapping[str, Any]) -> str:
-    return str((profile.get("metadata") or {}).get("resourceVersion", ""))
 
 
 def _slim(profile: dict[str, Any]) -> dict[str, Any]:
