@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+
 import mcruntime as mcr
-from mcruntime.testing import Fleet, wait_until
+from mcruntime.testing import Fleet, running, wait_until
 
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
 NAMESPACE = mcr.Kind("v1", "Namespace")
@@ -84,18 +84,6 @@ async def scrape(session: aiohttp.ClientSession, url: str) -> tuple[int, int, st
         body = await response.text()
     series = [line for line in body.splitlines() if line and not line.startswith("#")]
     return len(series), len(body.encode()), body
-
-
-@asynccontextmanager
-async def running(manager: mcr.Manager) -> AsyncIterator[None]:
-    task = asyncio.create_task(manager.start())
-    try:
-        async with asyncio.timeout(30):
-            await manager.wait_started()
-        yield
-    finally:
-        manager.stop()
-        await task
 
 
 async def test_a_thousand_clusters_come_and_go_and_nothing_stays_behind(fleet: Fleet) -> None:

@@ -57,6 +57,18 @@ def test_providers_import_only_the_public_core(source_root: Path) -> None:
     assert offenders == [], "providers must use mcruntime's public API only"
 
 
+@pytest.mark.parametrize("source_root", PROVIDERS, ids=lambda path: path.parent.name)
+def test_providers_read_informers_through_their_public_methods(source_root: Path) -> None:
+    """``informer.view()``, ``list()`` and ``get()``; the store is the informer's own."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{node.lineno}: .store"
+        for path in sorted(source_root.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.Attribute) and node.attr == "store"
+    ]
+    assert offenders == []
+
+
 def test_the_core_imports_no_provider() -> None:
     offenders = [
         f"{path.relative_to(ROOT)}:{line}: {name}"
@@ -72,11 +84,14 @@ def test_the_core_imports_no_provider() -> None:
 # the RBAC derived from it, and the command line that runs it.
 CORE_LAYERS = [
     "_base",
+    "_reconcile",
     "_config",
     "_client",
+    "_controllerutil",
     "_cache",
     "_fleet",
     "_control",
+    "_coordination",
     "_webhook",
     "_manager",
     "_rbac",
@@ -124,6 +139,67 @@ def test_a_core_layer_imports_only_itself_and_the_layers_below(layer: str) -> No
     ]
     assert offenders == []
     assert any(True for path in (PACKAGE / layer).glob("*.py") if path.name != "__init__.py")
+
+
+def _core_name_imports(path: Path) -> Iterator[tuple[int, str, str]]:
+    """(line, module, name) for every ``from mcruntime... import name``, relative imports resolved."""
+    package = ["mcruntime", *path.relative_to(PACKAGE).parent.parts]
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *node.module.split(".")])
+            for alias in node.names:
+                yield node.lineno, module, alias.name
+
+
+@pytest.mark.parametrize("layer", CORE_LAYERS)
+def test_a_layer_imports_no_private_name_of_another(layer: str) -> None:
+    """What one layer takes from another is that layer's surface, not its internals."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: imports {name} from {module}"
+        for path in sorted((PACKAGE / layer).rglob("*.py"))
+        for line, module, name in _core_name_imports(path)
+        if (target := _layer_of(module)) is not None and target != layer and _private(name)
+    ]
+    assert offenders == []
+
+
+ARCHITECTURE = ROOT / "docs" / "guides" / "architecture.md"
+
+
+def _documented_layers() -> list[tuple[str, list[str]]]:
+    """The layer table of the architecture page: (layer, the layers it may import), in page order."""
+    text = ARCHITECTURE.read_text()
+    table = text.split("<!-- layers: checked by tests/test_layer_contract.py -->", 1)[1].split(
+        "<!-- /layers -->"
+    )[0]
+    rows = []
+    for line in table.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`_"):
+            layer = cells[0].strip("`")
+            if cells[2] == "every layer below":
+                allowed = CORE_LAYERS[: CORE_LAYERS.index(layer)] if layer in CORE_LAYERS else []
+            else:
+                allowed = [
+                    part.strip().strip("`") for part in cells[2].split(",") if part.strip().startswith("`")
+                ]
+            rows.append((layer, allowed))
+    return rows
+
+
+def test_the_architecture_page_lists_the_layers_the_test_enforces() -> None:
+    """The docs' layer table is this test's list, in order, each row allowed exactly the layers below."""
+    documented = _documented_layers()
+    assert [layer for layer, _ in documented] == CORE_LAYERS
+    for layer, allowed in documented:
+        assert allowed == CORE_LAYERS[: CORE_LAYERS.index(layer)], (
+            f"{layer}: the page says it may import {allowed}"
+        )
+
+
+def test_the_architecture_page_is_in_the_docs_site() -> None:
+    assert "guides/architecture.md" in (ROOT / "mkdocs.yml").read_text()
 
 
 def test_the_layer_check_sees_relative_imports() -> None:

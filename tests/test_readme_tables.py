@@ -34,9 +34,17 @@ from typing import Any
 import pytest
 
 import mcruntime
+import mcruntime.cache
+import mcruntime.client
+import mcruntime.coordination
+import mcruntime.kubeconfig
+import mcruntime.log
 import mcruntime.provider
+import mcruntime.rbac
 import mcruntime.testing
 import mcruntime.toolkit
+import mcruntime.webhook
+import mcruntime.workqueue
 
 ROOT = Path(__file__).resolve().parent.parent
 # "Migrating to 1.0" names removed APIs on purpose: tests/test_migration_guide.py checks
@@ -66,12 +74,25 @@ INSTANCES: dict[str, Any] = {
     "testbed": mcruntime.testing.Fleet,
     "fleet": mcruntime.testing.Fleet,
     "plane": mcruntime.testing.ControlPlane,
-    "health": mcruntime.ClusterHealth,
+    "health": mcruntime.client.ClusterHealth,
     "sources()": mcruntime.provider.SourceStatus,
     "statuses()": mcruntime.ClusterStatus,
 }
 
-NAMESPACES = (mcruntime, mcruntime.provider, mcruntime.testing, mcruntime.toolkit)
+NAMESPACES = (
+    mcruntime,
+    mcruntime.provider,
+    mcruntime.testing,
+    mcruntime.toolkit,
+    mcruntime.cache,
+    mcruntime.client,
+    mcruntime.coordination,
+    mcruntime.kubeconfig,
+    mcruntime.log,
+    mcruntime.rbac,
+    mcruntime.webhook,
+    mcruntime.workqueue,
+)
 
 _SPAN = re.compile(r"`([^`]+)`")
 _REFERENCE = re.compile(

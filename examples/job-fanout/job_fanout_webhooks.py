@@ -24,6 +24,7 @@ import copy
 from typing import Any
 
 import mcruntime as mcr
+from mcruntime.webhook import Webhooks
 
 JSON = dict[str, Any]
 
@@ -113,7 +114,7 @@ class TestAdmission:
         return obj
 
 
-def setup_webhooks(manager: mcr.Manager, kind: mcr.Kind) -> mcr.Webhooks:
+def setup_webhooks(manager: mcr.Manager, kind: mcr.Kind) -> Webhooks:
     """Register the Test's validator, defaulter and v1alpha1 <-> v1 conversion with ``manager``.
 
     ``resource`` is given so the configurations need no discovery: the server

@@ -6,6 +6,7 @@ from typing import Any
 
 import mcruntime as mcr
 from job_fanout import build
+from mcruntime.rbac import RBAC
 from mcruntime_file import KubeconfigFileProvider
 
 MAIN = mcr.kubeconfig_from_dict(
@@ -20,7 +21,7 @@ MAIN = mcr.kubeconfig_from_dict(
 )
 
 
-def _verbs(rbac: mcr.RBAC, role: Any, group: str, resource: str) -> list[str]:
+def _verbs(rbac: RBAC, role: Any, group: str, resource: str) -> list[str]:
     return next(
         (
             rule["verbs"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,7 +10,13 @@ from typing import Any
 from kubernetes_asyncio import client, config
 
 import mcruntime as mcr
-from mcruntime.testing import ControlPlane, wait_until
+from mcruntime.testing import ControlPlane, admin_config, running, wait_until
+
+# The harness lives in mcruntime.testing; these two names stay importable from here only
+# until tests written on other branches against the old helpers are merged and ported
+# (``wait_for(...)`` is ``wait_until(...)``). New tests import from mcruntime.testing.
+wait_for = wait_until
+__all__ = ["running", "wait_for"]
 
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
 NAMESPACE = mcr.Kind("v1", "Namespace")
@@ -47,17 +52,12 @@ def configmap(name: str, namespace: str, **data: str) -> dict[str, Any]:
     }
 
 
-async def wait_for(condition: Any, timeout: float = 30.0, interval: float = 0.05) -> None:
-    """Await until ``condition()`` (sync or async) is truthy; fail after ``timeout``."""
-    await wait_until(condition, timeout=timeout, interval=interval)
-
-
 @asynccontextmanager
 async def running_cluster(
     plane: ControlPlane, name: str | None = None, options: mcr.ClusterOptions | None = None
 ) -> AsyncIterator[mcr.Cluster]:
     """An mcruntime Cluster for a testbed control plane, stopped afterwards."""
-    config = mcr.kubeconfig_from_dict(plane.kubeconfig(), trust=mcr.TrustPolicy.untrusted())
+    config = admin_config(plane, trust=mcr.TrustPolicy.untrusted())
     async with mcr.Cluster(name or plane.name, config, options) as cluster:
         yield cluster
 
@@ -110,24 +110,8 @@ async def install_widget_crd(cluster: mcr.Cluster) -> mcr.Kind:
         conditions = (current.get("status") or {}).get("conditions") or []
         return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
-    await wait_for(established)
+    await wait_until(established, what=f"CRD widgets.{group} established")
     return mcr.Kind(f"{group}/v1", "Widget")
-
-
-@asynccontextmanager
-async def running(manager: mcr.Manager) -> AsyncIterator[mcr.Manager]:
-    """Run the manager for the block; afterwards nothing it started may still run."""
-    before = asyncio.all_tasks()
-    task = asyncio.create_task(manager.start())
-    try:
-        async with asyncio.timeout(30):
-            await manager.wait_started()
-        yield manager
-    finally:
-        manager.stop()
-        await task
-    left = {t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()}
-    assert left == set(), f"tasks left running after shutdown: {sorted(t.get_name() for t in left)}"
 
 
 # --- credential shapes: tokens that cannot travel in a header, for every provider's tests ---

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import mcruntime as mcr
-from mcruntime._manager.coordinator import WorkGate
+from mcruntime._coordination.coordinator import WorkGate
 
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
 CLUSTER_LABEL = "shard-test/cluster"

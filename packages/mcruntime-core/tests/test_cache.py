@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 
 import pytest
-from kube_helpers import CONFIGMAP, configmap, new_namespace, running_cluster, wait_for
+from kube_helpers import CONFIGMAP, configmap, new_namespace, running_cluster
 
 import mcruntime as mcr
-from mcruntime.testing import Fleet
+from mcruntime.cache import CacheSyncTimeout, field_getter
+from mcruntime.testing import Fleet, wait_until
 
 
 def _labelled(name: str, namespace: str, team: str, owner: str) -> dict[str, object]:
@@ -54,7 +55,7 @@ async def test_field_indexes_registered_before_and_after_the_informer_starts(fle
         namespace = await new_namespace(cluster)
         await cluster.client.create(_labelled("x", namespace, "blue", "alice"))
         await cluster.client.create(_labelled("y", namespace, "green", "bob"))
-        cluster.cache.index_field(CONFIGMAP, "owner", mcr.field_getter("data", "owner"))
+        cluster.cache.index_field(CONFIGMAP, "owner", field_getter("data", "owner"))
         alice = await cluster.cache.list(CONFIGMAP, index=("owner", "alice"))
         assert [obj["metadata"]["name"] for obj in alice] == ["x"]
         cluster.cache.index_field(
@@ -68,7 +69,7 @@ async def test_field_indexes_registered_before_and_after_the_informer_starts(fle
             owned = await cluster.cache.list(CONFIGMAP, index=("owner", "alice"), namespace=namespace)
             return sorted(obj["metadata"]["name"] for obj in owned) == ["x", "y"]
 
-        await wait_for(both_owned_by_alice)
+        await wait_until(both_owned_by_alice)
 
 
 async def test_list_filters_by_namespace_and_label_selector(fleet: Fleet) -> None:
@@ -82,7 +83,7 @@ async def test_list_filters_by_namespace_and_label_selector(fleet: Fleet) -> Non
             found = await cluster.cache.list(CONFIGMAP, namespace=first, label_selector="team in (blue)")
             return [obj["metadata"]["name"] for obj in found]
 
-        await wait_for(lambda: blue_in_first())
+        await wait_until(lambda: blue_in_first())
         assert await blue_in_first() == ["a"]
         everywhere = await cluster.cache.list(CONFIGMAP, label_selector={"team": "blue"})
         assert {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in everywhere} >= {
@@ -147,5 +148,5 @@ async def test_a_namespace_scoped_cache_needs_only_namespaced_rights(fleet: Flee
             await cluster.cache.get_or_none(CONFIGMAP, "there", namespace=other)
     # The same user without the scope would need cluster-wide list rights.
     async with mcr.Cluster("wide", config, mcr.ClusterOptions(cache_sync_timeout=1)) as cluster:
-        with pytest.raises(mcr.CacheSyncTimeout, match=r"(?i)forbidden"):
+        with pytest.raises(CacheSyncTimeout, match=r"(?i)forbidden"):
             await cluster.cache.list(CONFIGMAP)

@@ -6,11 +6,13 @@ import re
 from typing import Any, cast
 
 import pytest
-from kube_helpers import CONFIGMAP, configmap, new_namespace, running, running_cluster, wait_for
+from kube_helpers import CONFIGMAP, configmap, new_namespace, running_cluster
 from prometheus_client import generate_latest
 
 import mcruntime as mcr
-from mcruntime.testing import Fleet
+from mcruntime.cache import Informer
+from mcruntime.client import object_key
+from mcruntime.testing import Fleet, running, wait_until
 
 SECRET = mcr.Kind("v1", "Secret")
 NAMESPACE = mcr.Kind("v1", "Namespace")
@@ -60,7 +62,7 @@ async def test_several_namespaces_are_one_view_and_a_read_outside_them_is_an_err
         await cluster.client.create(configmap("late", second, v="2"))
         await cluster.client.create(configmap("late", outside, v="3"))
         await cluster.client.delete(CONFIGMAP, "cm", namespace=first)
-        await wait_for(
+        await wait_until(
             lambda: informer.get(f"{second}/late") is not None and informer.get(f"{first}/cm") is None
         )
         assert _names(await cluster.cache.list(CONFIGMAP)) == sorted([(second, "cm"), (second, "late")])
@@ -119,14 +121,14 @@ async def _wait_absent(cluster: mcr.Cluster, kind: mcr.Kind, name: str, namespac
     async def absent() -> bool:
         return await cluster.cache.get_or_none(kind, name, namespace=namespace) is None
 
-    await wait_for(absent)
+    await wait_until(absent)
 
 
 async def _wait_present(cluster: mcr.Cluster, kind: mcr.Kind, name: str, namespace: str) -> None:
     async def present() -> bool:
         return await cluster.cache.get_or_none(kind, name, namespace=namespace) is not None
 
-    await wait_for(present)
+    await wait_until(present)
 
 
 async def test_a_metadata_only_view_holds_metadata_delivers_events_and_indexes(fleet: Fleet) -> None:
@@ -168,7 +170,7 @@ async def test_a_metadata_only_view_holds_metadata_delivers_events_and_indexes(f
             namespace=namespace,
         )
         await cluster.client.delete(CONFIGMAP, "second", namespace=namespace)
-        await wait_for(lambda: ("delete", "second", {"apiVersion", "kind", "metadata"}) in events)
+        await wait_until(lambda: ("delete", "second", {"apiVersion", "kind", "metadata"}) in events)
         kinds = {(kind, name) for kind, name, _keys in events}
         assert {("create", "big"), ("create", "second"), ("update", "big")} <= kinds
         assert all(keys == {"apiVersion", "kind", "metadata"} for _kind, _name, keys in events)
@@ -205,7 +207,7 @@ async def test_a_controller_owning_a_metadata_only_kind_in_a_scoped_fleet(fleet:
         )
         async with running(manager):
             owner = await writer.client.create(configmap("parent", namespace))
-            await wait_for(lambda: "parent" in children)
+            await wait_until(lambda: "parent" in children)
             child = _secret("child", namespace, owner="parent")
             child["metadata"]["ownerReferences"] = [
                 {
@@ -218,7 +220,7 @@ async def test_a_controller_owning_a_metadata_only_kind_in_a_scoped_fleet(fleet:
             ]
             await writer.client.create(child)
             # The child's (metadata-only) event reconciles its owner, which sees the child's metadata.
-            await wait_for(lambda: [c["metadata"]["name"] for c in children.get("parent", [])] == ["child"])
+            await wait_until(lambda: [c["metadata"]["name"] for c in children.get("parent", [])] == ["child"])
             assert set(children["parent"][0]) == {"apiVersion", "kind", "metadata"}
             cluster = await manager.get_cluster("one")
             secret_informers = [i for i in cluster.cache.informers() if i.kind == SECRET]
@@ -277,10 +279,10 @@ def test_scope_options_are_checked_when_written() -> None:
 
 def test_a_relist_of_one_namespace_leaves_the_others_alone() -> None:
     """Pure store logic: each namespace's relist replaces only that namespace's part."""
-    informer = mcr.Informer(cast("mcr.Client", None), CONFIGMAP, namespaces=["a", "b"])
+    informer = Informer(cast("mcr.Client", None), CONFIGMAP, namespaces=["a", "b"])
     informer._streams = ("a", "b")
     deleted: list[str] = []
-    informer.add_handler(mcr.ResourceEventHandler(on_delete=lambda obj: deleted.append(mcr.object_key(obj))))
+    informer.add_handler(mcr.ResourceEventHandler(on_delete=lambda obj: deleted.append(object_key(obj))))
 
     def obj(namespace: str, name: str, version: str) -> dict[str, Any]:
         meta = {"namespace": namespace, "name": name, "resourceVersion": version}

@@ -11,10 +11,10 @@ import json
 import os
 from typing import Any
 
-from kube_helpers import CONFIGMAP, configmap, new_namespace, running, unique
+from kube_helpers import CONFIGMAP, configmap, new_namespace, unique
 
 import mcruntime as mcr
-from mcruntime.testing import Fleet, User, wait_until
+from mcruntime.testing import Fleet, User, running, wait_until
 
 
 async def _nothing(_request: mcr.Request) -> None:

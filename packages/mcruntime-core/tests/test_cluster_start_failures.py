@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_helpers import wait_for
 
 import mcruntime as mcr
 import mcruntime.provider as mcrp
 from mcruntime._client.transport import Transport
+from mcruntime.testing import wait_until
 from mcruntime.testing._pki import CertificateAuthority
 
 NOT_A_CERTIFICATE = b"-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n"
@@ -118,7 +118,7 @@ async def test_a_cluster_removed_before_it_started_fails_nothing(caplog: pytest.
     runner = asyncio.create_task(clusters.run(Engaged()))
     await clusters.set("brief", config_with_ca(CertificateAuthority("test").cert_pem))
     assert await clusters.remove("brief") is True
-    await wait_for(lambda: len(clusters._tasks) == 0)  # its engage task ran and ended
+    await wait_until(lambda: len(clusters._tasks) == 0)  # its engage task ran and ended
     runner.cancel()
     await asyncio.gather(runner, return_exceptions=True)
     assert [record.getMessage() for record in caplog.records] == []

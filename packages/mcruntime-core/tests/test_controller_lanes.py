@@ -7,9 +7,10 @@ import logging
 from collections import Counter
 
 import pytest
-from kube_helpers import wait_for
 
 import mcruntime as mcr
+from mcruntime.testing import wait_until
+from mcruntime.workqueue import ExponentialBackoff
 
 
 def _controller(
@@ -19,7 +20,7 @@ def _controller(
     controller = mcr.Controller(
         "lanes",
         reconcile,
-        rate_limiter=mcr.ExponentialBackoff(base=0.001, cap=0.05),
+        rate_limiter=ExponentialBackoff(base=0.001, cap=0.05),
         max_concurrent_reconciles=lane,
         max_total_reconciles=total,
     )
@@ -43,11 +44,11 @@ async def test_a_hung_cluster_holds_only_its_own_lane() -> None:
     healthy = [mcr.Request(cluster, "ns", f"o{index}") for index in range(20) for cluster in ("a", "b")]
     for request in healthy:
         await channel.put(request)
-    await wait_for(lambda: set(healthy) <= set(done))
+    await wait_until(lambda: set(healthy) <= set(done))
     assert controller.queue.processing_by_group() == {"hung": 1}
     assert controller.queue.depth_by_group() == {"hung": 4}
     hang.set()
-    await wait_for(lambda: controller.stats.success == 45)
+    await wait_until(lambda: controller.stats.success == 45)
     await controller.shutdown(1)
     await runner
 
@@ -70,14 +71,14 @@ async def test_lane_width_and_global_bound_both_hold() -> None:
     runner = asyncio.create_task(controller.start())
     for index in range(6):
         await channel.put(mcr.Request("a", "ns", str(index)))
-    await wait_for(lambda: controller.active_workers == 3)  # "a" fills its lane of three, no more
+    await wait_until(lambda: controller.active_workers == 3)  # "a" fills its lane of three, no more
     for cluster in ("b", "c"):
         for index in range(6):
             await channel.put(mcr.Request(cluster, "ns", str(index)))
-    await wait_for(lambda: controller.active_workers == 5)  # the global bound: two slots left for b, c
+    await wait_until(lambda: controller.active_workers == 5)  # the global bound: two slots left for b, c
     assert dict(running) == {"a": 3, "b": 1, "c": 1}
     gate.set()
-    await wait_for(lambda: controller.stats.success == 18)
+    await wait_until(lambda: controller.stats.success == 18)
     assert peak_total == 5 and max(peak.values()) == 3
     await controller.shutdown(1)
     await runner
@@ -110,7 +111,7 @@ async def test_a_wrong_return_type_is_a_logged_retried_error_and_the_controller_
     first = mcr.Request("east", "ns", "sloppy")
     with caplog.at_level(logging.ERROR, logger="mcruntime.controller"):
         await channel.put(first)
-        await wait_for(lambda: controller.stats.success == 1)
+        await wait_until(lambda: controller.stats.success == 1)
     assert calls[first] == 4
     assert controller.stats.error == 3
     assert "returned a bool; expected Result or None" in caplog.text
@@ -119,7 +120,7 @@ async def test_a_wrong_return_type_is_a_logged_retried_error_and_the_controller_
     # The controller still works: a fresh request is reconciled too.
     second = mcr.Request("east", "ns", "after")
     await channel.put(second)
-    await wait_for(lambda: controller.stats.success == 2)
+    await wait_until(lambda: controller.stats.success == 2)
     await controller.shutdown(1)
     await runner
 
@@ -135,7 +136,7 @@ async def test_a_failing_observer_costs_nothing_but_a_log_line(caplog: pytest.Lo
     with caplog.at_level(logging.ERROR, logger="mcruntime.controller"):
         for index in range(3):
             await channel.put(mcr.Request("east", "ns", str(index)))
-        await wait_for(lambda: controller.stats.success == 3)
+        await wait_until(lambda: controller.stats.success == 3)
     assert "observer" in caplog.text and "observer bug" in caplog.text
     assert controller.queue.processing_count == 0
     await controller.shutdown(1)
@@ -162,7 +163,7 @@ async def test_a_dispatcher_that_dies_is_logged_and_restarted(caplog: pytest.Log
     request = mcr.Request("east", "ns", "x")
     with caplog.at_level(logging.ERROR):
         await channel.put(request)
-        await wait_for(lambda: controller.stats.success == 1, timeout=10)
+        await wait_until(lambda: controller.stats.success == 1, timeout=10)
     (status,) = [loop for loop in controller.tasks.loops() if loop.name == "dispatcher"]
     assert status.crashes == 1 and status.last_error == "RuntimeError: gate bug"
     assert "loop dispatcher died" in caplog.text and "gate bug" in caplog.text

@@ -7,10 +7,11 @@ import logging
 from collections import Counter
 
 import pytest
-from kube_helpers import wait_for
 
 import mcruntime as mcr
-from mcruntime._fleet.reconcile import as_reconcile_function
+from mcruntime._reconcile.request import as_reconcile_function
+from mcruntime.testing import wait_until
+from mcruntime.workqueue import ExponentialBackoff
 
 
 def _controller(
@@ -20,7 +21,7 @@ def _controller(
     controller = mcr.Controller(
         "retries",
         reconcile,
-        rate_limiter=mcr.ExponentialBackoff(base=0.001, cap=0.05),
+        rate_limiter=ExponentialBackoff(base=0.001, cap=0.05),
         max_concurrent_reconciles=2,
     )
     controller.watch(mcr.ChannelSource(channel))
@@ -42,7 +43,7 @@ async def test_exceptions_are_retried_with_backoff_until_they_succeed(
     request = mcr.Request("east", "ns", "flaky")
     with caplog.at_level(logging.ERROR, logger="mcruntime.controller"):
         await channel.put(request)
-        await wait_for(lambda: controller.stats.success == 1)
+        await wait_until(lambda: controller.stats.success == 1)
     assert attempts[request] == 4
     assert controller.stats.error == 3
     assert controller.queue.num_requeues(request) == 0  # forgotten after success
@@ -62,9 +63,9 @@ async def test_a_terminal_error_is_not_retried() -> None:
     controller, channel = _controller(broken)
     runner = asyncio.create_task(controller.start())
     await channel.put(mcr.Request("east", "ns", "x"))
-    await wait_for(lambda: controller.stats.terminal == 1)
+    await wait_until(lambda: controller.stats.terminal == 1)
     await channel.put(mcr.Request("east", "ns", "marker"))
-    await wait_for(lambda: controller.stats.terminal == 2)
+    await wait_until(lambda: controller.stats.terminal == 2)
     assert attempts == 2
     assert len(controller.queue) == 0 and controller.queue.delayed_count == 0
     await controller.shutdown(1)
@@ -78,7 +79,7 @@ async def test_cluster_not_found_drops_the_request() -> None:
     controller, channel = _controller(gone)
     runner = asyncio.create_task(controller.start())
     await channel.put(mcr.Request("vanished", "ns", "x"))
-    await wait_for(lambda: controller.stats.dropped_cluster_gone == 1)
+    await wait_until(lambda: controller.stats.dropped_cluster_gone == 1)
     assert controller.queue.delayed_count == 0 and len(controller.queue) == 0
     await controller.shutdown(1)
     await runner
@@ -95,7 +96,7 @@ async def test_results_requeue_after_a_delay() -> None:
     controller, channel = _controller(periodic)
     runner = asyncio.create_task(controller.start())
     await channel.put(mcr.Request("east", "ns", "x"))
-    await wait_for(lambda: calls == 3 and controller.stats.success == 1)
+    await wait_until(lambda: calls == 3 and controller.stats.success == 1)
     assert controller.stats.requeue_after == 2
     await controller.shutdown(1)
     await runner
@@ -112,7 +113,7 @@ async def test_shutdown_lets_in_flight_reconciles_finish() -> None:
     controller, channel = _controller(slow)
     runner = asyncio.create_task(controller.start())
     await channel.put(mcr.Request("east", "ns", "slow"))
-    await wait_for(lambda: controller.active_workers == 1)
+    await wait_until(lambda: controller.active_workers == 1)
     shutting = asyncio.create_task(controller.shutdown(5))
     await asyncio.sleep(0)
     release.set()
@@ -133,7 +134,7 @@ async def test_reconcilers_can_be_objects_with_a_reconcile_method() -> None:
     controller, channel = _controller(as_reconcile_function(counting))
     runner = asyncio.create_task(controller.start())
     await channel.put(mcr.Request("east", "ns", "x"))
-    await wait_for(lambda: counting.seen == [mcr.Request("east", "ns", "x")])
+    await wait_until(lambda: counting.seen == [mcr.Request("east", "ns", "x")])
     await controller.shutdown(1)
     await runner
 
@@ -151,7 +152,7 @@ async def test_a_conflict_is_retried_with_one_quiet_line(caplog: pytest.LogCaptu
     runner = asyncio.create_task(controller.start())
     with caplog.at_level(logging.INFO, logger="mcruntime.controller"):
         await channel.put(mcr.Request("east", "ns", "raced"))
-        await wait_for(lambda: controller.stats.success == 1)
+        await wait_until(lambda: controller.stats.success == 1)
     assert attempts == 2 and controller.stats.error == 1
     conflicts = [record for record in caplog.records if "conflict" in record.getMessage()]
     assert [record.levelno for record in conflicts] == [logging.INFO]

@@ -25,6 +25,7 @@ from kube_helpers import CONFIGMAP, CREDENTIAL_SHAPES, quotes_token, spoiled
 import mcruntime as mcr
 from mcruntime._client.health import HealthRecord
 from mcruntime._config.exec import ExecPlugin, ExecPluginError
+from mcruntime.client import HealthState
 from mcruntime.testing import Fleet, wait_until
 from mcruntime.testing._harness import EngagementRecorder, running
 
@@ -92,9 +93,7 @@ async def test_a_token_file_with_a_control_character_is_the_clusters_error_namin
     data["users"][0]["user"] = {"tokenFile": str(token_file)}
 
     async with mcr.Cluster("spoiled", mcr.kubeconfig_from_dict(data), OPTIONS) as cluster:
-        await wait_until(
-            lambda: cluster.health.state is mcr.HealthState.UNHEALTHY, what="the cluster unhealthy"
-        )
+        await wait_until(lambda: cluster.health.state is HealthState.UNHEALTHY, what="the cluster unhealthy")
         reason = cluster.health.reason or ""
         assert f"tokenFile {token_file}: the token has a control character at character 9" in reason
         assert not quotes_token(reason, token)
@@ -170,6 +169,6 @@ async def test_a_probe_that_raises_is_recorded_and_the_loop_goes_on() -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     health = record.snapshot()
-    assert health.state is mcr.HealthState.UNHEALTHY
+    assert health.state is HealthState.UNHEALTHY
     assert health.reason == "the health probe failed on our side (ValueError)"
     assert not quotes_token(str(health), TOKEN)

@@ -19,7 +19,7 @@ import pytest
 from kube_helpers import NAMESPACE
 
 import mcruntime as mcr
-from mcruntime._config.credentials import _Credentials
+from mcruntime._config.credentials import ClusterCredentials
 from mcruntime._config.exec import ExecPlugin, ExecPluginError
 from mcruntime.testing import ControlPlane, Fleet, wait_until
 
@@ -136,7 +136,7 @@ async def test_a_credential_about_to_expire_is_refreshed_before_use(tmp_path: Pa
         },
         trust=mcr.TrustPolicy(allow_exec=True),
     )
-    credentials = _Credentials(config, "expiry")
+    credentials = ClusterCredentials(config, "expiry")
 
     assert await credentials.header() == "Bearer made-up-a"
     (tmp_path / "expires").write_text(later)

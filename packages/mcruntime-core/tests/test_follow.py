@@ -9,14 +9,11 @@ from kube_helpers import CONFIGMAP, unique, widget_crd
 
 import mcruntime as mcr
 import mcruntime.provider as mcrp
-from mcruntime.testing import ControlPlane, Fleet, wait_until
+from mcruntime.cache import Informer
+from mcruntime.testing import Fleet, admin_config, wait_until
 
 CRD = mcr.Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 NO_WAIT = mcr.Backoff(base=0.0, cap=0.0)
-
-
-def admin(plane: ControlPlane) -> mcr.ClusterConfig:
-    return mcr.kubeconfig_from_dict(plane.kubeconfig())
 
 
 class Nobody:
@@ -38,8 +35,8 @@ async def test_a_pass_that_fails_five_thousand_times_is_retried_until_it_works(f
             raise RuntimeError(f"pass {calls} broke")
         return {}
 
-    async with mcr.Cluster("hub", admin(fleet["cluster-1"])) as hub:
-        informer = mcr.Informer(hub.client, CONFIGMAP, namespace=unique("follow"))
+    async with mcr.Cluster("hub", admin_config(fleet["cluster-1"])) as hub:
+        informer = Informer(hub.client, CONFIGMAP, namespace=unique("follow"))
         clusters = mcrp.ClusterSet(owner="follow test")
         following = asyncio.create_task(
             mcrp.follow_informers(
@@ -67,7 +64,7 @@ async def test_wait_for_kind_reports_the_wait_and_returns_once_the_crd_is_instal
     group = f"{unique('wait')}.example.com"
     kinds = [mcr.Kind(f"{group}/v2", "Widget"), mcr.Kind(f"{group}/v1", "Widget")]
     reports: list[str | None] = []
-    async with mcr.Cluster("hub", admin(fleet["cluster-1"])) as hub:
+    async with mcr.Cluster("hub", admin_config(fleet["cluster-1"])) as hub:
         waiting = asyncio.create_task(
             mcrp.wait_for_kind(
                 hub,

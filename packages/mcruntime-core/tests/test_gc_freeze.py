@@ -5,11 +5,11 @@ from __future__ import annotations
 import gc
 
 import pytest
-from kube_helpers import CONFIGMAP, running, wait_for
+from kube_helpers import CONFIGMAP
 
 import mcruntime as mcr
 from mcruntime._manager.gcfreeze import CacheFreezer
-from mcruntime.testing import ControlPlane, Fleet
+from mcruntime.testing import ControlPlane, Fleet, running, wait_until
 
 
 def config_of(plane: ControlPlane) -> mcr.ClusterConfig:
@@ -26,7 +26,7 @@ async def test_the_heap_is_frozen_once_after_a_burst_of_cluster_syncs(fleet: Fle
     mcr.controller_managed_by(manager).for_(CONFIGMAP).complete(_nothing)
     gc.unfreeze()
     async with running(manager):
-        await wait_for(lambda: manager.freezer.freezes >= 1, timeout=30)
+        await wait_until(lambda: manager.freezer.freezes >= 1, timeout=30)
         assert gc.get_freeze_count() > 0
     gc.unfreeze()
 
@@ -36,11 +36,11 @@ async def test_a_burst_of_syncs_leads_to_one_freeze() -> None:
     gc.unfreeze()
     for _ in range(1000):  # a fleet engaging: every cluster's caches sync within the delay
         freezer.synced()
-    await wait_for(lambda: freezer.freezes >= 1, timeout=5)
+    await wait_until(lambda: freezer.freezes >= 1, timeout=5)
     assert freezer.freezes == 1 and gc.get_freeze_count() > 0
     gc.unfreeze()
     freezer.synced()
-    await wait_for(lambda: freezer.freezes == 2, timeout=5)
+    await wait_until(lambda: freezer.freezes == 2, timeout=5)
     gc.unfreeze()
 
 
@@ -54,7 +54,7 @@ async def test_freezing_can_be_turned_off_from_the_environment(
     mcr.controller_managed_by(manager).for_(CONFIGMAP).complete(_nothing)
     gc.unfreeze()
     async with running(manager):
-        await wait_for(
+        await wait_until(
             lambda: all(controller.synced("cluster-1") for controller in manager.controllers.values())
         )
         assert not manager.freezer.enabled and manager.freezer.freezes == 0

@@ -15,9 +15,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from kube_helpers import wait_for
-
-from mcruntime._manager.heartbeat import Heartbeat
+from mcruntime._coordination.heartbeat import Heartbeat
+from mcruntime.testing import wait_until
 
 
 class Beats:
@@ -62,7 +61,7 @@ async def test_it_beats_on_its_own_thread_while_the_main_loop_is_blocked() -> No
     pulse = heartbeat(beats)
     pulse.start()
     try:
-        await wait_for(lambda: beats.count >= 2, timeout=10)
+        await wait_until(lambda: beats.count >= 2, timeout=10)
         before = beats.count
         block_the_loop(1.0)
         during = beats.count - before
@@ -80,14 +79,14 @@ async def test_it_stops_beating_once_the_main_loop_has_not_ticked_for_the_stall_
     pulse = heartbeat(beats, stall_limit=0.5)
     pulse.start()
     try:
-        await wait_for(lambda: beats.count >= 2, timeout=10)
+        await wait_until(lambda: beats.count >= 2, timeout=10)
         block_the_loop(1.5)  # past the stall limit
         assert pulse.skipped > 0
         stalled_at = beats.count
         block_the_loop(0.5)  # still stalled: no beat at all meanwhile
         assert beats.count == stalled_at
         pulse.tick()  # the loop turns again
-        await wait_for(lambda: beats.count > stalled_at, timeout=10)
+        await wait_until(lambda: beats.count > stalled_at, timeout=10)
     finally:
         await pulse.stop()
 
@@ -96,10 +95,10 @@ async def test_a_dead_heartbeat_thread_can_be_restarted_and_a_stopped_one_stays_
     beats = Beats(die_after=3)
     pulse = heartbeat(beats)
     pulse.start()
-    await wait_for(lambda: not pulse.running, timeout=10)
+    await wait_until(lambda: not pulse.running, timeout=10)
     assert beats.count == 3 and beats.closed == 1  # it closed its connection on the way out
     pulse.start()  # what the sharding's pulse does when it finds the thread dead
-    await wait_for(lambda: beats.count > 3, timeout=10)
+    await wait_until(lambda: beats.count > 3, timeout=10)
     await pulse.stop()
     assert not pulse.running and beats.opened == beats.closed == 2
     pulse.start()  # after stop, start is a no-op

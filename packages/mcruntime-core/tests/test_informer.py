@@ -8,10 +8,11 @@ import signal
 from collections.abc import Iterator
 
 import pytest
-from kube_helpers import CONFIGMAP, configmap, new_namespace, running_cluster, wait_for
+from kube_helpers import CONFIGMAP, configmap, new_namespace, running_cluster
 
 import mcruntime as mcr
-from mcruntime.testing import ControlPlane, Fleet
+from mcruntime.cache import Informer
+from mcruntime.testing import ControlPlane, Fleet, wait_until
 
 
 class Recorder:
@@ -39,7 +40,7 @@ class Recorder:
         return [(kind, value) for kind, event_name, value in self.events if event_name == name]
 
 
-def _store_view(informer: mcr.Informer) -> dict[str, str]:
+def _store_view(informer: Informer) -> dict[str, str]:
     return {key: obj["metadata"]["resourceVersion"] for key, obj in informer.store.objects.items()}
 
 
@@ -58,7 +59,7 @@ async def test_an_informer_sees_add_update_and_delete(fleet: Fleet) -> None:
         await cluster.client.create(configmap("watched", namespace, v="1"))
         await cluster.client.patch(CONFIGMAP, "watched", {"data": {"v": "2"}}, namespace=namespace)
         await cluster.client.delete(CONFIGMAP, "watched", namespace=namespace)
-        await wait_for(lambda: len(recorder.of("watched")) == 3)
+        await wait_until(lambda: len(recorder.of("watched")) == 3)
         assert recorder.of("watched") == [("add", "1"), ("update", "2"), ("delete", "2")]
         assert informer.store.objects == {}
 
@@ -74,7 +75,7 @@ async def test_handlers_come_and_go_and_late_ones_get_the_current_objects(fleet:
         assert late.of("existing") == [("add", "0")]
         registration.remove()
         await cluster.client.create(configmap("after-removal", namespace, v="1"))
-        await wait_for(lambda: f"{namespace}/after-removal" in informer.store.objects)
+        await wait_until(lambda: f"{namespace}/after-removal" in informer.store.objects)
         assert late.of("after-removal") == []
         assert informer.handler_count == 0
 
@@ -106,7 +107,7 @@ async def test_a_watch_from_a_compacted_version_relists_and_emits_the_difference
         namespace = await new_namespace(cluster)
         for name in ("kept", "changed", "deleted"):
             await cluster.client.create(configmap(name, namespace, v="1"))
-        informer = mcr.Informer(cluster.client, CONFIGMAP, namespace=namespace)
+        informer = Informer(cluster.client, CONFIGMAP, namespace=namespace)
         recorder = Recorder()
         informer.add_handler(recorder.handler())
         run = asyncio.create_task(informer.run())
@@ -123,8 +124,8 @@ async def test_a_watch_from_a_compacted_version_relists_and_emits_the_difference
 
         run = asyncio.create_task(informer.run())
         try:
-            await wait_for(lambda: informer.stats.relists_after_gone >= 1)
-            await wait_for(lambda: len(recorder.events) >= 3)
+            await wait_until(lambda: informer.stats.relists_after_gone >= 1)
+            await wait_until(lambda: len(recorder.events) >= 3)
             assert sorted(recorder.events) == [
                 ("add", "created", "1"),
                 ("delete", "deleted", "1"),
@@ -155,16 +156,16 @@ async def test_nothing_is_lost_across_an_apiserver_outage(fresh_cluster: Control
             await side.client.patch(CONFIGMAP, "changed", {"data": {"v": "2"}}, namespace=namespace)
             await side.client.delete(CONFIGMAP, "deleted", namespace=namespace)
             await side.client.create(configmap("created", namespace, v="1"))
-        await wait_for(lambda: informer.stats.last_error is not None)
+        await wait_until(lambda: informer.stats.last_error is not None)
 
         await fresh_cluster.apiserver.start_async()
-        await wait_for(lambda: len(recorder.events) >= 3, timeout=60)
+        await wait_until(lambda: len(recorder.events) >= 3, timeout=60)
         assert sorted(recorder.events) == [
             ("add", "created", "1"),
             ("delete", "deleted", "1"),
             ("update", "changed", "2"),
         ]
-        await wait_for(
+        await wait_until(
             lambda: (
                 _store_view(informer).keys() == {f"{namespace}/{n}" for n in ("kept", "changed", "created")}
             )
@@ -184,7 +185,7 @@ async def test_a_silent_connection_is_noticed_within_the_read_timeout(fresh_clus
         assert process is not None and process.pid is not None
         os.kill(process.pid, signal.SIGSTOP)  # the socket stays open, but nothing arrives
         try:
-            await wait_for(lambda: informer.stats.last_error is not None, timeout=15)
+            await wait_until(lambda: informer.stats.last_error is not None, timeout=15)
             # The read timeout, or the health probe's (5 s) if it notices first and closes the watch.
             assert any(
                 words in (informer.stats.last_error or "") for words in ("silent", "timed out", "no answer")
@@ -192,7 +193,7 @@ async def test_a_silent_connection_is_noticed_within_the_read_timeout(fresh_clus
         finally:
             os.kill(process.pid, signal.SIGCONT)
         await cluster.client.create(configmap("after", namespace, v="1"))
-        await wait_for(lambda: f"{namespace}/after" in informer.store.objects, timeout=60)
+        await wait_until(lambda: f"{namespace}/after" in informer.store.objects, timeout=60)
 
 
 async def test_a_relist_after_410_across_several_namespaces_emits_each_ones_difference_only(
@@ -203,7 +204,7 @@ async def test_a_relist_after_410_across_several_namespaces_emits_each_ones_diff
         first, second, third, outside = [await new_namespace(cluster) for _ in range(4)]
         for namespace in (first, second, third, outside):
             await cluster.client.create(configmap("a", namespace, v="1"))
-        informer = mcr.Informer(cluster.client, CONFIGMAP, namespaces=[first, second, third])
+        informer = Informer(cluster.client, CONFIGMAP, namespaces=[first, second, third])
         recorder = Recorder()
         informer.add_handler(recorder.handler())
         run = asyncio.create_task(informer.run())
@@ -221,8 +222,8 @@ async def test_a_relist_after_410_across_several_namespaces_emits_each_ones_diff
 
         run = asyncio.create_task(informer.run())
         try:
-            await wait_for(lambda: informer.stats.relists_after_gone >= 1)
-            await wait_for(lambda: len(recorder.events) >= 3)
+            await wait_until(lambda: informer.stats.relists_after_gone >= 1)
+            await wait_until(lambda: len(recorder.events) >= 3)
             assert sorted(recorder.events) == [("add", "b", "1"), ("delete", "a", "1"), ("update", "a", "2")]
             fresh: dict[str, str] = {}
             for namespace in (first, second, third):

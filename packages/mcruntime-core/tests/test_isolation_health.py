@@ -18,12 +18,14 @@ from contextlib import contextmanager
 
 import aiohttp
 import pytest
-from kube_helpers import CONFIGMAP, configmap, running, running_cluster, unique, wait_for
+from kube_helpers import CONFIGMAP, configmap, running_cluster, unique
 
 import mcruntime as mcr
 from mcruntime._base.backoff import Backoff
 from mcruntime._client.health import HealthRecord
-from mcruntime.testing import ControlPlane, Fleet
+from mcruntime.cache import Informer
+from mcruntime.client import HealthState
+from mcruntime.testing import ControlPlane, Fleet, running, wait_until
 
 # The defaults under test: a probe every 5 s with a 4 s timeout; the promise is 10 s.
 PROBE_TIMEOUT = mcr.ClusterOptions().health_probe_timeout
@@ -84,12 +86,12 @@ async def test_a_hung_server_is_unhealthy_everywhere_within_interval_plus_timeou
     )
     mcr.controller_managed_by(manager).for_(CONFIGMAP).complete(_nothing)
     async with running(manager):
-        await wait_for(lambda: provider.statuses().get("hung") is not None)
-        await wait_for(lambda: provider.statuses()["hung"].phase is mcr.ClusterPhase.READY, timeout=30)
-        await wait_for(lambda: _readyz_line(manager, "hung"), timeout=30)
+        await wait_until(lambda: provider.statuses().get("hung") is not None)
+        await wait_until(lambda: provider.statuses()["hung"].phase is mcr.ClusterPhase.READY, timeout=30)
+        await wait_until(lambda: _readyz_line(manager, "hung"), timeout=30)
         with hung(fresh_cluster):
             stopped = time.monotonic()
-            await wait_for(
+            await wait_until(
                 lambda: provider.statuses()["hung"].phase is mcr.ClusterPhase.UNHEALTHY,
                 timeout=DETECTION_BOUND + 5,
             )
@@ -107,11 +109,11 @@ async def test_a_hung_server_is_unhealthy_everywhere_within_interval_plus_timeou
             print(f"hung server reported unhealthy after {detected:.1f}s (bound {DETECTION_BOUND:.0f}s)")
             assert detected <= PROMISE
         resumed = time.monotonic()
-        await wait_for(lambda: provider.statuses()["hung"].phase is mcr.ClusterPhase.READY, timeout=30)
+        await wait_until(lambda: provider.statuses()["hung"].phase is mcr.ClusterPhase.READY, timeout=30)
         recovered = time.monotonic() - resumed
         print(f"resumed server reported healthy after {recovered:.1f}s")
         assert recovered <= mcr.ClusterOptions().health_probe_interval + 1.0
-        await wait_for(lambda: _readyz_line(manager, "hung"), timeout=30)
+        await wait_until(lambda: _readyz_line(manager, "hung"), timeout=30)
         assert (await _readyz_line(manager, "hung")).startswith("[+]cluster:hung ok")
         assert await _healthy_metric(manager, "hung") == 1.0
 
@@ -120,7 +122,7 @@ async def test_requests_to_a_hung_server_fail_fast_and_waiting_ones_are_interrup
     fresh_cluster: ControlPlane,
 ) -> None:
     async with running_cluster(fresh_cluster) as cluster:
-        await wait_for(lambda: cluster.health.healthy, timeout=30)
+        await wait_until(lambda: cluster.health.healthy, timeout=30)
         with hung(fresh_cluster):
             started = time.monotonic()
             waiting = asyncio.create_task(cluster.client.get(CONFIGMAP, "anything", namespace="default"))
@@ -133,7 +135,7 @@ async def test_requests_to_a_hung_server_fail_fast_and_waiting_ones_are_interrup
             with pytest.raises(mcr.Unreachable, match="not sending GET"):
                 await cluster.client.get(CONFIGMAP, "anything", namespace="default")
             assert time.monotonic() - started < 0.5
-        await wait_for(lambda: cluster.health.healthy, timeout=30)
+        await wait_until(lambda: cluster.health.healthy, timeout=30)
         assert await cluster.client.get(mcr.Kind("v1", "Namespace"), "default") is not None
 
 
@@ -146,13 +148,13 @@ async def test_a_revoked_token_is_unhealthy_in_readyz_naming_the_401_and_a_new_t
     manager = mcr.Manager(provider, health_probe_address="127.0.0.1:0", handle_signals=False)
     mcr.controller_managed_by(manager).for_(CONFIGMAP).complete(_nothing)
     async with running(manager):
-        await wait_for(lambda: _readyz_line(manager, "member"), timeout=30)
-        await wait_for(lambda: _state(provider, "member") is mcr.ClusterPhase.READY, timeout=30)
+        await wait_until(lambda: _readyz_line(manager, "member"), timeout=30)
+        await wait_until(lambda: _state(provider, "member") is mcr.ClusterPhase.READY, timeout=30)
         fresh_cluster.revoke_token_user(account)
         # The apiserver keeps accepting a revoked token from its authentication cache
         # for a few seconds; measure from the first 401 an independent client sees.
         first_401 = await _first_401(fresh_cluster, user)
-        await wait_for(
+        await wait_until(
             lambda: provider.statuses()["member"].phase is mcr.ClusterPhase.UNHEALTHY,
             timeout=DETECTION_BOUND + 5,
         )
@@ -169,7 +171,7 @@ async def test_a_revoked_token_is_unhealthy_in_readyz_naming_the_401_and_a_new_t
         # A new token (a new ServiceAccount of the same name) is swapped in place and recovers.
         renewed = fresh_cluster.add_token_user(account)
         await provider.set("member", config_of(fresh_cluster, renewed))
-        await wait_for(lambda: provider.statuses()["member"].phase is mcr.ClusterPhase.READY, timeout=30)
+        await wait_until(lambda: provider.statuses()["member"].phase is mcr.ClusterPhase.READY, timeout=30)
         assert provider.statuses()["member"].credential_rotations == 1
 
 
@@ -194,12 +196,12 @@ async def test_an_informer_survives_5000_consecutive_failures_at_its_capped_dela
 
     options = mcr.ClusterOptions(retry=mcr.RetryPolicy(attempts=1), health_probe_interval=3600.0)
     async with running_cluster(fresh_cluster, options=options) as cluster:
-        await wait_for(lambda: cluster.health.healthy, timeout=30)
+        await wait_until(lambda: cluster.health.healthy, timeout=30)
         await fresh_cluster.stop_async()  # every list now fails: connection refused
-        informer = mcr.Informer(cluster.client, CONFIGMAP, namespace="default", backoff=Recording())
+        informer = Informer(cluster.client, CONFIGMAP, namespace="default", backoff=Recording())
         task = asyncio.create_task(informer.run())
         try:
-            await wait_for(lambda: len(chosen) >= 5000, timeout=120)
+            await wait_until(lambda: len(chosen) >= 5000, timeout=120)
             assert not task.done(), "the informer's loop died"
         finally:
             task.cancel()
@@ -226,12 +228,12 @@ async def test_a_health_probe_survives_5000_consecutive_failures_at_its_capped_d
         record.probe_forever(failing_probe, interval=5.0, timeout=5.0, backoff=Recording())
     )
     try:
-        await wait_for(lambda: len(waits) >= 5000, timeout=60)
+        await wait_until(lambda: len(waits) >= 5000, timeout=60)
         assert not task.done(), "the probe loop died"
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-    assert record.snapshot().state is mcr.HealthState.UNHEALTHY and record.unreachable
+    assert record.snapshot().state is HealthState.UNHEALTHY and record.unreachable
     assert max(waits) <= 5.0 and min(waits[-100:]) >= 2.5
 
 
@@ -244,10 +246,10 @@ async def test_a_set_cancelled_halfway_still_replaces_and_starts_the_cluster(fle
         await asyncio.sleep(0)  # let the update register the replacement, then cancel its caller
         change.cancel()
         await asyncio.gather(change, return_exceptions=True)
-        await wait_for(lambda: manager.clusters().get("member") not in (None, old), timeout=30)
+        await wait_until(lambda: manager.clusters().get("member") not in (None, old), timeout=30)
         new = manager.clusters()["member"]
         assert old.stopped and not new.stopped and new.config.server == fleet["cluster-2"].server
-        await wait_for(lambda: new.health.healthy, timeout=30)
+        await wait_until(lambda: new.health.healthy, timeout=30)
         ns = unique("cancelled")
         await new.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         assert await new.client.create(configmap("x", ns)) is not None

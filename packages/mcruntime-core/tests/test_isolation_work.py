@@ -16,10 +16,10 @@ import statistics
 import time
 
 import aiohttp
-from kube_helpers import CONFIGMAP, configmap, running, unique, wait_for
+from kube_helpers import CONFIGMAP, configmap, unique
 
 import mcruntime as mcr
-from mcruntime.testing import ControlPlane, Fleet
+from mcruntime.testing import ControlPlane, Fleet, running, wait_until
 
 HANG_SECONDS = float(os.environ.get("MCRUNTIME_TEST_HANG_SECONDS", "60"))
 CREATE_INTERVAL = 0.25  # one new ConfigMap every 0.25 s, alternating between the healthy clusters
@@ -90,7 +90,7 @@ async def test_a_sigstopped_cluster_costs_the_healthy_ones_no_reconcile_latency(
         assert (controller.max_concurrent_reconciles, controller.max_total_reconciles) == (1, 256)
 
         async with running(manager):
-            await wait_for(lambda: all((hung, f"pending-{i}") in reconciled_at for i in range(PENDING)))
+            await wait_until(lambda: all((hung, f"pending-{i}") in reconciled_at for i in range(PENDING)))
             process = planes[hung].apiserver.process
             assert process is not None and process.pid is not None
             created: dict[tuple[str, str], float] = {}
@@ -101,7 +101,7 @@ async def test_a_sigstopped_cluster_costs_the_healthy_ones_no_reconcile_latency(
                 # The hung cluster's lane fills with live GETs that get no answer.
                 for index in range(PENDING):
                     await trigger.put(mcr.Request(hung, namespace, f"pending-{index}"))
-                await wait_for(lambda: controller.queue.processing_by_group().get(hung) == 1)
+                await wait_until(lambda: controller.queue.processing_by_group().get(hung) == 1)
                 readyz_named_hung: float | None = None
                 index = 0
                 stop_creating_at = hang_began + HANG_SECONDS
@@ -114,7 +114,7 @@ async def test_a_sigstopped_cluster_costs_the_healthy_ones_no_reconcile_latency(
                     if readyz_named_hung is None and await _readyz_names(manager, hung):
                         readyz_named_hung = time.monotonic() - hang_began
                     await asyncio.sleep(CREATE_INTERVAL)  # the creation rate, not a synchronisation
-                await wait_for(lambda: set(created) <= set(reconciled_at), timeout=2)
+                await wait_until(lambda: set(created) <= set(reconciled_at), timeout=2)
                 still_hung = time.monotonic() - hang_began
                 assert still_hung >= HANG_SECONDS
                 assert pending_done == set(), "a reconcile of the stopped cluster completed"
@@ -134,10 +134,10 @@ async def test_a_sigstopped_cluster_costs_the_healthy_ones_no_reconcile_latency(
             # After SIGCONT the hung cluster's queued work is done (it waited for the probe, not
             # on a backoff grown through the hang) and the cluster is healthy again.
             resumed = time.monotonic()
-            await wait_for(lambda: pending_done == {f"pending-{i}" for i in range(PENDING)}, timeout=60)
+            await wait_until(lambda: pending_done == {f"pending-{i}" for i in range(PENDING)}, timeout=60)
             print(
                 f"readyz named the hung cluster after {readyz_named_hung:.1f}s; its pending work was done "
                 f"{time.monotonic() - resumed:.1f}s after SIGCONT"
             )
-            await wait_for(lambda: manager.clusters()[hung].health.healthy, timeout=10)
+            await wait_until(lambda: manager.clusters()[hung].health.healthy, timeout=10)
             assert not await _readyz_names(manager, hung)

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mcruntime._base.errors import KubeconfigError
+from mcruntime._config.bounded_yaml import DEFAULT_MAX_BYTES
 from mcruntime._config.kubeconfig import (
-    DEFAULT_MAX_BYTES,
     ClusterConfig,
     TrustPolicy,
     kubeconfig_from_dict,

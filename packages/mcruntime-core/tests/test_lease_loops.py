@@ -16,13 +16,14 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from kube_helpers import running_cluster, unique, wait_for
+from kube_helpers import running_cluster, unique
 from prometheus_client import CollectorRegistry
 
 import mcruntime as mcr
-from mcruntime._manager.coordinator import WorkGate
-from mcruntime._manager.heartbeat import own_connection
-from mcruntime.testing import Fleet
+from mcruntime._coordination.coordinator import WorkGate
+from mcruntime._coordination.heartbeat import own_connection
+from mcruntime.coordination import LeaderElector
+from mcruntime.testing import Fleet, wait_until
 
 LEASE = mcr.Kind("coordination.k8s.io/v1", "Lease")
 FAST: Any = {"lease_duration": 3.0, "renew_deadline": 2.0, "retry_period": 0.5}
@@ -118,7 +119,7 @@ async def test_leader_election_survives_a_missing_lease_kind_and_garbage_and_lea
         real = cluster.client
         cluster.client = Broken(real, missing=3, garbage=3)  # type: ignore[assignment]
         name = unique("broken-lease")
-        elector = mcr.LeaderElector(
+        elector = LeaderElector(
             mcr.LeaderElectionConfig(name=name, identity="survivor", **FAST), backoff=mcr.Backoff(0.01, 0.05)
         )
         task = asyncio.create_task(elector.run(cluster))
@@ -129,7 +130,7 @@ async def test_leader_election_survives_a_missing_lease_kind_and_garbage_and_lea
             assert "KindNotFound" in caplog.text and "6 in a row" in caplog.text
             # Broken again while leading: it steps down within the renew deadline, then leads again.
             cluster.client = Broken(real, garbage=10**6)  # type: ignore[assignment]
-            await wait_for(lambda: not elector.leading.is_set(), timeout=10)
+            await wait_until(lambda: not elector.leading.is_set(), timeout=10)
             assert "lost leadership" in caplog.text
             cluster.client = real
             await asyncio.wait_for(elector.leading.wait(), 20)
@@ -142,7 +143,7 @@ async def test_leader_election_survives_a_missing_lease_kind_and_garbage_and_lea
 
 async def test_leader_election_survives_5000_consecutive_failures_at_its_cap() -> None:
     backoff = Recording()
-    elector = mcr.LeaderElector(mcr.LeaderElectionConfig(name="x", identity="me", **FAST), backoff=backoff)
+    elector = LeaderElector(mcr.LeaderElectionConfig(name="x", identity="me", **FAST), backoff=backoff)
 
     class Hub:
         client = AlwaysFailing()
@@ -150,7 +151,7 @@ async def test_leader_election_survives_5000_consecutive_failures_at_its_cap() -
     logging.getLogger("mcruntime.leaderelection").disabled = True
     task = asyncio.create_task(elector.run(Hub()))  # type: ignore[arg-type]
     try:
-        await wait_for(lambda: len(backoff.delays) >= 5000, timeout=60)  # type: ignore[attr-defined]
+        await wait_until(lambda: len(backoff.delays) >= 5000, timeout=60)  # type: ignore[attr-defined]
         assert not task.done()
         assert elector.failures >= 5000
     finally:
@@ -191,7 +192,7 @@ async def test_the_coordinator_survives_a_missing_lease_kind_and_garbage_and_sha
         seat = Seat(hub, ["", "x"])
         try:
             async with coordinating(coordinator, seat) as task:
-                await wait_for(lambda: coordinator.owned == {"", "x"}, timeout=30)
+                await wait_until(lambda: coordinator.owned == {"", "x"}, timeout=30)
                 assert seat.work.opened == {"", "x"}
                 assert (seat.registry.get_sample_value("mcruntime_shard_loop_failures_total") or 0) >= 6
                 assert "KindNotFound" in caplog.text
@@ -229,7 +230,7 @@ async def test_the_coordinator_survives_5000_consecutive_failures_at_its_cap() -
     logging.getLogger("mcruntime.sharding").disabled = True
     try:
         async with coordinating(coordinator, Seat(Hub(), ["a"])) as task:
-            await wait_for(lambda: len(backoff.delays) >= 5000, timeout=60)  # type: ignore[attr-defined]
+            await wait_until(lambda: len(backoff.delays) >= 5000, timeout=60)  # type: ignore[attr-defined]
             assert not task.done()
             assert coordinator.renew_failures >= 5000
     finally:
@@ -260,12 +261,12 @@ async def test_losing_one_fence_blocks_nothing_else(fleet: Fleet) -> None:
         coordinator = mcr.ShardedCoordinator(config)
         seat = Seat(hub, ["stuck", "fine"], gate=StuckGate())
         async with coordinating(coordinator, seat):
-            await wait_for(lambda: coordinator.owned == {"stuck", "fine"}, timeout=30)
+            await wait_until(lambda: coordinator.owned == {"stuck", "fine"}, timeout=30)
             # Another writer takes the fence of "stuck" on the hub: this replica must stop there.
             fence = await hub.client.get(LEASE, config.fence_lease("stuck"), namespace=namespace)
             fence["spec"]["holderIdentity"] = "intruder"
             await hub.client.update(fence)
-            await wait_for(lambda: "stuck" in seat.work.closing and "stuck" not in coordinator.owned)
+            await wait_until(lambda: "stuck" in seat.work.closing and "stuck" not in coordinator.owned)
             # Its close hangs; renewals and acquisitions go on regardless.
             peer = config.peer_lease("me")
             first = (await hub.client.get(LEASE, peer, namespace=namespace))["spec"]["renewTime"]
@@ -274,9 +275,9 @@ async def test_losing_one_fence_blocks_nothing_else(fleet: Fleet) -> None:
                 found = await hub.client.get(LEASE, peer, namespace=namespace)
                 return bool(found["spec"]["renewTime"] != first)
 
-            await wait_for(renewed, timeout=15)
+            await wait_until(renewed, timeout=15)
             seat.names.add("late")
-            await wait_for(lambda: coordinator.owned == {"fine", "late"}, timeout=20)
+            await wait_until(lambda: coordinator.owned == {"fine", "late"}, timeout=20)
             assert seat.work.admits("fine") and seat.work.admits("late") and not seat.work.admits("stuck")
 
 
@@ -317,18 +318,18 @@ async def test_a_partitioned_replica_stops_within_the_renew_deadline_and_resumes
         seat = Seat(hub, ["x", "y"])
         try:
             async with coordinating(coordinator, seat):
-                await wait_for(lambda: coordinator.owned == {"x", "y"}, timeout=30)
+                await wait_until(lambda: coordinator.owned == {"x", "y"}, timeout=30)
                 fence = await real.get(LEASE, config.fence_lease("x"), namespace=namespace)
                 cut_at = asyncio.get_running_loop().time()
                 link.cut = True
-                await wait_for(lambda: not seat.work.opened and not coordinator.owned, timeout=10)
+                await wait_until(lambda: not seat.work.opened and not coordinator.owned, timeout=10)
                 stopped = asyncio.get_running_loop().time() - cut_at
                 # Stopped before anyone else could take its fences (lease_duration after the last renewal).
                 assert stopped < config.lease_duration, stopped
                 assert coordinator.metrics is not None
                 assert seat.registry.get_sample_value("mcruntime_shard_fence_losses_total") == 2
                 link.cut = False
-                await wait_for(lambda: seat.work.opened == {"x", "y"}, timeout=15)
+                await wait_until(lambda: seat.work.opened == {"x", "y"}, timeout=15)
                 again = await real.get(LEASE, config.fence_lease("x"), namespace=namespace)
                 # Resumed through a fresh write of its fence, not by trusting the old one.
                 assert again["metadata"]["resourceVersion"] != fence["metadata"]["resourceVersion"]

@@ -7,10 +7,11 @@ import contextlib
 from collections import defaultdict
 
 import pytest
-from kube_helpers import CONFIGMAP, configmap, running, unique, wait_for
+from kube_helpers import CONFIGMAP, configmap, unique
 
 import mcruntime as mcr
-from mcruntime.testing import ControlPlane, Fleet
+from mcruntime.testing import ControlPlane, Fleet, running, wait_until
+from mcruntime.workqueue import ExponentialBackoff
 
 
 def config_of(plane: ControlPlane) -> mcr.ClusterConfig:
@@ -69,7 +70,7 @@ async def test_a_uniform_reconciler_sees_every_object_in_every_cluster(fleet: Fl
     )
     async with running(manager):
         expected = {(plane.name, namespace, name): plane.name for plane in fleet for name in ("a", "b")}
-        await wait_for(lambda: seen.objects == expected)
+        await wait_until(lambda: seen.objects == expected)
         # Each value was read from the request's own cluster: the value is the cluster name.
         assert all(value == cluster for (cluster, _ns, _name), value in seen.objects.items())
 
@@ -84,7 +85,7 @@ async def test_single_cluster_mode_runs_the_same_reconciler(fleet: Fleet) -> Non
         uniform_reconciler(manager, seen)
     )
     async with running(manager):
-        await wait_for(lambda: seen.objects == {(mcr.LOCAL_CLUSTER, namespace, "only"): "cluster-1"})
+        await wait_until(lambda: seen.objects == {(mcr.LOCAL_CLUSTER, namespace, "only"): "cluster-1"})
 
 
 async def test_clusters_added_removed_and_replaced_while_running(fleet: Fleet, testbed: Fleet) -> None:
@@ -101,11 +102,11 @@ async def test_clusters_added_removed_and_replaced_while_running(fleet: Fleet, t
         .complete(uniform_reconciler(manager, seen))
     )
     async with running(manager):
-        await wait_for(lambda: seen.clusters_with(namespace) == {"first"})
+        await wait_until(lambda: seen.clusters_with(namespace) == {"first"})
 
         # Added at runtime: reconciled.
         await provider.set("second", config_of(second))
-        await wait_for(lambda: seen.clusters_with(namespace) == {"first", "second"})
+        await wait_until(lambda: seen.clusters_with(namespace) == {"first", "second"})
 
         # Removed: no longer reconciled, and nothing of it is left running.
         removed = await manager.get_cluster("second")
@@ -116,13 +117,13 @@ async def test_clusters_added_removed_and_replaced_while_running(fleet: Fleet, t
         async with mcr.Cluster("writer", config_of(second)) as writer:
             await writer.client.patch(CONFIGMAP, "x", {"data": {"v": "after-removal"}}, namespace=namespace)
         await _seed(first, namespace, ["marker"])  # an event that is processed after the patch above
-        await wait_for(lambda: ("first", namespace, "marker") in seen.objects)
+        await wait_until(lambda: ("first", namespace, "marker") in seen.objects)
         assert seen.calls["second"] == calls
 
         # Replaced under the same name with another cluster: exactly the new one is engaged.
         old = await manager.get_cluster("first")
         await provider.set("first", config_of(second))
-        await wait_for(lambda: seen.objects.get(("first", namespace, "x")) == "after-removal")
+        await wait_until(lambda: seen.objects.get(("first", namespace, "x")) == "after-removal")
         new = await manager.get_cluster("first")
         assert new is not old and old.stopped
         assert controller.engaged() == {"first": new}
@@ -168,8 +169,8 @@ async def test_a_controller_added_later_is_engaged_with_every_cluster(fleet: Fle
         for plane in fleet:
             await provider.clusters.wait_engaged(plane.name)
         late = mcr.controller_managed_by(manager).named("late").for_(CONFIGMAP).complete(_nothing)
-        await wait_for(lambda: set(late.engaged()) == set(fleet.names))
-        await wait_for(lambda: all(late.synced(name) for name in fleet.names))
+        await wait_until(lambda: set(late.engaged()) == set(fleet.names))
+        await wait_until(lambda: all(late.synced(name) for name in fleet.names))
 
 
 async def test_other_clusters_keep_reconciling_while_one_apiserver_is_down(
@@ -191,16 +192,16 @@ async def test_other_clusters_keep_reconciling_while_one_apiserver_is_down(
         uniform_reconciler(manager, seen)
     )
     async with running(manager):
-        await wait_for(lambda: seen.clusters_with(namespace) == {"healthy", "flaky"})
+        await wait_until(lambda: seen.clusters_with(namespace) == {"healthy", "flaky"})
         await fresh_cluster.stop_async()
-        await wait_for(lambda: provider.statuses()["flaky"].phase is mcr.ClusterPhase.UNHEALTHY)
+        await wait_until(lambda: provider.statuses()["flaky"].phase is mcr.ClusterPhase.UNHEALTHY)
         assert "flaky" in manager.clusters()  # unavailable is not gone
         await _seed(healthy, namespace, ["h1"])
-        await wait_for(lambda: ("healthy", namespace, "h1") in seen.objects)
+        await wait_until(lambda: ("healthy", namespace, "h1") in seen.objects)
         await fresh_cluster.start_async()
         await _seed(fresh_cluster, namespace, ["f1"])
-        await wait_for(lambda: ("flaky", namespace, "f1") in seen.objects, timeout=60)
-        await wait_for(lambda: provider.statuses()["flaky"].phase is mcr.ClusterPhase.READY)
+        await wait_until(lambda: ("flaky", namespace, "f1") in seen.objects, timeout=60)
+        await wait_until(lambda: provider.statuses()["flaky"].phase is mcr.ClusterPhase.READY)
 
 
 async def test_requests_for_a_removed_cluster_are_dropped_not_retried(fleet: Fleet) -> None:
@@ -219,17 +220,17 @@ async def test_requests_for_a_removed_cluster_are_dropped_not_retried(fleet: Fle
     controller = (
         mcr.controller_managed_by(manager)
         .for_(CONFIGMAP, predicates=_in_namespace(namespace))
-        .with_options(rate_limiter=mcr.ExponentialBackoff(base=0.05, cap=0.2))
+        .with_options(rate_limiter=ExponentialBackoff(base=0.05, cap=0.2))
         .complete(always_failing)
     )
     async with running(manager):
-        await wait_for(lambda: all(attempts[name] >= 2 for name in "abc"))
+        await wait_until(lambda: all(attempts[name] >= 2 for name in "abc"))
         await provider.remove("doomed")
         assert controller.queue.depth_by_group().get("doomed", 0) == 0
         settled = dict(attempts)
         marker = mcr.Request("doomed", namespace, "a")
         controller.queue.add(marker)  # a straggler from a map function
-        await wait_for(lambda: controller.stats.dropped_cluster_gone >= 1)
+        await wait_until(lambda: controller.stats.dropped_cluster_gone >= 1)
         assert controller.queue.delayed_count == 0
         assert sum(attempts.values()) <= sum(settled.values()) + 1
 
@@ -337,18 +338,18 @@ async def test_a_hub_object_fans_out_to_members_and_aggregates_their_status(
         async def phase_is(expected: str) -> bool:
             return await hub_phase() == expected
 
-        await wait_for(lambda: phase_is("running"))
+        await wait_until(lambda: phase_is("running"))
         for name, plane in members.items():
             async with running_cluster(plane, name=name) as member:
                 await member.client.patch(
                     CONFIGMAP, "t1-child", {"data": {"phase": "finished"}}, namespace=namespace
                 )
-        await wait_for(lambda: phase_is("finished"))
+        await wait_until(lambda: phase_is("finished"))
         async with running_cluster(members["m1"], name="m1") as member:
             await member.client.patch(
                 CONFIGMAP, "t1-child", {"data": {"phase": "error"}}, namespace=namespace
             )
-        await wait_for(lambda: phase_is("error"))
+        await wait_until(lambda: phase_is("error"))
 
         await user.client.delete(widget, "t1", namespace=namespace)
 
@@ -362,7 +363,7 @@ async def test_a_hub_object_fans_out_to_members_and_aggregates_their_status(
                         continue
             return True
 
-        await wait_for(children_gone)
+        await wait_until(children_gone)
 
         async def hub_gone() -> bool:
             try:
@@ -371,7 +372,7 @@ async def test_a_hub_object_fans_out_to_members_and_aggregates_their_status(
                 return True
             return False
 
-        await wait_for(hub_gone)
+        await wait_until(hub_gone)
 
 
 async def test_the_fleet_client_reports_per_cluster_results_and_errors(
@@ -418,7 +419,7 @@ async def test_the_multi_provider_composes_providers_under_prefixes(fleet: Fleet
         uniform_reconciler(manager, seen)
     )
     async with running(manager):
-        await wait_for(lambda: seen.clusters_with(namespace) == {"east/a", "east/b", "west/a"})
+        await wait_until(lambda: seen.clusters_with(namespace) == {"east/a", "east/b", "west/a"})
         assert seen.objects[("west/a", namespace, "x")] == "cluster-3"
         assert (await manager.get_cluster("east/b")) is (await east.get("b"))
         for missing in ("east/zzz", "north/a", "west"):
@@ -483,7 +484,7 @@ async def test_the_routed_client_applies_with_the_default_field_manager_and_read
         CONFIGMAP, predicates=_in_namespace(namespace), metadata_only=True
     ).complete(reconcile)
     async with running(manager):
-        await wait_for(lambda: "lean" in seen)
+        await wait_until(lambda: "lean" in seen)
         cluster = await manager.get_cluster("c")
         copy = await cluster.client.get(CONFIGMAP, "copy", namespace=namespace)
         views = [

@@ -6,10 +6,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kube_helpers import CONFIGMAP, NAMESPACE, configmap, new_namespace, running_cluster, wait_for
+from kube_helpers import CONFIGMAP, NAMESPACE, configmap, new_namespace, running_cluster
 
 import mcruntime as mcr
-from mcruntime.testing import Fleet
+from mcruntime.cache import field_getter
+from mcruntime.testing import Fleet, wait_until
 
 
 async def test_the_client_pins_namespaced_kinds_and_refuses_other_namespaces(fleet: Fleet) -> None:
@@ -92,7 +93,7 @@ async def test_views_share_one_informer_per_kind_and_see_only_their_namespace(fl
         # A live event reaches only its namespace's handlers.
         await host.client.create(configmap("late", namespaces[2]))
         # (The testbed may add kube-root-ca.crt to each namespace meanwhile: count only the test's own.)
-        await wait_for(lambda: (namespaces[2], "late") in events[namespaces[2]])
+        await wait_until(lambda: (namespaces[2], "late") in events[namespaces[2]])
         assert all({ns for ns, _name in seen} == {namespace} for namespace, seen in events.items())
         own = [
             sorted(name for _ns, name in events[namespace] if name in ("cm", "late"))
@@ -100,7 +101,7 @@ async def test_views_share_one_informer_per_kind_and_see_only_their_namespace(fl
         ]
         assert own == [["cm"], ["cm"], ["cm", "late"], ["cm"]]
         # Indexes registered through one view live on the host and serve every view.
-        tenants[0].cache.index_field(CONFIGMAP, "owner", mcr.field_getter("data", "owner"))
+        tenants[0].cache.index_field(CONFIGMAP, "owner", field_getter("data", "owner"))
         assert [
             obj["metadata"]["namespace"]
             for obj in await tenants[3].cache.list(CONFIGMAP, index=("owner", namespaces[3]))

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from kube_helpers import CONFIGMAP, configmap, running, unique, wait_for
+from kube_helpers import CONFIGMAP, configmap, unique
 from leader_process import stamping_manager
 
 import mcruntime as mcr
-from mcruntime.testing import ControlPlane, Fleet
+from mcruntime.log import JSONFormatter, ReconcileContextFilter
+from mcruntime.testing import ControlPlane, Fleet, running, wait_until
+from mcruntime.workqueue import ExponentialBackoff
 
 LEASE = mcr.Kind("coordination.k8s.io/v1", "Lease")
 EVENT = mcr.Kind("events.k8s.io/v1", "Event")
@@ -78,10 +80,10 @@ async def test_only_the_leader_reconciles_and_a_graceful_stop_hands_over_at_once
         assert first.elector is not None
         await asyncio.wait_for(first.elector.leading.wait(), 15)
         async with running(second):
-            await wait_for(lambda: _count(_stamps(plane, namespace), "first", 2))
+            await wait_until(lambda: _count(_stamps(plane, namespace), "first", 2))
             async with mcr.Cluster("writer", config_of(plane)) as writer:
                 await writer.client.create(configmap("c", namespace, v="1"))
-            await wait_for(lambda: _count(_stamps(plane, namespace), "first", 3))
+            await wait_until(lambda: _count(_stamps(plane, namespace), "first", 3))
             assert (await _stamps(plane, namespace))["second"] == 0
             assert second.elector is not None and not second.elector.leading.is_set()
             # Graceful stop of the leader: the lease is released, the standby takes over at once.
@@ -92,7 +94,7 @@ async def test_only_the_leader_reconciles_and_a_graceful_stop_hands_over_at_once
             assert takeover < second.elector.config.lease_duration, takeover
             async with mcr.Cluster("writer", config_of(plane)) as writer:
                 await writer.client.create(configmap("d", namespace, v="1"))
-            await wait_for(lambda: _count(_stamps(plane, namespace), "second", 1))
+            await wait_until(lambda: _count(_stamps(plane, namespace), "second", 1))
 
 
 async def _count(stamps: object, identity: str, at_least: int) -> bool:
@@ -112,22 +114,26 @@ async def test_a_crashed_leader_is_replaced_within_the_lease_duration_plus_one_r
         stderr=subprocess.DEVNULL,
     )
     try:
-        await wait_for(lambda: _count(_stamps(plane, namespace), "doomed", 1), timeout=60)
+        await wait_until(lambda: _count(_stamps(plane, namespace), "doomed", 1), timeout=60)
         assert await _holder(plane, namespace, "ctl") == "doomed"
         survivor = _stamping_manager(plane, namespace, "ctl", "survivor")
         async with running(survivor):
-            await asyncio.sleep(1.0)  # let the survivor observe the live lease (a warm standby)
-            assert survivor.elector is not None and not survivor.elector.leading.is_set()
+            elector = survivor.elector
+            assert elector is not None
+            await wait_until(
+                lambda: elector.observed_holder == "doomed", what="the survivor saw the live lease"
+            )
+            assert not elector.leading.is_set()
             process.send_signal(signal.SIGKILL)
             killed_at = time.monotonic()
-            await asyncio.wait_for(survivor.elector.leading.wait(), 30)
+            await asyncio.wait_for(elector.leading.wait(), 30)
             takeover = time.monotonic() - killed_at
-            limit = survivor.elector.config.lease_duration + survivor.elector.config.retry_period
+            limit = elector.config.lease_duration + elector.config.retry_period
             print(f"leader takeover after SIGKILL: {takeover:.2f}s (limit {limit}s)")
             assert takeover <= limit + 0.5, f"took {takeover:.2f}s, limit {limit}s"
             async with mcr.Cluster("writer", config_of(plane)) as writer:
                 await writer.client.create(configmap("after", namespace, v="1"))
-            await wait_for(lambda: _count(_stamps(plane, namespace), "survivor", 1))
+            await wait_until(lambda: _count(_stamps(plane, namespace), "survivor", 1))
     finally:
         process.kill()
         process.wait()
@@ -152,13 +158,13 @@ async def test_readyz_waits_for_caches_and_names_an_unreachable_cluster(
         healthz = manager.endpoints.url("/healthz")
         readyz = manager.endpoints.url("/readyz")
         assert await _get(healthz) == (200, "ok")
-        await wait_for(lambda: provider.statuses().get("down") is not None)
+        await wait_until(lambda: provider.statuses().get("down") is not None)
         status, body = await _get(readyz + "?verbose")
         assert status == 500
         assert re.search(r"^\[-\]cluster:down failed: ", body, re.MULTILINE), body
-        await wait_for(lambda: _line_ok(readyz, "cluster:up"))
+        await wait_until(lambda: _line_ok(readyz, "cluster:up"))
         await fresh_cluster.start_async()
-        await wait_for(lambda: _ready(readyz), timeout=60)
+        await wait_until(lambda: _ready(readyz), timeout=60)
         status, body = await _get(readyz + "?verbose")
         assert status == 200 and "[+]cluster:down ok" in body and "[+]cluster:up ok" in body
 
@@ -239,7 +245,7 @@ async def test_metrics_count_reconciles_per_cluster_and_follow_the_fleet(fleet: 
                 and _sample(text, "mcruntime_engaged_clusters", state="ready") == 2
             )
 
-        await wait_for(settled)
+        await wait_until(settled)
         _status, text = await _get(url)
         assert _sample(text, "workqueue_adds_total", controller="counter", cluster="east") >= 3
         assert "controller_runtime_reconcile_time_seconds_bucket" in text
@@ -259,7 +265,7 @@ async def test_metrics_count_reconciles_per_cluster_and_follow_the_fleet(fleet: 
                 and 'cluster="west"' not in body
             )
 
-        await wait_for(one_left)
+        await wait_until(one_left)
         _status, text = await _get(url)
         assert _sample(text, "mcruntime_cluster_disengagements_total") == 1
         assert _sample(text, "controller_runtime_reconcile_total", cluster="east") == seen["east"]
@@ -322,12 +328,12 @@ async def test_reconcile_logs_carry_the_context_and_json_is_one_object_per_line(
             records.append(record)
 
     handler = Keep()
-    handler.addFilter(mcr.ReconcileContextFilter())
+    handler.addFilter(ReconcileContextFilter())
     logger.addHandler(handler)
     try:
         runner = asyncio.create_task(controller.start())
         await channel.put(mcr.Request("east", "team-a", "web"))
-        await wait_for(lambda: records)
+        await wait_until(lambda: records)
         await controller.shutdown(1)
         await runner
     finally:
@@ -335,7 +341,7 @@ async def test_reconcile_logs_carry_the_context_and_json_is_one_object_per_line(
     record = records[0]
     context = tuple(getattr(record, field) for field in ("cluster", "controller", "namespace", "object"))
     assert context == ("east", "noisy", "team-a", "web")
-    line = json.loads(mcr.JSONFormatter().format(record))
+    line = json.loads(JSONFormatter().format(record))
     assert line["cluster"] == "east" and line["object"] == "web" and line["message"] == "working on it"
 
 
@@ -371,12 +377,12 @@ async def test_no_token_or_key_reaches_the_logs_of_a_whole_run(
         raise RuntimeError(f"fail once in {request.cluster} to log a traceback")
 
     mcr.controller_managed_by(manager).for_(CONFIGMAP, namespace=namespace).with_options(
-        rate_limiter=mcr.ExponentialBackoff(base=0.5, cap=1)
+        rate_limiter=ExponentialBackoff(base=0.5, cap=1)
     ).complete(reconcile)
     with caplog.at_level(logging.DEBUG):
         async with running(manager):
             await asyncio.wait_for(done.wait(), 30)
-            await wait_for(lambda: provider.statuses()["bad"].phase is mcr.ClusterPhase.UNHEALTHY)
+            await wait_until(lambda: provider.statuses()["bad"].phase is mcr.ClusterPhase.UNHEALTHY)
             await _get(manager.endpoints.url("/readyz") + "?verbose")
             await _get(manager.endpoints.url("/metrics"))
     text = caplog.text + "\n".join(repr(record.args) for record in caplog.records)

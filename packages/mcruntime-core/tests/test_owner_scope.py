@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from kube_helpers import CONFIGMAP, configmap, new_namespace, running, unique, wait_for
+from kube_helpers import CONFIGMAP, configmap, new_namespace, unique
 
 import mcruntime as mcr
-from mcruntime.testing import Fleet
+from mcruntime.testing import Fleet, running, wait_until
 
 CLUSTERROLE = mcr.Kind("rbac.authorization.k8s.io/v1", "ClusterRole")
 
@@ -45,7 +45,7 @@ async def test_a_cluster_scoped_owner_is_reconciled_as_itself_not_in_its_childs_
                 "metadata": {"name": owner_name},
             }
         )
-        await wait_for(lambda: found.get(owner_name) is True)  # the for_ event itself
+        await wait_until(lambda: found.get(owner_name) is True)  # the for_ event itself
         requests.clear()
         child = configmap("child", namespace)
         child["metadata"]["ownerReferences"] = [
@@ -59,7 +59,7 @@ async def test_a_cluster_scoped_owner_is_reconciled_as_itself_not_in_its_childs_
         ]
         found.pop(owner_name)
         await writer.client.create(child)
-        await wait_for(lambda: owner_name in found)
+        await wait_until(lambda: owner_name in found)
         assert found[owner_name] is True, "the owner looked deleted"
         assert {request for request in requests if request.name == owner_name} == {
             mcr.Request("one", "", owner_name)

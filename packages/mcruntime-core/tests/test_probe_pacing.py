@@ -8,10 +8,9 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from kube_helpers import wait_for
-
 import mcruntime as mcr
 from mcruntime._client.health import HealthRecord, ProbePacer, probe_pacer
+from mcruntime.testing import wait_until
 
 
 def test_the_interval_stretches_only_once_the_fleet_outgrows_the_budget() -> None:
@@ -43,7 +42,7 @@ async def test_a_fleet_is_probed_within_its_budget_and_leaves_the_pacer_when_sto
         )
         for record in records
     ]
-    await wait_for(lambda: len(calls) == 8)  # every cluster's first probe is immediate
+    await wait_until(lambda: len(calls) == 8)  # every cluster's first probe is immediate
     assert probe_pacer().members == 8
     first = sum(calls.values())
     await asyncio.sleep(1.0)  # a measuring window, not a synchronisation
@@ -66,8 +65,8 @@ async def test_a_suspect_cluster_is_probed_at_once_however_thin_the_budget() -> 
     loop = asyncio.create_task(
         record.probe_forever(probe, interval=0.01, timeout=1, backoff=mcr.Backoff(), budget=0.001)
     )
-    await wait_for(lambda: calls == 1)  # then the next routine probe is 1,000 s away
+    await wait_until(lambda: calls == 1)  # then the next routine probe is 1,000 s away
     record.failure("a request timed out")
-    await wait_for(lambda: calls == 2, timeout=3)
+    await wait_until(lambda: calls == 2, timeout=3)
     loop.cancel()
     await asyncio.gather(loop, return_exceptions=True)

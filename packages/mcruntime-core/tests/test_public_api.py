@@ -18,7 +18,19 @@ from pathlib import Path
 import pytest
 
 import mcruntime
-from mcruntime import toolkit
+import mcruntime.testing
+from mcruntime import (
+    cache,
+    client,
+    coordination,
+    kubeconfig,
+    log,
+    provider,
+    rbac,
+    toolkit,
+    webhook,
+    workqueue,
+)
 
 EXPORTED = [
     "APIError",
@@ -32,13 +44,11 @@ EXPORTED = [
     "ByObject",
     "Cache",
     "CacheOptions",
-    "CacheSyncTimeout",
     "ChannelSource",
     "Check",
     "Client",
     "Cluster",
     "ClusterConfig",
-    "ClusterHealth",
     "ClusterNotFound",
     "ClusterOptions",
     "ClusterPhase",
@@ -47,24 +57,15 @@ EXPORTED = [
     "Conflict",
     "Controller",
     "ConversionFailed",
-    "ConversionFunction",
-    "Coordinator",
-    "DeclaresPermissions",
-    "Defaulter",
     "Denied",
     "EVERY_CLUSTER",
     "EventHandler",
     "EventRecorder",
-    "ExponentialBackoff",
     "FleetClient",
-    "FleetResult",
     "Forbidden",
     "Gone",
-    "HealthState",
-    "IndexFunc",
-    "Informer",
+    "HandlerDefaults",
     "Invalid",
-    "JSONFormatter",
     "Kind",
     "KindNotFound",
     "KindSource",
@@ -72,36 +73,22 @@ EXPORTED = [
     "KubeconfigSecretProvider",
     "LOCAL_CLUSTER",
     "LOCAL_ONLY",
-    "LabelSelector",
     "LeaderElectionConfig",
-    "LeaderElector",
     "MCRuntimeError",
     "Manager",
     "ManagerSettings",
-    "MaxOf",
     "MultiProvider",
     "NamespaceNotCached",
     "NamespacedCluster",
     "NotFound",
     "ObjectEvent",
-    "ObjectList",
-    "OnError",
     "PROVIDER_ONLY",
-    "PatchType",
     "Permission",
     "Predicate",
     "Provider",
-    "ProviderRunnable",
-    "QueueMetrics",
-    "QueueShutDown",
-    "RBAC",
-    "RateLimiter",
-    "ReconcileContext",
-    "ReconcileContextFilter",
     "ReconcileFunction",
     "Reconciler",
     "Request",
-    "Resource",
     "ResourceEventHandler",
     "Result",
     "RetryPolicy",
@@ -114,34 +101,23 @@ EXPORTED = [
     "ShardingConfig",
     "SingleProvider",
     "StaticProvider",
-    "Subject",
     "TerminalError",
-    "TokenBucket",
     "TooManyRequests",
     "TrustPolicy",
     "TrustPolicyError",
     "Unauthorized",
     "Unreachable",
-    "Validator",
-    "WatchEvent",
-    "WebhookBuilder",
     "WebhookOptions",
-    "WebhookServer",
-    "Webhooks",
-    "WorkQueue",
     "__version__",
     "all_of",
     "annotations_changed",
     "any_of",
     "configure_logging",
     "controller_managed_by",
-    "current_reconcile",
     "current_request",
-    "default_rate_limiter",
     "enqueue_for_object",
     "enqueue_for_owner",
     "enqueue_mapped",
-    "field_getter",
     "generation_changed",
     "has_labels",
     "in_cluster_config",
@@ -149,20 +125,13 @@ EXPORTED = [
     "in_namespaces",
     "kubeconfig_from_dict",
     "kubeconfig_from_yaml",
-    "kubeconfig_paths_from_env",
     "labels_changed",
-    "list_contexts",
     "load_kubeconfig",
-    "load_kubeconfig_async",
     "load_kubeconfig_env",
     "negate",
-    "object_key",
-    "parse_kubeconfig",
     "rbac_for",
-    "render_rbac_yaml",
     "resource_version_changed",
     "run_manager",
-    "strip_managed_fields",
     "webhook_managed_by",
 ]
 
@@ -197,6 +166,146 @@ TOOLKIT = [
     "set_owner_reference",
     "set_status_condition",
 ]
+
+
+PROVIDER = [
+    "Answer",
+    "ClusterSet",
+    "ClusterSetProvider",
+    "LastGoodConfigs",
+    "ProviderRunnable",
+    "SourceStatus",
+    "follow_informers",
+    "hub_connection",
+    "resource_version",
+    "secret_key_only",
+    "wait_for_kind",
+]
+
+TESTING = [
+    "APIServer",
+    "Assets",
+    "AssetsError",
+    "BACKEND_VARIABLE",
+    "Backend",
+    "Breakage",
+    "CONTROLLERS",
+    "Capability",
+    "ControlPlane",
+    "ETCD_VERSION",
+    "EXIT_CODE_ANNOTATION",
+    "EngagementRecorder",
+    "Etcd",
+    "Fleet",
+    "KUBERNETES_VERSION",
+    "KWOK_VERSION",
+    "ManagedProcess",
+    "Process",
+    "ProcessBackend",
+    "ProviderConformance",
+    "ProviderDriver",
+    "Target",
+    "TestbedError",
+    "User",
+    "WorkloadAssets",
+    "Workloads",
+    "admin_config",
+    "backend_named",
+    "cache_dir",
+    "ensure_assets",
+    "ensure_workload_assets",
+    "find_assets",
+    "find_workload_assets",
+    "live_processes",
+    "running",
+    "wait_until",
+]
+
+# The submodules that keep what left the root reachable (see the CHANGELOG).
+SUBMODULES = {
+    "cache": ["CacheSyncTimeout", "IndexFunc", "Informer", "field_getter", "strip_managed_fields"],
+    "client": [
+        "ClusterHealth",
+        "FleetResult",
+        "HealthState",
+        "LabelSelector",
+        "ObjectList",
+        "PatchType",
+        "Resource",
+        "WatchEvent",
+        "object_key",
+    ],
+    "coordination": ["Coordinator", "LeaderElector"],
+    "kubeconfig": ["kubeconfig_paths_from_env", "list_contexts", "load_kubeconfig_async", "parse_kubeconfig"],
+    "log": ["JSONFormatter", "ReconcileContext", "ReconcileContextFilter", "current_reconcile"],
+    "rbac": ["DeclaresPermissions", "RBAC", "Subject", "render_rbac_yaml"],
+    "webhook": [
+        "ConversionFunction",
+        "Defaulter",
+        "OnError",
+        "Validator",
+        "WebhookBuilder",
+        "WebhookServer",
+        "Webhooks",
+    ],
+    "workqueue": [
+        "ExponentialBackoff",
+        "MaxOf",
+        "QueueMetrics",
+        "QueueShutDown",
+        "RateLimiter",
+        "TokenBucket",
+        "WorkQueue",
+        "default_rate_limiter",
+    ],
+}
+SURFACES = {
+    "mcruntime": mcruntime,
+    "mcruntime.cache": cache,
+    "mcruntime.client": client,
+    "mcruntime.coordination": coordination,
+    "mcruntime.kubeconfig": kubeconfig,
+    "mcruntime.log": log,
+    "mcruntime.provider": provider,
+    "mcruntime.rbac": rbac,
+    "mcruntime.toolkit": toolkit,
+    "mcruntime.webhook": webhook,
+    "mcruntime.workqueue": workqueue,
+}
+
+
+def test_the_root_stays_small() -> None:
+    """The root is the runtime a program wires together; machinery lives in a submodule."""
+    assert len(mcruntime.__all__) <= 100
+
+
+def test_each_name_is_exported_once() -> None:
+    """One import path per name: a name in two surfaces' ``__all__`` has two homes to keep in step."""
+    homes: dict[str, list[str]] = {}
+    for surface, module in SURFACES.items():
+        for name in module.__all__:
+            homes.setdefault(name, []).append(surface)
+    assert {name: where for name, where in homes.items() if len(where) > 1} == {}
+
+
+def test_the_provider_kit_exports_exactly_the_pinned_names() -> None:
+    assert sorted(provider.__all__) == sorted(PROVIDER)
+    for name in PROVIDER:
+        assert getattr(provider, name) is not None
+
+
+def test_the_testing_surface_exports_exactly_the_pinned_names() -> None:
+    assert sorted(mcruntime.testing.__all__) == sorted(TESTING)
+    for name in TESTING:
+        assert getattr(mcruntime.testing, name) is not None
+
+
+@pytest.mark.parametrize("submodule", sorted(SUBMODULES))
+def test_each_submodule_exports_exactly_the_pinned_names(submodule: str) -> None:
+    module = SURFACES[f"mcruntime.{submodule}"]
+    assert sorted(module.__all__) == SUBMODULES[submodule]
+    for name in SUBMODULES[submodule]:
+        assert getattr(module, name) is not None
 
 
 def test_the_exported_names_are_exactly_the_pinned_ones() -> None:

@@ -11,6 +11,7 @@ import yaml
 import mcruntime as mcr
 from mcruntime._base.kind import Resource
 from mcruntime._client.permissions import Denials, refused_by_authorization, verb_of
+from mcruntime.rbac import RBAC, Subject, render_rbac_yaml
 
 CONFIG = mcr.kubeconfig_from_dict(
     {
@@ -33,7 +34,7 @@ async def _reconcile(_request: mcr.Request) -> None:
     return None
 
 
-def _verbs(rbac: mcr.RBAC, role: Any, group: str, resource: str, namespace: str | None = None) -> list[str]:
+def _verbs(rbac: RBAC, role: Any, group: str, resource: str, namespace: str | None = None) -> list[str]:
     """The verbs ``role`` grants on ``group``/``resource`` (one rule each, after merging)."""
     found = [
         rule["verbs"]
@@ -171,14 +172,14 @@ def test_the_yaml_is_the_same_whatever_order_controllers_were_built_in() -> None
         manager = mcr.Manager(mcr.StaticProvider({}), local=CONFIG, handle_signals=False)
         for kind in order:
             mcr.controller_managed_by(manager).named(kind.kind.lower()).for_(kind).complete(_reconcile)
-        return mcr.render_rbac_yaml(manager, "app", "ops", "app-sa")
+        return render_rbac_yaml(manager, "app", "ops", "app-sa")
 
     assert build([CONFIGMAP, JOB, WIDGET]) == build([WIDGET, CONFIGMAP, JOB])
 
 
 def test_the_yaml_binds_each_role_to_its_subject() -> None:
     election = mcr.LeaderElectionConfig(name="fanout", namespace="ops")
-    text = mcr.render_rbac_yaml(_fanout_manager(leader_election=election), "fanout", "ops", "fanout-sa")
+    text = render_rbac_yaml(_fanout_manager(leader_election=election), "fanout", "ops", "fanout-sa")
     assert text.startswith("# hub: ")
     documents = list(yaml.safe_load_all(text))
     kinds = [(doc["kind"], doc["metadata"]["name"], doc["metadata"].get("namespace")) for doc in documents]
@@ -208,7 +209,7 @@ def test_explain_says_why_each_permission_is_there() -> None:
 
 def test_a_member_subject_of_its_own_is_bound_without_a_service_account() -> None:
     rbac = mcr.rbac_for(
-        _fanout_manager(), name="fanout", namespace="ops", member_subject=mcr.Subject("User", "fleet-bot")
+        _fanout_manager(), name="fanout", namespace="ops", member_subject=Subject("User", "fleet-bot")
     )
     members = rbac.objects("member")
     assert [obj["kind"] for obj in members] == ["ClusterRole", "ClusterRoleBinding"]

@@ -25,6 +25,7 @@ from kube_helpers import CONFIGMAP, core_api, install_widget_crd, running, uniqu
 from kubernetes_asyncio import client as k8s
 
 import mcruntime as mcr
+from mcruntime.rbac import RBAC
 from mcruntime.testing import ControlPlane, Fleet
 
 HUB = "cluster-1"
@@ -99,7 +100,7 @@ class Copier:
 @dataclass
 class Deployment:
     manager: mcr.Manager
-    rbac: mcr.RBAC
+    rbac: RBAC
     widget: mcr.Kind
     namespace: str
     admins: dict[str, mcr.Cluster]
@@ -131,7 +132,7 @@ class Deployment:
         await _grant(self.admins[cluster], self.rbac, role)
 
 
-async def _grant(admin: mcr.Cluster, rbac: mcr.RBAC, role: Any, without: str | None = None) -> None:
+async def _grant(admin: mcr.Cluster, rbac: RBAC, role: Any, without: str | None = None) -> None:
     """Apply ``role``'s generated objects with ``admin``, less the rule naming ``without``."""
     for obj in rbac.objects(role):
         if without is not None and "rules" in obj:

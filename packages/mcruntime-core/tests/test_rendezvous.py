@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from mcruntime._manager.rendezvous import assign, owner, score, uniform
+from mcruntime._coordination.rendezvous import assign, owner, score, uniform
 
 CLUSTERS = [f"cluster-{index}" for index in range(1000)]
 

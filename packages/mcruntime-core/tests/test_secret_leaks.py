@@ -19,12 +19,13 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from kube_helpers import CONFIGMAP, running, unique
+from kube_helpers import CONFIGMAP, unique
 from test_exec_plugin import API, write_plugin
 
 import mcruntime as mcr
-from mcruntime._client.failures import _describe_connection_error
-from mcruntime.testing import ControlPlane, Fleet, wait_until
+from mcruntime._client.wording import describe_connection_error
+from mcruntime.log import JSONFormatter
+from mcruntime.testing import ControlPlane, Fleet, running, wait_until
 
 PASSWORD = "made-up-basic-password-4c1f9e"
 URL_PASSWORD = "made-up-url-password-90ab3d"
@@ -41,7 +42,7 @@ def captured_logs() -> Iterator[tuple[io.StringIO, io.StringIO]]:
     text, structured = io.StringIO(), io.StringIO()
     handlers = [logging.StreamHandler(text), logging.StreamHandler(structured)]
     handlers[0].setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
-    handlers[1].setFormatter(mcr.JSONFormatter())
+    handlers[1].setFormatter(JSONFormatter())
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.DEBUG)
@@ -190,7 +191,7 @@ def test_connection_errors_are_described_without_urls_or_headers() -> None:
     ]
 
     for error in errors:
-        description = _describe_connection_error(error)
+        description = describe_connection_error(error)
         assert URL_PASSWORD not in description
         assert "example.invalid" not in description
         assert description

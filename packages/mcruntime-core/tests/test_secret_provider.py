@@ -18,12 +18,12 @@ import aiohttp
 import pytest
 import pytest_asyncio
 import yaml
-from kube_helpers import CONFIGMAP, CREDENTIAL_SHAPES, configmap, quotes_token, spoiled, unique, wait_for
+from kube_helpers import CONFIGMAP, CREDENTIAL_SHAPES, configmap, quotes_token, spoiled, unique
 
 import mcruntime as mcr
 from mcruntime._fleet.secret_provider import KubeconfigSecretProvider
 from mcruntime.provider import SourceStatus
-from mcruntime.testing import ControlPlane, Fleet
+from mcruntime.testing import ControlPlane, Fleet, admin_config, wait_until
 from mcruntime.testing._harness import EngagementRecorder, running
 from mcruntime.testing.conformance import (
     CLUSTER_OPTIONS,
@@ -31,15 +31,10 @@ from mcruntime.testing.conformance import (
     ProviderConformance,
     ProviderDriver,
     Target,
-    wait_until,
 )
 
 SECRET = mcr.Kind("v1", "Secret")
 LABEL = {"mcruntime.dev/kubeconfig": "true"}
-
-
-def admin_config(plane: ControlPlane) -> mcr.ClusterConfig:
-    return mcr.kubeconfig_from_dict(plane.kubeconfig())
 
 
 def secret_manifest(
@@ -196,7 +191,7 @@ async def processed(provider: KubeconfigSecretProvider, key: str, resource_versi
         status = provider.sources().get(key)
         return status is not None and status.version == resource_version
 
-    await wait_for(caught_up)
+    await wait_until(caught_up)
     return provider.sources()[key]
 
 
@@ -218,7 +213,7 @@ async def test_an_unusable_secret_is_reported_by_name_and_quotes_nothing(
     recorder = EngagementRecorder()
     manager.add(recorder)
     async with running(manager, recorder):
-        await wait_for(lambda: "good" in manager.clusters())
+        await wait_until(lambda: "good" in manager.clusters())
         broken = await processed(provider, hub.key("broken"), broken_rv)
         missing = await processed(provider, hub.key("no-key"), no_key_rv)
         assert not broken.engaged and broken.cluster == "broken"
@@ -234,7 +229,7 @@ async def test_an_unusable_secret_is_reported_by_name_and_quotes_nothing(
         failed = statuses["broken"]
         assert failed.phase is mcr.ClusterPhase.FAILED and failed.engagements == 0
         assert failed.source == broken and failed.error == broken.error
-        await wait_for(lambda: provider.statuses()["good"].phase is mcr.ClusterPhase.READY)
+        await wait_until(lambda: provider.statuses()["good"].phase is mcr.ClusterPhase.READY)
         good = provider.statuses()["good"].source
         assert good is not None and good.kind == "Secret" and good.name == hub.key("good") and good.engaged
         with pytest.raises(TypeError):
@@ -270,7 +265,7 @@ async def test_a_broken_update_keeps_the_last_good_kubeconfig(hub: Hub, fleet: F
         reconcile
     )
     async with running(manager, recorder):
-        await wait_for(lambda: "before" in seen)
+        await wait_until(lambda: "before" in seen)
         engaged = manager.clusters()["alpha"]
         bad_rv = await hub.write("alpha", "users: [unclosed\n")
         status = await processed(provider, hub.key("alpha"), bad_rv)
@@ -279,7 +274,7 @@ async def test_a_broken_update_keeps_the_last_good_kubeconfig(hub: Hub, fleet: F
         assert manager.clusters()["alpha"] is engaged and not engaged.stopped  # unavailable is not gone
         async with mcr.Cluster("seed", admin_config(first)) as seed:
             await seed.client.create(configmap("during", namespace, v="1"))
-        await wait_for(lambda: "during" in seen)
+        await wait_until(lambda: "during" in seen)
 
         refused = Target.of(second).kubeconfig()
         refused["clusters"][0]["cluster"]["insecure-skip-tls-verify"] = True
@@ -291,7 +286,7 @@ async def test_a_broken_update_keeps_the_last_good_kubeconfig(hub: Hub, fleet: F
         fixed_rv = await hub.write("alpha", Target.of(second).kubeconfig())
         status = await processed(provider, hub.key("alpha"), fixed_rv)
         assert not status.stale and status.error is None and status.engaged
-        await wait_for(lambda: manager.clusters()["alpha"].config.server == second.server)
+        await wait_until(lambda: manager.clusters()["alpha"].config.server == second.server)
         assert engaged.transport.closed and len(engaged.tasks) == 0 and recorder.count("alpha") == 2
 
 
@@ -304,7 +299,7 @@ async def test_an_oversized_kubeconfig_is_refused_unparsed_and_the_last_good_one
     provider = hub.provider(max_kubeconfig_bytes=len(good) + 100)
     manager, recorder = manager_for(provider)
     async with running(manager, recorder):
-        await wait_for(lambda: "big" in manager.clusters())
+        await wait_until(lambda: "big" in manager.clusters())
         engaged = manager.clusters()["big"]
         padded_rv = await hub.write("big", good + "# padding\n" * 200)  # the same kubeconfig, 2 KB larger
         status = await processed(provider, hub.key("big"), padded_rv)
@@ -323,7 +318,7 @@ async def test_deleting_deleting_and_unlabelled_secrets_disengage(hub: Hub, flee
     provider = hub.provider()
     manager, recorder = manager_for(provider)
     async with running(manager, recorder):
-        await wait_for(lambda: set(manager.clusters()) == {"deleted", "finalized", "unlabelled", "kept"})
+        await wait_until(lambda: set(manager.clusters()) == {"deleted", "finalized", "unlabelled", "kept"})
         clusters = dict(manager.clusters())
         await hub.writer.client.delete(SECRET, "deleted", namespace=hub.namespace)
         await hub.writer.client.patch(
@@ -339,7 +334,7 @@ async def test_deleting_deleting_and_unlabelled_secrets_disengage(hub: Hub, flee
             {"metadata": {"labels": {"mcruntime.dev/kubeconfig": None}}},
             namespace=hub.namespace,
         )
-        await wait_for(lambda: set(manager.clusters()) == {"kept"})
+        await wait_until(lambda: set(manager.clusters()) == {"kept"})
         assert all(clusters[name].stopped for name in ("deleted", "finalized", "unlabelled"))
         still_there = await hub.writer.client.get(SECRET, "finalized", namespace=hub.namespace)
         assert still_there["metadata"].get("deletionTimestamp")  # gone by intent, though not yet deleted
@@ -355,7 +350,7 @@ async def test_when_the_holder_of_a_name_goes_the_duplicate_takes_over(hub: Hub,
     provider = hub.provider(name_from=annotated_name)
     manager, recorder = manager_for(provider)
     async with running(manager, recorder):
-        await wait_for(lambda: "shared" in manager.clusters())
+        await wait_until(lambda: "shared" in manager.clusters())
         copy_rv = await hub.write("copy", Target.of(second).kubeconfig(), **{NAME_ANNOTATION: "shared"})
         copy = await processed(provider, hub.key("copy"), copy_rv)
         assert copy.detail.get("duplicate_of") == hub.key("original") and not copy.engaged
@@ -364,13 +359,13 @@ async def test_when_the_holder_of_a_name_goes_the_duplicate_takes_over(hub: Hub,
         )
         assert manager.clusters()["shared"].config.server == first.server
         await hub.writer.client.delete(SECRET, "original", namespace=hub.namespace)
-        await wait_for(
+        await wait_until(
             lambda: (
                 manager.clusters().get("shared") is not None
                 and manager.clusters()["shared"].config.server == second.server
             )
         )
-        await wait_for(lambda: provider.sources().get(hub.key("copy"), copy).engaged)
+        await wait_until(lambda: provider.sources().get(hub.key("copy"), copy).engaged)
         assert "duplicate_of" not in provider.sources()[hub.key("copy")].detail
         assert recorder.count("shared") == 2
 
@@ -385,8 +380,8 @@ async def test_an_opted_in_trust_policy_allows_what_untrusted_refuses(hub: Hub, 
     provider = hub.provider(trust=mcr.TrustPolicy(allow_insecure=True))
     manager, recorder = manager_for(provider)
     async with running(manager, recorder):
-        await wait_for(lambda: "insecure" in manager.clusters())
-        await wait_for(lambda: provider.statuses()["insecure"].phase is mcr.ClusterPhase.READY)
+        await wait_until(lambda: "insecure" in manager.clusters())
+        await wait_until(lambda: provider.statuses()["insecure"].phase is mcr.ClusterPhase.READY)
 
 
 async def test_a_hub_cluster_passed_in_is_used_and_left_running(hub: Hub, fleet: Fleet) -> None:
@@ -395,7 +390,7 @@ async def test_a_hub_cluster_passed_in_is_used_and_left_running(hub: Hub, fleet:
         provider = KubeconfigSecretProvider(mine, hub.namespace, options=CLUSTER_OPTIONS)
         manager, recorder = manager_for(provider)
         async with running(manager, recorder):
-            await wait_for(lambda: "alpha" in manager.clusters())
+            await wait_until(lambda: "alpha" in manager.clusters())
         assert not mine.stopped and not mine.transport.closed
         await mine.client.get(SECRET, "alpha", namespace=hub.namespace)  # still usable
 

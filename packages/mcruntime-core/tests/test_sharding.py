@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_helpers import CONFIGMAP, running, running_cluster, unique, wait_for
+from kube_helpers import CONFIGMAP, running_cluster, unique
 from shard_replica import CLUSTER_LABEL
 
 import mcruntime as mcr
-from mcruntime._manager.coordinator import Seat
-from mcruntime._manager.rendezvous import owner as rendezvous_owner
-from mcruntime.testing import Fleet
+from mcruntime._coordination.coordinator import Seat
+from mcruntime._coordination.rendezvous import owner as rendezvous_owner
+from mcruntime.testing import Fleet, running, wait_until
 
 CLUSTERS = [f"c{index:02d}" for index in range(30)]
 SCRIPT = Path(__file__).with_name("shard_replica.py")
@@ -152,7 +152,7 @@ class Shards:
             return True
 
         try:
-            await wait_for(done, timeout=timeout, interval=0.05 if len(self.clusters) <= 100 else 0.5)
+            await wait_until(done, timeout=timeout, interval=0.05 if len(self.clusters) <= 100 else 0.5)
         except AssertionError as error:
             raise AssertionError(f"{error}\n{self.describe(expected, since)}") from None
 
@@ -386,9 +386,9 @@ async def test_sharded_manager_in_process_reports_metrics_and_releases_on_stop(
         runner = asyncio.create_task(manager.start())
         try:
             # The local cluster ("") is a shard too: one replica owns the hub's own work.
-            await wait_for(lambda: coordinator.owned == {"", "x", "y"}, timeout=30)
-            await wait_for(lambda: stamped("x"), timeout=30)
-            await wait_for(lambda: stamped("y"), timeout=30)
+            await wait_until(lambda: coordinator.owned == {"", "x", "y"}, timeout=30)
+            await wait_until(lambda: stamped("x"), timeout=30)
+            await wait_until(lambda: stamped("y"), timeout=30)
             sample = manager.registry.get_sample_value
             assert sample("mcruntime_shard_clusters_owned") == 3
             assert sample("mcruntime_shard_peers") == 1
@@ -397,7 +397,7 @@ async def test_sharded_manager_in_process_reports_metrics_and_releases_on_stop(
             # Hub writes by purpose: three fence acquisitions, then only peer renewals.
             assert sample("mcruntime_shard_hub_writes_total", {"purpose": "fence-acquire"}) == 3
             renewals = sample("mcruntime_shard_hub_writes_total", {"purpose": "peer-renew"}) or 0
-            await wait_for(
+            await wait_until(
                 lambda: (
                     (sample("mcruntime_shard_hub_writes_total", {"purpose": "peer-renew"}) or 0)
                     >= renewals + 2
@@ -488,23 +488,23 @@ async def test_closing_one_cluster_ends_only_its_work_and_opening_replays_the_ca
         )
         async with running(manager):
             controller = manager.controllers["configmap"]
-            await wait_for(lambda: all(controller.synced(name) for name in planes), timeout=30)
+            await wait_until(lambda: all(controller.synced(name) for name in planes), timeout=30)
             assert started == {"east": 0, "west": 0}  # nothing is worked on until opened
             manager.work.open("east", "west")  # replays the warm caches
-            await wait_for(lambda: started == {"east": 1, "west": 1})
+            await wait_until(lambda: started == {"east": 1, "west": 1})
             await manager.work.close("east")
             assert cancelled == ["east"]
             assert "east" not in {r.cluster for r in controller._current.values()}
             # west's reconcile was not touched and finishes normally.
             release.set()
-            await wait_for(lambda: controller.stats.success == 1)
+            await wait_until(lambda: controller.stats.success == 1)
             # Events of a closed cluster are dropped; reopening replays what the cache holds.
             await setups["east"].client.patch(CONFIGMAP, "work", {"data": {"v": "2"}}, namespace=namespace)
             await setups["west"].client.patch(CONFIGMAP, "work", {"data": {"v": "2"}}, namespace=namespace)
-            await wait_for(lambda: started["west"] == 2)
+            await wait_until(lambda: started["west"] == 2)
             assert started["east"] == 1
             manager.work.open("east")
-            await wait_for(lambda: started["east"] == 2)
+            await wait_until(lambda: started["east"] == 2)
             await manager.work.close("east")
             assert coordinator.seat is manager
 
@@ -580,9 +580,9 @@ async def test_fences_of_clusters_gone_while_their_holder_was_dead_are_collected
 
         runner = asyncio.create_task(manager.start())
         try:
-            await wait_for(lambda: coordinator.owned == {"", "x"}, timeout=30)
+            await wait_until(lambda: coordinator.owned == {"", "x"}, timeout=30)
             orphans = {config.fence_lease("gone"), config.fence_lease("left")}
-            await wait_for(lambda: _without(fences(), orphans), timeout=30)
+            await wait_until(lambda: _without(fences(), orphans), timeout=30)
             # The fences of clusters in the fleet stay, held by the survivor.
             assert await fences() == {config.fence_lease(""), config.fence_lease("x")}
             sample = manager.registry.get_sample_value

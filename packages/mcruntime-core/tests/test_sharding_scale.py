@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_helpers import running_cluster, wait_for
+from kube_helpers import running_cluster
 from test_sharding import Shards, shard_group
 
 import mcruntime as mcr
-from mcruntime.testing import Fleet
+from mcruntime.testing import Fleet, wait_until
 
 LEASE = mcr.Kind("coordination.k8s.io/v1", "Lease")
 SCALE = int(os.environ.get("MCRUNTIME_SHARD_SCALE_CLUSTERS", "1000"))
@@ -60,6 +60,12 @@ class LeaseWrites:
     def rate(self, start: float, end: float) -> float:
         return sum(1 for moment, _, _ in self.events if start <= moment < end) / (end - start)
 
+    def fences_quiet(self, replicas: int) -> bool:
+        """Every replica renewed its peer Lease after the last fence write: handovers have landed."""
+        last_fence = max((m for m, _, n in self.events if "-fence-" in n), default=float("-inf"))
+        renewed = {n for m, e, n in self.events if m > last_fence and e == "modified" and "-peer-" in n}
+        return len(renewed) >= replicas
+
     def first(self, event: str, name: str, since: float) -> float | None:
         return next((m for m, e, n in self.events if m >= since and e == event and n == name), None)
 
@@ -80,7 +86,10 @@ async def watch_leases(hub: mcr.Cluster, namespace: str) -> LeaseWrites:
 
 async def steady_rate(shards: Shards, writes: LeaseWrites, seconds: float = 8.0) -> float:
     """Hub Lease writes per second over a quiet window once every cluster is settled."""
-    await asyncio.sleep(1.0)  # let the last handover writes land
+    replicas = len(shards.live())
+    await wait_until(
+        lambda: writes.fences_quiet(replicas), timeout=60, what="the last handover writes landed"
+    )
     start = time.monotonic()
     await asyncio.sleep(seconds)  # the window itself: counting, not synchronising
     return writes.rate(start, time.monotonic())
@@ -207,7 +216,7 @@ async def test_hub_writes_follow_replicas_not_clusters_and_failover_moves_only_t
 
             # The dead replica's peer Lease is collected after peer_gc_after; live ones stay.
             dead_peer = shards_peer(shards, "replica-3")
-            await wait_for(lambda: writes.first("deleted", dead_peer, killed_at) is not None, timeout=30)
+            await wait_until(lambda: writes.first("deleted", dead_peer, killed_at) is not None, timeout=30)
             leases = await hub.client.list(LEASE, namespace=shards.spec["namespace"])
             peers = {
                 item["spec"].get("holderIdentity")

@@ -12,11 +12,12 @@ import asyncio
 import os
 from contextlib import AsyncExitStack
 
-from kube_helpers import CONFIGMAP, configmap, unique, wait_for
+from kube_helpers import CONFIGMAP, configmap, unique
 
 import mcruntime as mcr
 from mcruntime._client.pool import REQUESTS_IN_FLIGHT, session_pool
-from mcruntime.testing import ControlPlane
+from mcruntime.cache import Informer
+from mcruntime.testing import ControlPlane, wait_until
 
 
 def _config(plane: ControlPlane, user: object = None) -> mcr.ClusterConfig:
@@ -53,7 +54,11 @@ async def _open_one_by_one(
     clusters = []
     for i, user in enumerate(users):
         cluster = await stack.enter_async_context(mcr.Cluster(f"tenant-{i}", _config(plane, user), options))
-        await wait_for(lambda cluster=cluster: cluster.health.healthy, timeout=30)  # first probe answered
+
+        def answered(cluster: mcr.Cluster = cluster) -> bool:
+            return cluster.health.healthy
+
+        await wait_until(answered, timeout=30, what="the first probe answered")
         await cluster.client.list(CONFIGMAP, namespace="default")
         clusters.append(cluster)
     return clusters
@@ -105,7 +110,7 @@ async def test_a_revoked_or_stopped_cluster_costs_its_pool_partners_nothing(
     seen: list[str] = []
     options = mcr.ClusterOptions(health_probe_interval=0.5)
     async with mcr.Cluster("healthy", _config(plane, healthy_user), options) as healthy:
-        informer = mcr.Informer(healthy.client, CONFIGMAP, namespace=namespace)
+        informer = Informer(healthy.client, CONFIGMAP, namespace=namespace)
         informer.add_handler(
             mcr.ResourceEventHandler(on_add=lambda obj, _initial: seen.append(obj["metadata"]["name"]))
         )
@@ -117,16 +122,16 @@ async def test_a_revoked_or_stopped_cluster_costs_its_pool_partners_nothing(
                 assert revoked.transport.shared and healthy.transport.shared
                 await revoked.client.list(CONFIGMAP, namespace=namespace)
                 plane.revoke_token_user(revoked_name)
-                await wait_for(lambda: not revoked.health.healthy, timeout=30)
+                await wait_until(lambda: not revoked.health.healthy, timeout=30)
                 assert healthy.health.healthy
                 first = unique("during")
                 await healthy.client.create(configmap(first, namespace))
-                await wait_for(lambda: first in seen, timeout=30)
+                await wait_until(lambda: first in seen, timeout=30)
             # The revoked cluster stopped, closing its own watches and requests only.
             assert healthy.transport.shared and not healthy.transport.closed
             second = unique("after")
             await healthy.client.create(configmap(second, namespace))
-            await wait_for(lambda: second in seen, timeout=30)  # the same watch, still delivering
+            await wait_until(lambda: second in seen, timeout=30)  # the same watch, still delivering
             assert informer.stats.watch_restarts == restarts  # never cut by its partner's revocation or stop
         finally:
             watching.cancel()
@@ -147,7 +152,7 @@ async def test_a_burst_from_many_clusters_reuses_a_bounded_set_of_connections(
         answers = await asyncio.gather(
             *(cluster.client.list(CONFIGMAP, namespace="default") for cluster in clusters)
         )
-        await wait_for(lambda: all(cluster.health.healthy for cluster in clusters), timeout=60)
+        await wait_until(lambda: all(cluster.health.healthy for cluster in clusters), timeout=60)
         assert len(answers) == count and all(cluster.transport.shared for cluster in clusters)
         assert session_pool().turns(clusters[0].transport._sharing_key() or "") is not None
         connections = _connections_to(port)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kube_helpers import new_namespace, running_cluster, wait_for
+from kube_helpers import new_namespace, running_cluster
 
 import mcruntime as mcr
 from mcruntime.testing import (
@@ -20,6 +20,7 @@ from mcruntime.testing import (
     Workloads,
     backend_named,
     live_processes,
+    wait_until,
 )
 from mcruntime.testing._stages import stages
 
@@ -65,7 +66,7 @@ async def test_a_job_is_scheduled_on_a_kwok_node_and_completes(workload_fleet: F
         async def complete() -> bool:
             return condition(await cluster.client.get(JOB, "ok", namespace=namespace), "Complete")
 
-        await wait_for(complete, timeout=30)
+        await wait_until(complete, timeout=30)
         (pod,) = await job_pods(cluster, namespace, "ok")
         assert pod["spec"]["nodeName"] == "kwok-node-1"
         assert pod["status"]["phase"] == "Succeeded"
@@ -82,7 +83,7 @@ async def test_the_exit_code_annotation_fails_the_pod_and_its_job(workload_fleet
         async def failed() -> bool:
             return condition(await cluster.client.get(JOB, "doomed", namespace=namespace), "Failed")
 
-        await wait_for(failed, timeout=30)
+        await wait_until(failed, timeout=30)
         (pod,) = await job_pods(cluster, namespace, "doomed")
         assert pod["status"]["phase"] == "Failed"
         assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 3
@@ -99,13 +100,13 @@ async def test_background_deletion_of_a_job_removes_its_pods(workload_fleet: Fle
         async def has_pod() -> bool:
             return len(await job_pods(cluster, namespace, "collected")) == 1
 
-        await wait_for(has_pod, timeout=30)
+        await wait_until(has_pod, timeout=30)
         await cluster.client.delete(JOB, "collected", namespace=namespace, propagation_policy="Background")
 
         async def pods_gone() -> bool:
             return not await job_pods(cluster, namespace, "collected")
 
-        await wait_for(pods_gone, timeout=30)
+        await wait_until(pods_gone, timeout=30)
 
 
 async def test_a_deleted_namespace_finishes_terminating(workload_fleet: Fleet) -> None:
@@ -123,7 +124,7 @@ async def test_a_deleted_namespace_finishes_terminating(workload_fleet: Fleet) -
                 return True
             return False
 
-        await wait_for(gone, timeout=30)
+        await wait_until(gone, timeout=30)
 
 
 async def test_plain_clusters_stay_plain(testbed: Fleet) -> None:
@@ -159,7 +160,7 @@ async def test_stop_and_start_take_the_workloads_along(fresh_cluster: ControlPla
         async def complete() -> bool:
             return condition(await cluster.client.get(JOB, "again", namespace=namespace), "Complete")
 
-        await wait_for(complete, timeout=30)
+        await wait_until(complete, timeout=30)
 
 
 @pytest.mark.testbed_workloads

@@ -12,11 +12,11 @@ import logging
 from typing import Any
 
 import pytest
-from kube_helpers import CONFIGMAP, configmap, install_widget_crd, new_namespace, running, running_cluster
+from kube_helpers import CONFIGMAP, configmap, install_widget_crd, new_namespace, running_cluster
 
 import mcruntime as mcr
 from mcruntime import toolkit
-from mcruntime.testing import Fleet
+from mcruntime.testing import Fleet, running
 
 FAST = mcr.Backoff(base=0.0, cap=0.0)
 

@@ -19,11 +19,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kube_helpers import CONFIGMAP, configmap, install_widget_crd, running, running_cluster, unique, wait_for
+from kube_helpers import CONFIGMAP, configmap, install_widget_crd, running_cluster, unique
 
 import mcruntime as mcr
 from mcruntime import toolkit
-from mcruntime.testing import ControlPlane, Fleet
+from mcruntime.testing import ControlPlane, Fleet, running, wait_until
 
 FINALIZER = "toolkit.test.mcruntime.dev/children"
 HUB = mcr.LOCAL_CLUSTER
@@ -115,7 +115,7 @@ async def test_a_hung_cluster_holds_the_owners_finalizer_until_it_returns_and_it
     manager = mcr.Manager(provider, local=config_of(planes["hub"]), handle_signals=False)
     fanout = WidgetFanout(manager, widget, namespace)
     async with running(manager), running_cluster(planes["hub"]) as hub:
-        await wait_for(lambda: set(manager.clusters()) == {HUB, "member", "away"})
+        await wait_until(lambda: set(manager.clusters()) == {HUB, "member", "away"})
         created = await hub.client.create(
             {
                 "apiVersion": widget.api_version,
@@ -129,7 +129,7 @@ async def test_a_hung_cluster_holds_the_owners_finalizer_until_it_returns_and_it
             found = [await child_in(plane, namespace, "w") for plane in planes.values()]
             return all(child is not None and toolkit.cluster_owner_of(child) is not None for child in found)
 
-        await wait_for(children_everywhere, timeout=30)
+        await wait_until(children_everywhere, timeout=30)
         away_child = await child_in(planes["away"], namespace, "w")
         assert away_child is not None
         assert toolkit.cluster_owner_of(away_child) == toolkit.ClusterOwner(
@@ -140,7 +140,7 @@ async def test_a_hung_cluster_holds_the_owners_finalizer_until_it_returns_and_it
         # The handler maps a member's child to the hub's Widget: a child deleted there comes back.
         async with running_cluster(planes["member"]) as member:
             await member.client.delete(CONFIGMAP, "w", namespace=namespace)
-        await wait_for(lambda: child_in(planes["member"], namespace, "w"), timeout=30)
+        await wait_until(lambda: child_in(planes["member"], namespace, "w"), timeout=30)
 
         with hung(planes["away"]), caplog.at_level(logging.WARNING, logger="mcruntime.toolkit"):
             await hub.client.delete(widget, "w", namespace=namespace)
@@ -150,7 +150,7 @@ async def test_a_hung_cluster_holds_the_owners_finalizer_until_it_returns_and_it
                 reasons = [result.pending.get("away", "") for result in fanout.results]
                 return len(reasons) >= 2 and reasons[-1].startswith("Unreachable")
 
-            await wait_for(held_after_the_circuit_opened, timeout=30)
+            await wait_until(held_after_the_circuit_opened, timeout=30)
             assert all(not result.released for result in fanout.results)
             assert {tuple(result.pending) for result in fanout.results} == {("away",)}
             first = fanout.results[0]
@@ -164,7 +164,7 @@ async def test_a_hung_cluster_holds_the_owners_finalizer_until_it_returns_and_it
                 current = await hub.client.get(widget, "w", namespace=namespace)
                 return toolkit.find_status_condition(current, "ChildrenDeleted") is not None
 
-            await wait_for(condition_written, timeout=10)
+            await wait_until(condition_written, timeout=10)
             condition = toolkit.find_status_condition(
                 await hub.client.get(widget, "w", namespace=namespace), "ChildrenDeleted"
             )
@@ -183,7 +183,7 @@ async def test_a_hung_cluster_holds_the_owners_finalizer_until_it_returns_and_it
         async def widget_gone() -> bool:
             return await hub.client.get_or_none(widget, "w", namespace=namespace) is None
 
-        await wait_for(widget_gone, timeout=60)
+        await wait_until(widget_gone, timeout=60)
         release_after_resume = time.monotonic() - resumed_at
         assert await child_in(planes["away"], namespace, "w") is None
         released = [index for index, result in enumerate(fanout.results) if result.released]

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 import mcruntime as mcr
+from mcruntime.webhook import Webhooks
 
 KIND = mcr.Kind("example.com/v1", "Test")
 
@@ -67,7 +68,7 @@ def test_bad_options_are_all_named() -> None:
 def test_the_completed_webhooks_say_what_was_registered() -> None:
     mgr = manager()
     done = mcr.webhook_managed_by(mgr).for_(KIND).with_validator(allow).complete()
-    assert done == mcr.Webhooks(KIND, validating=True, mutating=False, converting=False)
+    assert done == Webhooks(KIND, validating=True, mutating=False, converting=False)
     assert KIND in mgr.webhook.validators and mgr.webhook.has_handlers
 
 

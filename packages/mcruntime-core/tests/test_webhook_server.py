@@ -25,6 +25,7 @@ from webhook_helpers import (
 import mcruntime as mcr
 from mcruntime.testing import Fleet
 from mcruntime.testing._pki import CertificateAuthority
+from mcruntime.webhook import WebhookServer
 
 KIND = mcr.Kind("example.com/v1", "Test")
 
@@ -207,7 +208,7 @@ async def test_a_self_made_certificate_is_renewed_before_it_expires() -> None:
     import contextlib
     import datetime
 
-    server = mcr.WebhookServer(
+    server = WebhookServer(
         mcr.WebhookOptions(
             address="127.0.0.1:0", certificate_validity=datetime.timedelta(seconds=6), reload_interval=0.05
         ),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import logging
@@ -17,7 +16,8 @@ import yaml
 from kube_helpers import CREDENTIAL_SHAPES, quotes_token, spoiled
 
 import mcruntime as mcr
-from mcruntime.testing import ControlPlane, Fleet, Target, wait_until
+from mcruntime.testing import ControlPlane, Fleet, Target, admin_config, wait_until
+from mcruntime.testing import running as run_manager
 from mcruntime.testing.conformance import (
     CLUSTER_OPTIONS,
     PROBE_INTERVAL,
@@ -32,10 +32,6 @@ CRD = mcr.Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
 V1BETA2 = mcr.Kind("cluster.x-k8s.io/v1beta2", "Cluster")
 V1BETA1 = mcr.Kind("cluster.x-k8s.io/v1beta1", "Cluster")
-
-
-def admin(plane: ControlPlane) -> mcr.ClusterConfig:
-    return mcr.kubeconfig_from_dict(plane.kubeconfig())
 
 
 def cluster_crd(versions: tuple[str, ...]) -> dict[str, Any]:
@@ -147,7 +143,7 @@ class Hub:
     def provider(self, **options: Any) -> ClusterAPIProvider:
         options.setdefault("options", CLUSTER_OPTIONS)
         options.setdefault("probe_interval", PROBE_INTERVAL)
-        return ClusterAPIProvider(admin(self.plane), namespace=self.namespace, **options)
+        return ClusterAPIProvider(admin_config(self.plane), namespace=self.namespace, **options)
 
     async def settled(self, provider: ClusterAPIProvider) -> None:
         def caught_up() -> bool:
@@ -171,7 +167,7 @@ class Hub:
 @pytest_asyncio.fixture
 async def hub(fleet: Fleet) -> AsyncIterator[Hub]:
     plane = fleet["cluster-1"]
-    async with mcr.Cluster("capi", admin(plane)) as writer:
+    async with mcr.Cluster("capi", admin_config(plane)) as writer:
         await install_crd(writer, ("v1beta2", "v1beta1"))
         namespace = f"capi-{uuid.uuid4().hex[:8]}"
         await writer.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
@@ -244,14 +240,8 @@ async def running(provider: ClusterAPIProvider) -> AsyncIterator[mcr.Manager]:
     mcr.controller_managed_by(manager).named("noop").for_(CONFIGMAP, namespace="kube-system").complete(
         _nothing
     )
-    task = asyncio.create_task(manager.start())
-    try:
-        async with asyncio.timeout(30):
-            await manager.wait_started()
+    async with run_manager(manager, tasks_must_end=False):
         yield manager
-    finally:
-        manager.stop()
-        await task
 
 
 async def test_a_cluster_is_engaged_once_ready_even_if_its_secret_comes_later(hub: Hub, fleet: Fleet) -> None:
@@ -339,7 +329,9 @@ async def test_two_clusters_with_one_name_in_two_namespaces(hub: Hub, fleet: Fle
     await hub.writer.client.create(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": other.namespace}}
     )
-    provider = ClusterAPIProvider(admin(hub.plane), options=CLUSTER_OPTIONS, probe_interval=PROBE_INTERVAL)
+    provider = ClusterAPIProvider(
+        admin_config(hub.plane), options=CLUSTER_OPTIONS, probe_interval=PROBE_INTERVAL
+    )
     async with running(provider):
         for source, plane in ((hub, fleet["cluster-2"]), (other, fleet["cluster-3"])):
             await source.write_secret("same", plane.kubeconfig(plane.token_user))
@@ -353,7 +345,7 @@ async def test_two_clusters_with_one_name_in_two_namespaces(hub: Hub, fleet: Fle
 async def test_a_hub_serving_only_v1beta1_is_read_in_v1beta1(
     fresh_cluster: ControlPlane, fleet: Fleet
 ) -> None:
-    async with mcr.Cluster("capi", admin(fresh_cluster)) as writer:
+    async with mcr.Cluster("capi", admin_config(fresh_cluster)) as writer:
         await install_crd(writer, ("v1beta1",))
         await writer.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "legacy"}})
         legacy = Hub(fresh_cluster, writer, "legacy", kind=V1BETA1)
@@ -370,13 +362,13 @@ async def test_a_hub_without_cluster_api_is_waited_for_and_the_manager_keeps_run
 ) -> None:
     # Asked to fail fast, the provider still says clearly what is missing.
     impatient = mcr.Manager(
-        ClusterAPIProvider(admin(fresh_cluster), wait_for_crd=False), handle_signals=False
+        ClusterAPIProvider(admin_config(fresh_cluster), wait_for_crd=False), handle_signals=False
     )
     with pytest.raises(ClusterAPINotInstalled, match="Cluster API not installed"):
         await impatient.start()
     # By default it waits, says so, and engages once Cluster API is installed.
     provider = ClusterAPIProvider(
-        admin(fresh_cluster),
+        admin_config(fresh_cluster),
         namespace="late",
         options=CLUSTER_OPTIONS,
         probe_interval=PROBE_INTERVAL,
@@ -389,7 +381,7 @@ async def test_a_hub_without_cluster_api_is_waited_for_and_the_manager_keeps_run
             1 for r in caplog.records if r.levelno == level and "Cluster API not installed" in r.getMessage()
         )
 
-    async with running(provider) as manager, mcr.Cluster("capi", admin(fresh_cluster)) as writer:
+    async with running(provider) as manager, mcr.Cluster("capi", admin_config(fresh_cluster)) as writer:
         await wait_until(lambda: said(logging.DEBUG) >= 3, what="the provider looked again a few times")
         assert "Cluster API not installed" in (provider.waiting or "")
         assert "waiting" in (provider.waiting or "")

@@ -7,7 +7,6 @@ additional-args, allowed by the consumer's provider file).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import dataclasses
@@ -27,7 +26,8 @@ import pytest_asyncio
 import yaml
 
 import mcruntime as mcr
-from mcruntime.testing import ControlPlane, Fleet, Target, wait_until
+from mcruntime.testing import ControlPlane, Fleet, Target, admin_config, wait_until
+from mcruntime.testing import running as run_manager
 from mcruntime.testing.conformance import (
     CLUSTER_OPTIONS,
     PROBE_INTERVAL,
@@ -51,10 +51,6 @@ PLUGIN = HERE / "token_plugin.py"
 CRD = mcr.Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
 ACCESS_NAME = "testbed"
-
-
-def admin(plane: ControlPlane) -> mcr.ClusterConfig:
-    return mcr.kubeconfig_from_dict(plane.kubeconfig())
 
 
 def access_config(*names: str, args: str = "Append", env: str = "Ignore") -> AccessConfig:
@@ -189,7 +185,7 @@ class Hub:
         options.setdefault("options", CLUSTER_OPTIONS)
         options.setdefault("probe_interval", PROBE_INTERVAL)
         options.setdefault("namespace", self.namespace)
-        return ClusterProfileProvider(admin(self.plane), access or access_config(), **options)
+        return ClusterProfileProvider(admin_config(self.plane), access or access_config(), **options)
 
     async def settled(self, provider: ClusterProfileProvider) -> None:
         def caught_up() -> bool:
@@ -223,7 +219,7 @@ def status_of(
 @pytest_asyncio.fixture
 async def hub(fleet: Fleet, tmp_path: Path) -> AsyncIterator[Hub]:
     plane = fleet["cluster-1"]
-    async with mcr.Cluster("hub", admin(plane)) as writer:
+    async with mcr.Cluster("hub", admin_config(plane)) as writer:
         await install_crd(writer)
         namespace = f"cp-{uuid.uuid4().hex[:8]}"
         await writer.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
@@ -296,14 +292,8 @@ async def running(provider: ClusterProfileProvider) -> AsyncIterator[mcr.Manager
     mcr.controller_managed_by(manager).named("noop").for_(CONFIGMAP, namespace="kube-system").complete(
         _nothing
     )
-    task = asyncio.create_task(manager.start())
-    try:
-        async with asyncio.timeout(30):
-            await manager.wait_started()
+    async with run_manager(manager, tasks_must_end=False):
         yield manager
-    finally:
-        manager.stop()
-        await task
 
 
 async def test_engaged_once_healthy_and_not_ready_is_not_gone(hub: Hub, fleet: Fleet) -> None:
@@ -488,7 +478,7 @@ async def test_a_hub_without_the_crd_is_waited_for_and_the_manager_keeps_running
     fresh_cluster: ControlPlane, fleet: Fleet, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     impatient = mcr.Manager(
-        ClusterProfileProvider(admin(fresh_cluster), access_config(), wait_for_crd=False),
+        ClusterProfileProvider(admin_config(fresh_cluster), access_config(), wait_for_crd=False),
         handle_signals=False,
     )
     with pytest.raises(
@@ -496,7 +486,7 @@ async def test_a_hub_without_the_crd_is_waited_for_and_the_manager_keeps_running
     ):
         await impatient.start()
     provider = ClusterProfileProvider(
-        admin(fresh_cluster),
+        admin_config(fresh_cluster),
         access_config(),
         namespace="late",
         options=CLUSTER_OPTIONS,
@@ -512,7 +502,7 @@ async def test_a_hub_without_the_crd_is_waited_for_and_the_manager_keeps_running
             if "ClusterProfile API (multicluster.x-k8s.io) not installed" in r.getMessage()
         )
 
-    async with running(provider) as manager, mcr.Cluster("hub", admin(fresh_cluster)) as writer:
+    async with running(provider) as manager, mcr.Cluster("hub", admin_config(fresh_cluster)) as writer:
         await wait_until(lambda: looks() >= 3, what="the provider looked again a few times")
         waiting = provider.sources()["clusterprofiles.multicluster.x-k8s.io"]
         assert "not installed" in (waiting.error or "") and "waiting" in (waiting.error or "")
@@ -530,7 +520,7 @@ async def test_a_hub_without_the_crd_is_waited_for_and_the_manager_keeps_running
 async def test_a_broken_provider_file_fails_at_start_naming_the_file(hub: Hub, tmp_path: Path) -> None:
     path = tmp_path / "providers.json"
     path.write_text(json.dumps({"providers": [{"name": "x", "execConfig": {"command": "p"}}]}))
-    manager = mcr.Manager(ClusterProfileProvider(admin(hub.plane), path), handle_signals=False)
+    manager = mcr.Manager(ClusterProfileProvider(admin_config(hub.plane), path), handle_signals=False)
     with pytest.raises(
         mcr.MCRuntimeError, match=r"providers\.json: providers\[0\] \('x'\)\.execConfig\.apiVersion"
     ):

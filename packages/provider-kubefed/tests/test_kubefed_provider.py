@@ -16,7 +16,7 @@ import pytest_asyncio
 from kube_helpers import CREDENTIAL_SHAPES, quotes_token, spoiled
 
 import mcruntime as mcr
-from mcruntime.testing import ControlPlane, Fleet, Target, wait_until
+from mcruntime.testing import ControlPlane, Fleet, Target, admin_config, wait_until
 from mcruntime.testing.conformance import (
     CLUSTER_OPTIONS,
     PROBE_INTERVAL,
@@ -35,10 +35,6 @@ from mcruntime_kubefed import (
 SECRET = mcr.Kind("v1", "Secret")
 CRD = mcr.Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
-
-
-def admin(plane: ControlPlane) -> mcr.ClusterConfig:
-    return mcr.kubeconfig_from_dict(plane.kubeconfig())
 
 
 KUBEFED_CRD: dict[str, Any] = {
@@ -139,7 +135,7 @@ class Hub:
     def provider(self, **options: Any) -> KubeFedProvider:
         options.setdefault("options", CLUSTER_OPTIONS)
         options.setdefault("probe_interval", PROBE_INTERVAL)
-        return KubeFedProvider(admin(self.plane), namespace=self.namespace, **options)
+        return KubeFedProvider(admin_config(self.plane), namespace=self.namespace, **options)
 
     async def settled(self, provider: KubeFedProvider) -> None:
         def caught_up() -> bool:
@@ -159,7 +155,7 @@ class Hub:
 @pytest_asyncio.fixture
 async def hub(fleet: Fleet) -> AsyncIterator[Hub]:
     plane = fleet["cluster-1"]
-    async with mcr.Cluster("kubefedctl", admin(plane)) as writer:
+    async with mcr.Cluster("kubefedctl", admin_config(plane)) as writer:
         await install_kubefed_crd(writer)
         namespace = f"kubefed-{uuid.uuid4().hex[:8]}"
         await writer.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
@@ -372,7 +368,7 @@ async def test_a_hub_without_kubefed_is_waited_for_and_the_manager_keeps_running
 ) -> None:
     # Asked to fail fast, the provider still says clearly what is missing.
     with pytest.raises(KubeFedNotInstalled, match="KubeFed not installed"):
-        await _manager(KubeFedProvider(admin(fresh_cluster), wait_for_crd=False)).start()
+        await _manager(KubeFedProvider(admin_config(fresh_cluster), wait_for_crd=False)).start()
     # By default it waits, says so once, and engages a member once KubeFed is installed.
     caplog.set_level(logging.DEBUG, logger="mcruntime.follow")
 
@@ -382,7 +378,7 @@ async def test_a_hub_without_kubefed_is_waited_for_and_the_manager_keeps_running
         )
 
     provider = KubeFedProvider(
-        admin(fresh_cluster),
+        admin_config(fresh_cluster),
         namespace="federation",
         options=CLUSTER_OPTIONS,
         probe_interval=PROBE_INTERVAL,
@@ -390,7 +386,7 @@ async def test_a_hub_without_kubefed_is_waited_for_and_the_manager_keeps_running
     )
     async with (
         _running(_manager(provider)) as manager,
-        mcr.Cluster("kubefedctl", admin(fresh_cluster)) as writer,
+        mcr.Cluster("kubefedctl", admin_config(fresh_cluster)) as writer,
     ):
         await wait_until(lambda: said(logging.DEBUG) >= 3, what="the provider looked again a few times")
         assert "KubeFed not installed" in (provider.waiting or "")

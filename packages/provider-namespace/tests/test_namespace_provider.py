@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import uuid
@@ -15,7 +14,9 @@ import pytest
 import pytest_asyncio
 
 import mcruntime as mcr
+from mcruntime.cache import field_getter
 from mcruntime.testing import ControlPlane, Fleet
+from mcruntime.testing import running as run_manager
 from mcruntime.testing.conformance import (
     CLUSTER_OPTIONS,
     PROBE_INTERVAL,
@@ -105,14 +106,8 @@ async def running(provider: NamespaceProvider) -> AsyncIterator[tuple[mcr.Manage
     manager = mcr.Manager(provider, handle_signals=False)
     recorder = Recorder(manager)
     mcr.controller_managed_by(manager).named("recorder").for_(CONFIGMAP).complete(recorder)
-    task = asyncio.create_task(manager.start())
-    try:
-        async with asyncio.timeout(30):
-            await manager.wait_started()
+    async with run_manager(manager, tasks_must_end=False):
         yield manager, recorder
-    finally:
-        manager.stop()
-        await task
 
 
 def host_of(provider: NamespaceProvider) -> mcr.Cluster | None:
@@ -222,7 +217,7 @@ async def test_a_field_index_is_registered_once_on_the_host(host: Host) -> None:
         }
     )
     provider = host.provider()
-    await provider.index_field(CONFIGMAP, "by-k", mcr.field_getter("data", "k"))
+    await provider.index_field(CONFIGMAP, "by-k", field_getter("data", "k"))
     async with running(provider) as (manager, _recorder):
         await wait_until(lambda: tenant in engaged(manager), what="the tenant engaged")
         cluster = await manager.get_cluster(tenant)
@@ -370,7 +365,7 @@ async def test_scoped_informers_hold_only_the_selected_namespaces(host: Host) ->
             }
         )
     provider = host.provider(scoped_informers=True)
-    await provider.index_field(CONFIGMAP, "by-k", mcr.field_getter("data", "k"))
+    await provider.index_field(CONFIGMAP, "by-k", field_getter("data", "k"))
     async with running(provider) as (manager, recorder):
         await wait_until(
             lambda: all((t, "data") in recorder.cached[t] for t in tenants), what="every tenant reconciled"

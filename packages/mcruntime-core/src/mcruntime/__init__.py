@@ -1,14 +1,15 @@
 """mcruntime: Kubernetes controllers that reconcile across a dynamic fleet of clusters.
 
-The public API is what this module exports; every implementation module is
-private (``mcruntime._*``) so it can change without breaking users. The private
-packages are the layers, bottom to top: ``_base`` (errors, backoff, tasks),
-``_config`` (kubeconfigs, credentials), ``_client`` (transport, health, client),
-``_cache`` (informers), ``_fleet`` (clusters, providers), ``_control``
-(controllers), ``_webhook`` (admission and conversion webhooks), ``_manager``
-and ``_rbac`` (RBAC derived from a manager). A layer imports only itself and
-the layers below it; ``tests/test_layer_contract.py`` enforces that.
-``mcruntime.testing`` holds the testbed its tests and its users' tests run on.
+The public API is what this module exports (at most 100 names: the runtime a
+program wires together), plus a few submodules for the machinery some code
+needs: ``mcruntime.provider`` (the provider author's kit), ``mcruntime.toolkit``
+(the controller helpers), ``mcruntime.cache``, ``mcruntime.client``,
+``mcruntime.coordination``, ``mcruntime.kubeconfig``, ``mcruntime.log``,
+``mcruntime.rbac``, ``mcruntime.webhook``, ``mcruntime.workqueue`` and
+``mcruntime.testing`` (the testbed and the one test harness). Every
+implementation module is private (``mcruntime._*``) and sits in a layer; the
+layers, what each may import, and the check that keeps them so are described
+in ``docs/guides/architecture.md`` and enforced by ``tests/test_layer_contract.py``.
 """
 
 from __future__ import annotations
@@ -37,37 +38,31 @@ from ._base.errors import (
     Unauthorized,
     Unreachable,
 )
-from ._base.kind import Kind, Resource
-from ._base.labels import LabelSelector
-from ._base.objects import object_key
+from ._base.kind import Kind
 from ._base.permissions import Permission
-from ._cache.cache import Cache, CacheSyncTimeout, field_getter
-from ._cache.informer import (
-    IndexFunc,
-    Informer,
-    ResourceEventHandler,
-    strip_managed_fields,
-)
+from ._cache.cache import Cache
+from ._cache.informer import ResourceEventHandler
 from ._cache.options import ByObject, CacheOptions, NamespaceNotCached
-from ._client.client import Client, ObjectList, PatchType, WatchEvent
-from ._client.health import ClusterHealth, HealthState
-from ._client.transport import RetryPolicy
+from ._client.client import Client
+from ._client.retry import RetryPolicy
 from ._config.kubeconfig import (
     ClusterConfig,
     TrustPolicy,
     in_cluster_config,
     kubeconfig_from_dict,
     kubeconfig_from_yaml,
-    kubeconfig_paths_from_env,
-    list_contexts,
     load_kubeconfig,
-    load_kubeconfig_async,
     load_kubeconfig_env,
-    parse_kubeconfig,
 )
 from ._control.controller import Controller
 from ._control.events import EventRecorder
-from ._control.handler import EventHandler, enqueue_for_object, enqueue_for_owner, enqueue_mapped
+from ._control.handler import (
+    EventHandler,
+    HandlerDefaults,
+    enqueue_for_object,
+    enqueue_for_owner,
+    enqueue_mapped,
+)
 from ._control.predicate import (
     ObjectEvent,
     Predicate,
@@ -82,7 +77,6 @@ from ._control.predicate import (
     negate,
     resource_version_changed,
 )
-from ._control.ratelimit import ExponentialBackoff, MaxOf, RateLimiter, TokenBucket, default_rate_limiter
 from ._control.source import (
     EVERY_CLUSTER,
     LOCAL_ONLY,
@@ -91,29 +85,26 @@ from ._control.source import (
     ClusterSelection,
     KindSource,
 )
-from ._control.workqueue import QueueMetrics, QueueShutDown, WorkQueue
-from ._fleet.clients import FleetClient, FleetResult, RoutedClient
+from ._coordination.leaderelection import LeaderElectionConfig
+from ._coordination.sharding import ShardedCoordinator, ShardingConfig
+from ._fleet.clients import FleetClient, RoutedClient
 from ._fleet.cluster import Cluster, ClusterOptions
-from ._fleet.context import ReconcileContext, current_reconcile, current_request
 from ._fleet.namespaced import NamespacedCluster
-from ._fleet.provider import Aware, DeclaresPermissions, Provider, ProviderRunnable
-from ._fleet.providers import MultiProvider, SingleProvider, StaticProvider
-from ._fleet.reconcile import LOCAL_CLUSTER, ReconcileFunction, Reconciler, Request, Result, TerminalError
+from ._fleet.protocols import Aware, Provider
 from ._fleet.secret_provider import KubeconfigSecretProvider
+from ._fleet.static_providers import MultiProvider, SingleProvider, StaticProvider
 from ._fleet.status import ClusterPhase, ClusterStatus
 from ._manager.builder import Builder, BuilderError, controller_managed_by
-from ._manager.coordinator import Coordinator
-from ._manager.leaderelection import LeaderElectionConfig, LeaderElector
-from ._manager.logging import JSONFormatter, ReconcileContextFilter, configure_logging
+from ._manager.logging import configure_logging
 from ._manager.manager import Manager, Runnable, run_manager
 from ._manager.serving import Check
-from ._manager.sharding import ShardedCoordinator, ShardingConfig
-from ._manager.webhooks import WebhookBuilder, Webhooks, webhook_managed_by
-from ._rbac.rbac import RBAC, Subject, rbac_for, render_rbac_yaml
-from ._webhook.handlers import ConversionFailed, ConversionFunction, Defaulter, OnError, Validator
+from ._manager.webhooks import webhook_managed_by
+from ._rbac.rbac import rbac_for
+from ._reconcile.context import current_request
+from ._reconcile.request import LOCAL_CLUSTER, ReconcileFunction, Reconciler, Request, Result, TerminalError
+from ._webhook.handlers import ConversionFailed
 from ._webhook.options import WebhookOptions
 from ._webhook.review import AdmissionRequest, Denied
-from ._webhook.server import WebhookServer
 
 __version__: str = _distribution_version("mcruntime-core")
 """The installed distribution's version: one source of truth, ``pyproject.toml``."""
@@ -123,7 +114,6 @@ __all__ = [
     "LOCAL_CLUSTER",
     "LOCAL_ONLY",
     "PROVIDER_ONLY",
-    "RBAC",
     "APIError",
     "AdmissionRequest",
     "AlreadyExists",
@@ -135,13 +125,11 @@ __all__ = [
     "ByObject",
     "Cache",
     "CacheOptions",
-    "CacheSyncTimeout",
     "ChannelSource",
     "Check",
     "Client",
     "Cluster",
     "ClusterConfig",
-    "ClusterHealth",
     "ClusterNotFound",
     "ClusterOptions",
     "ClusterPhase",
@@ -150,56 +138,34 @@ __all__ = [
     "Conflict",
     "Controller",
     "ConversionFailed",
-    "ConversionFunction",
-    "Coordinator",
-    "DeclaresPermissions",
-    "Defaulter",
     "Denied",
     "EventHandler",
     "EventRecorder",
-    "ExponentialBackoff",
     "FleetClient",
-    "FleetResult",
     "Forbidden",
     "Gone",
-    "HealthState",
-    "IndexFunc",
-    "Informer",
+    "HandlerDefaults",
     "Invalid",
-    "JSONFormatter",
     "Kind",
     "KindNotFound",
     "KindSource",
     "KubeconfigError",
     "KubeconfigSecretProvider",
-    "LabelSelector",
     "LeaderElectionConfig",
-    "LeaderElector",
     "MCRuntimeError",
     "Manager",
     "ManagerSettings",
-    "MaxOf",
     "MultiProvider",
     "NamespaceNotCached",
     "NamespacedCluster",
     "NotFound",
     "ObjectEvent",
-    "ObjectList",
-    "OnError",
-    "PatchType",
     "Permission",
     "Predicate",
     "Provider",
-    "ProviderRunnable",
-    "QueueMetrics",
-    "QueueShutDown",
-    "RateLimiter",
-    "ReconcileContext",
-    "ReconcileContextFilter",
     "ReconcileFunction",
     "Reconciler",
     "Request",
-    "Resource",
     "ResourceEventHandler",
     "Result",
     "RetryPolicy",
@@ -212,34 +178,23 @@ __all__ = [
     "ShardingConfig",
     "SingleProvider",
     "StaticProvider",
-    "Subject",
     "TerminalError",
-    "TokenBucket",
     "TooManyRequests",
     "TrustPolicy",
     "TrustPolicyError",
     "Unauthorized",
     "Unreachable",
-    "Validator",
-    "WatchEvent",
-    "WebhookBuilder",
     "WebhookOptions",
-    "WebhookServer",
-    "Webhooks",
-    "WorkQueue",
     "__version__",
     "all_of",
     "annotations_changed",
     "any_of",
     "configure_logging",
     "controller_managed_by",
-    "current_reconcile",
     "current_request",
-    "default_rate_limiter",
     "enqueue_for_object",
     "enqueue_for_owner",
     "enqueue_mapped",
-    "field_getter",
     "generation_changed",
     "has_labels",
     "in_cluster_config",
@@ -247,20 +202,13 @@ __all__ = [
     "in_namespaces",
     "kubeconfig_from_dict",
     "kubeconfig_from_yaml",
-    "kubeconfig_paths_from_env",
     "labels_changed",
-    "list_contexts",
     "load_kubeconfig",
-    "load_kubeconfig_async",
     "load_kubeconfig_env",
     "negate",
-    "object_key",
-    "parse_kubeconfig",
     "rbac_for",
-    "render_rbac_yaml",
     "resource_version_changed",
     "run_manager",
-    "strip_managed_fields",
     "webhook_managed_by",
 ]
 

@@ -6,31 +6,36 @@ objects, a cloud's API) into engaged clusters. Start from
 and the base answers the rest of the :class:`~mcruntime.Provider` protocol the
 way every other provider does; report what you read with
 :meth:`ClusterSetProvider.sources`, one :class:`SourceStatus` each. Providers that watch a hub use
-:func:`hub_connection`, :func:`wait_for_kind` and :func:`follow_informers`.
+:func:`hub_connection`, :func:`wait_for_kind` and :func:`follow_informers`, read
+informers through ``Informer.view()``, slim Secrets with :func:`secret_key_only`
+and compare :func:`resource_version` to re-parse only what changed.
 Run :mod:`mcruntime.testing.conformance` against the result.
 """
 
 from __future__ import annotations
 
 from ._fleet.clusterset import ClusterSet
+from ._fleet.clusterset_provider import Answer, ClusterSetProvider
 from ._fleet.follow import follow_informers, hub_connection, wait_for_kind
-from ._fleet.kit import Answer, ClusterSetProvider
 from ._fleet.lastgood import LastGoodConfigs
-from ._fleet.provider import Aware, Provider, ProviderRunnable
-from ._fleet.status import ClusterPhase, ClusterStatus, SourceStatus
+from ._fleet.protocols import Aware as Aware  # exported by mcruntime; reachable here too
+from ._fleet.protocols import Provider as Provider  # exported by mcruntime; reachable here too
+from ._fleet.protocols import ProviderRunnable
+from ._fleet.slim import resource_version, secret_key_only
+from ._fleet.status import ClusterPhase as ClusterPhase  # exported by mcruntime; reachable here too
+from ._fleet.status import ClusterStatus as ClusterStatus  # exported by mcruntime; reachable here too
+from ._fleet.status import SourceStatus
 
 __all__ = [
     "Answer",
-    "Aware",
-    "ClusterPhase",
     "ClusterSet",
     "ClusterSetProvider",
-    "ClusterStatus",
     "LastGoodConfigs",
-    "Provider",
     "ProviderRunnable",
     "SourceStatus",
     "follow_informers",
     "hub_connection",
+    "resource_version",
+    "secret_key_only",
     "wait_for_kind",
 ]

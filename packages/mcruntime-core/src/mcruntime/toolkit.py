@@ -21,16 +21,6 @@ top-level surface the runtime's.
 
 from __future__ import annotations
 
-from ._client.conditions import (
-    find_status_condition,
-    is_status_condition_true,
-    remove_status_condition,
-    set_status_condition,
-)
-from ._client.finalizers import add_finalizer, has_finalizer, remove_finalizer
-from ._client.mutate import MutateFunction, Operation, create_or_patch, create_or_update
-from ._client.owners import AlreadyOwnedError, set_controller_reference, set_owner_reference
-from ._client.patch import apply_merge_patch, merge_patch
 from ._control.cleanup import ChildCleanup, CleanupResult
 from ._control.ownership import (
     OWNER_ANNOTATION,
@@ -44,6 +34,16 @@ from ._control.ownership import (
     owned_by_kind_selector,
     set_cluster_owner,
 )
+from ._controllerutil.conditions import (
+    find_status_condition,
+    is_status_condition_true,
+    remove_status_condition,
+    set_status_condition,
+)
+from ._controllerutil.finalizers import add_finalizer, has_finalizer, remove_finalizer
+from ._controllerutil.mutate import MutateFunction, Operation, create_or_patch, create_or_update
+from ._controllerutil.owners import AlreadyOwnedError, set_controller_reference, set_owner_reference
+from ._controllerutil.patch import apply_merge_patch, merge_patch
 
 __all__ = [
     "OWNER_ANNOTATION",

@@ -25,7 +25,9 @@ from typing import Any
 
 import mcruntime as mcr
 import mcruntime.provider as mcrp
-from mcruntime.provider import ClusterSetProvider, SourceStatus
+from mcruntime.cache import Informer
+from mcruntime.kubeconfig import parse_kubeconfig
+from mcruntime.provider import ClusterSetProvider, SourceStatus, resource_version, secret_key_only
 
 log = logging.getLogger("mcruntime_capi")
 
@@ -156,25 +158,25 @@ class ClusterAPIProvider(ClusterSetProvider):
             kind = await self._served_kind(hub)
             self.api_version = kind.api_version
             read_timeout = hub.options.watch_read_timeout
-            clusters = mcr.Informer(
+            clusters = Informer(
                 hub.client,
                 kind,
                 namespace=self.namespace,
                 label_selector=self.label_selector,
                 read_timeout=read_timeout,
             )
-            secrets = mcr.Informer(
+            secrets = Informer(
                 hub.client,
                 SECRET,
                 namespace=self.namespace,
                 label_selector=CLUSTER_NAME_LABEL,
-                transform=_value_only,
+                transform=secret_key_only("value"),
                 read_timeout=read_timeout,
             )
 
             async def answer() -> tuple[dict[str, mcr.ClusterConfig], dict[str, SourceStatus]]:
-                await self._parse_changed(secrets.store.objects)
-                return self._desired(clusters.store.objects, secrets.store.objects)
+                await self._parse_changed(secrets.view())
+                return self._desired(clusters.view(), secrets.view())
 
             await self.follow(aware, [clusters, secrets], answer, backoff=self._retry_backoff)
 
@@ -202,7 +204,7 @@ class ClusterAPIProvider(ClusterSetProvider):
         fresh = {
             key: secret
             for key, secret in secrets.items()
-            if key not in self._parsed or self._parsed[key][0] != _resource_version(secret)
+            if key not in self._parsed or self._parsed[key][0] != resource_version(secret)
         }
         if not fresh:
             return
@@ -210,7 +212,7 @@ class ClusterAPIProvider(ClusterSetProvider):
             lambda: {key: self._parse(key, secret) for key, secret in fresh.items()}
         )
         for key, (config, error) in parsed.items():
-            self._parsed[key] = (_resource_version(fresh[key]), config, error)
+            self._parsed[key] = (resource_version(fresh[key]), config, error)
 
     def _desired(
         self, objects: Mapping[str, Mapping[str, Any]], secrets: Mapping[str, Mapping[str, Any]]
@@ -256,7 +258,7 @@ class ClusterAPIProvider(ClusterSetProvider):
         if secret is None:
             return None, f"Secret {secret_key} does not exist (yet)"
         parsed = self._parsed.get(secret_key)
-        if parsed is None or parsed[0] != _resource_version(secret):
+        if parsed is None or parsed[0] != resource_version(secret):
             return self._parse(secret_key, secret)  # not parsed ahead (a direct call): parse now
         return parsed[1], parsed[2]
 
@@ -283,7 +285,7 @@ class ClusterAPIProvider(ClusterSetProvider):
         except (binascii.Error, ValueError):
             return None, f"Secret {secret_key} key 'value' is not base64-encoded UTF-8 text"
         try:
-            document = mcr.parse_kubeconfig(text, origin=f"Secret {secret_key} key 'value'", max_bytes=limit)
+            document = parse_kubeconfig(text, origin=f"Secret {secret_key} key 'value'", max_bytes=limit)
         except mcr.KubeconfigError as error:  # no aliases, bounded depth and size; secret-free
             return None, str(error)
         try:
@@ -293,21 +295,3 @@ class ClusterAPIProvider(ClusterSetProvider):
         except Exception as error:  # a shape no check foresaw: name the type, quote nothing
             kind = type(error).__name__
             return None, f"Secret {secret_key} key 'value' is not a usable kubeconfig ({kind})"
-
-
-def _resource_version(secret: Mapping[str, Any]) -> str:
-    return str((secret.get("metadata") or {}).get("resourceVersion", ""))
-
-
-def _value_only(secret: dict[str, Any]) -> dict[str, Any]:
-    """Keep the Secret's name and its ``value`` key only."""
-    metadata = secret.get("metadata") or {}
-    data = secret.get("data") or {}
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {
-            key: metadata[key] for key in ("name", "namespace", "resourceVersion") if key in metadata
-        },
-        "data": {"value": data["value"]} if "value" in data else {},
-    }

@@ -28,7 +28,8 @@ from typing import Any
 
 import mcruntime as mcr
 import mcruntime.provider as mcrp
-from mcruntime.provider import ClusterSetProvider, SourceStatus
+from mcruntime.cache import Informer
+from mcruntime.provider import ClusterSetProvider, SourceStatus, resource_version
 
 from ._access import AccessConfig, AccessConfigError
 from ._profile import (
@@ -199,7 +200,7 @@ class ClusterProfileProvider(ClusterSetProvider):
             watchers.append(self._follow_access_file)
         async with mcrp.hub_connection(self._hub, f"{self._owner} (hub)", self._options) as hub:
             await self._served(hub)
-            informer = mcr.Informer(
+            informer = Informer(
                 hub.client,
                 CLUSTER_PROFILE,
                 namespace=self.namespace,
@@ -209,8 +210,8 @@ class ClusterProfileProvider(ClusterSetProvider):
             )
 
             async def answer() -> tuple[dict[str, mcr.ClusterConfig], dict[str, SourceStatus]]:
-                read = await self._read_changed(informer.store.objects)
-                return self._desired(informer.store.objects, read)
+                read = await self._read_changed(informer.view())
+                return self._desired(informer.view(), read)
 
             await self.follow(aware, [informer], answer, backoff=self._retry_backoff, watchers=watchers)
 
@@ -265,7 +266,7 @@ class ClusterProfileProvider(ClusterSetProvider):
         config = self.access  # one provider file for the whole read, even if a new one arrives
         assert config is not None
         ready = self._is_ready(key, profile)
-        version = _resource_version(profile)
+        version = resource_version(profile)
         try:
             access = read_access(key, profile, config, trust=self._trust, limits=self.limits)
         except ProfileError as error:
@@ -282,7 +283,7 @@ class ClusterProfileProvider(ClusterSetProvider):
         """Whether ``version`` is this profile's version, read with the provider file now in use."""
         return (
             version is not None
-            and version.resource_version == _resource_version(profile)
+            and version.resource_version == resource_version(profile)
             and version.read_with is self.access
         )
 
@@ -372,10 +373,6 @@ def _offers_access(profile: Mapping[str, Any]) -> bool:
     return isinstance(status, Mapping) and bool(
         status.get("accessProviders") or status.get("credentialProviders")
     )
-
-
-def _resource_version(profile: Mapping[str, Any]) -> str:
-    return str((profile.get("metadata") or {}).get("resourceVersion", ""))
 
 
 def _slim(profile: dict[str, Any]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from typing import Any
 
 import mcruntime as mcr
 import mcruntime.provider as mcrp
+from mcruntime.kubeconfig import kubeconfig_paths_from_env
 from mcruntime.provider import ClusterSetProvider
 
 from ._naming import ContextSelection, Naming, context_filter, naming_function
@@ -83,7 +84,7 @@ class _File:
 
 def _inputs(paths: PathInput | None) -> tuple[Path, ...]:
     if paths is None:
-        return tuple(absolute(path) for path in mcr.kubeconfig_paths_from_env())
+        return tuple(absolute(path) for path in kubeconfig_paths_from_env())
     if isinstance(paths, str):
         listed = split_path_list(paths)
         if not listed:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import mcruntime as mcr
+from mcruntime.kubeconfig import list_contexts, parse_kubeconfig
 
 from ._naming import current_context_only
 
@@ -270,7 +271,7 @@ def parse_file(
     current = current if isinstance(current, str) and current else None
     if select is current_context_only and current is None:
         return failed("sets no current-context, and only the current context is selected")
-    names = list(dict.fromkeys(mcr.list_contexts(data)))  # kubectl: the first entry of a name wins
+    names = list(dict.fromkeys(list_contexts(data)))  # kubectl: the first entry of a name wins
     chosen = list(dict.fromkeys(select(names, current)))
     readings = tuple(_build(data, path, context, trust) for context in chosen)
     watch = frozenset(_referenced_directories(reading.config for reading in readings))
@@ -306,7 +307,7 @@ def _parse(content: bytes) -> tuple[dict[str, Any], str | None]:
     try:
         # The core's bounded parser: no aliases, bounded depth and values (the
         # provider has already refused files over its size limit, unread).
-        data = mcr.parse_kubeconfig(text, origin="", max_bytes=len(content))
+        data = parse_kubeconfig(text, origin="", max_bytes=len(content))
     except mcr.KubeconfigError as error:
         return {}, str(error)
     return data, None

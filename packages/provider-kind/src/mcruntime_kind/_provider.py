@@ -26,6 +26,7 @@ from typing import Any
 
 import mcruntime as mcr
 import mcruntime.provider as mcrp
+from mcruntime.kubeconfig import parse_kubeconfig
 from mcruntime.provider import ClusterSetProvider
 
 from ._cli import KindCLI, KindCommandError
@@ -316,7 +317,7 @@ class KindProvider(ClusterSetProvider):
     def _parse(self, name: str, text: str) -> mcr.ClusterConfig:
         """Kind's kubeconfig as a config; errors say where, never quote what."""
         origin = f"kubeconfig of kind cluster {name!r}"
-        document = mcr.parse_kubeconfig(text, origin=origin)  # bounded: no aliases, depth, size
+        document = parse_kubeconfig(text, origin=origin)  # bounded: no aliases, depth, size
         try:
             return mcr.kubeconfig_from_dict(document, context_name(name), trust=self._trust, origin=origin)
         except mcr.KubeconfigError:

@@ -19,7 +19,8 @@ from typing import Any
 
 import mcruntime as mcr
 import mcruntime.provider as mcrp
-from mcruntime.provider import ClusterSetProvider, SourceStatus
+from mcruntime.cache import Informer
+from mcruntime.provider import ClusterSetProvider, SourceStatus, secret_key_only
 
 from ._config import MemberConfigError, member_config, token_of
 
@@ -131,15 +132,19 @@ class KubeFedProvider(ClusterSetProvider):
                         f"({KUBEFED_CLUSTER.api_version})"
                     ) from None
             read_timeout = hub.options.watch_read_timeout
-            members = mcr.Informer(
+            members = Informer(
                 hub.client, KUBEFED_CLUSTER, namespace=self.namespace, read_timeout=read_timeout
             )
-            secrets = mcr.Informer(
-                hub.client, SECRET, namespace=self.namespace, transform=_token_only, read_timeout=read_timeout
+            secrets = Informer(
+                hub.client,
+                SECRET,
+                namespace=self.namespace,
+                transform=secret_key_only("token"),
+                read_timeout=read_timeout,
             )
 
             def answer() -> tuple[dict[str, mcr.ClusterConfig], dict[str, SourceStatus]]:
-                return self._desired(members.store.objects, secrets.store.objects)
+                return self._desired(members.view(), secrets.view())
 
             await self.follow(aware, [members, secrets], answer, backoff=self._retry_backoff)
 
@@ -219,17 +224,3 @@ _NOT_READY = "waiting for KubeFed's Ready condition"
 def _ready(obj: Mapping[str, Any]) -> bool:
     conditions = (obj.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def _token_only(secret: dict[str, Any]) -> dict[str, Any]:
-    """Keep a Secret's name and its ``token`` key only: nothing else of the namespace's Secrets."""
-    metadata = secret.get("metadata") or {}
-    data = secret.get("data") or {}
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {
-            key: metadata[key] for key in ("name", "namespace", "resourceVersion") if key in metadata
-        },
-        "data": {"token": data["token"]} if "token" in data else {},
-    }

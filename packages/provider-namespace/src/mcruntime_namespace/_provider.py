@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import mcruntime as mcr
+from mcruntime.cache import IndexFunc
+from mcruntime.client import HealthState
 from mcruntime.provider import Aware, ClusterPhase, ClusterStatus, SourceStatus
 
 log = logging.getLogger("mcruntime.provider.namespace")
@@ -92,7 +94,7 @@ class NamespaceProvider:
         """Whether each namespace's cluster lists and watches its namespace only (see the class)."""
         self._host: mcr.Cluster | None = None
         self._engaged: dict[str, _Engaged] = {}
-        self._indexes: dict[tuple[mcr.Kind, str], mcr.IndexFunc] = {}
+        self._indexes: dict[tuple[mcr.Kind, str], IndexFunc] = {}
         self._running = False
 
     def rbac_rules(self) -> list[mcr.Permission]:
@@ -125,7 +127,7 @@ class NamespaceProvider:
             raise mcr.ClusterNotFound(name, f"no namespace {name!r} is engaged from host {self.host_name!r}")
         return engaged.cluster
 
-    async def index_field(self, kind: mcr.Kind, name: str, extract: mcr.IndexFunc) -> None:
+    async def index_field(self, kind: mcr.Kind, name: str, extract: IndexFunc) -> None:
         """Index ``kind`` on the host (shared informers) or in every namespace's cluster (scoped ones)."""
         self._indexes[(kind, name)] = extract
         if self._host is not None:
@@ -146,9 +148,9 @@ class NamespaceProvider:
             if host is not None:
                 health = host.health
                 failing = engaged.cluster.failing_loops()
-                if health.state is mcr.HealthState.UNHEALTHY:
+                if health.state is HealthState.UNHEALTHY:
                     phase, since, error = ClusterPhase.UNHEALTHY, health.since, health.reason
-                elif health.state is mcr.HealthState.UNKNOWN:
+                elif health.state is HealthState.UNKNOWN:
                     pass
                 elif failing:
                     phase, since, error = ClusterPhase.UNHEALTHY, health.since, "; ".join(failing)

@@ -58,7 +58,10 @@ class Backoff:
         step = math.log(self.factor)
         if failures * step >= exponent:
             return self.cap
-        return min(self.cap, math.exp(math.log(self.base) + failures * step))
+        try:  # exact below the cap (5 ms doubles to exactly 10 ms), so delays compare equal
+            return min(self.cap, self.base * self.factor**failures)
+        except OverflowError:  # a subnormal base under a huge cap: the log form cannot overflow
+            return min(self.cap, math.exp(math.log(self.base) + failures * step))
 
     def delay(self, failures: int) -> float:
         """The jittered wait after ``failures`` consecutive failures."""

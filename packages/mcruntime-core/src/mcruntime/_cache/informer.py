@@ -26,6 +26,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from .._base.backoff import Backoff
@@ -267,6 +268,15 @@ class Informer:
 
     def get(self, key: str) -> JSON | None:
         return self.store.objects.get(key)
+
+    def view(self) -> Mapping[str, JSON]:
+        """A read-only, live view of the objects held now, by ``namespace/name`` key.
+
+        What a provider's pass reads: the whole store at once, without copying
+        it and without reaching into the store, which stays the informer's.
+        The view follows the store; take ``dict(view)`` to keep a snapshot.
+        """
+        return MappingProxyType(self.store.objects)
 
     # --- dispatch -------------------------------------------------------------------
 

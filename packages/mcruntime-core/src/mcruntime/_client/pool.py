@@ -54,6 +54,46 @@ class Turns:
         """Whether the server answered a request of this session in the last ``within`` seconds."""
         return asyncio.get_running_loop().time() - self.answered_at < within
 
+    async def take(self, timeout: float, patient: bool) -> float | None:
+        """Wait for a place among the requests in flight; the seconds of ``timeout`` that remain.
+
+        ``None`` when a place was free at once (no wait, no task). The wait
+        counts against the request's own ``timeout``, so a queue behind a hung
+        server fails like the server itself would. A ``patient`` request (the
+        health probe) waits on while the queue moves, and its timeout starts
+        with its turn: a server that answers others is busy, not unreachable.
+
+        Raises:
+            NoTurn: no place came free in time (and, if patient, the queue stood still).
+        """
+        if not self.semaphore.locked():
+            await self.semaphore.acquire()
+            return None
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        acquiring = asyncio.ensure_future(self.semaphore.acquire())
+        try:
+            while True:
+                await asyncio.wait({acquiring}, timeout=timeout)
+                if acquiring.done():
+                    break
+                if not (patient and self.moving(timeout)):
+                    raise NoTurn(
+                        f"no turn to send in {loop.time() - began:.3g}s "
+                        f"({self.limit} requests to the server in flight and no answer)"
+                    )
+        except BaseException:
+            if acquiring.done() and not acquiring.cancelled() and acquiring.exception() is None:
+                self.semaphore.release()  # it came through as we gave up: hand it back
+            else:
+                acquiring.cancel()
+            raise
+        return timeout if patient else max(0.001, timeout - (loop.time() - began))
+
+
+class NoTurn(Exception):
+    """A request found no place among the shared session's requests in flight in time."""
+
 
 @dataclass
 class _Shared:

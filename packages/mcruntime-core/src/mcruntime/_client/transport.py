@@ -6,37 +6,36 @@ This is the seam between mcruntime and the HTTP stack: it turns a
 change, exec plugins re-run before expiry and after a 401). Everything above it
 speaks paths and bytes, so swapping the base client later stays a local change.
 
-Retries live here because only here is it known whether a request reached the
-server: idempotent requests retry 429 (honouring Retry-After), 5xx and
-connection failures with jittered exponential backoff; other requests retry
-only what provably never reached the server.
+Retries are decided here because only here is it known whether a request
+reached the server: idempotent requests retry 429 (honouring Retry-After), 5xx
+and connection failures with the backoff of ``retry.py``; other requests retry
+only what provably never reached the server. TLS material is ``tls.py``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import asyncio.sslproto
 import base64
 import logging
-import os
 import ssl
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from .._base.backoff import Backoff
 from .._base.errors import Unreachable
-from .._config.credentials import _Credentials
+from .._config.credentials import ClusterCredentials
 from .._config.exec import ExecLimits
-from .._config.kubeconfig import ClusterConfig, _redacted
+from .._config.kubeconfig import ClusterConfig, redacted_url
 from .._config.material import MaterialFiles
-from .failures import _describe_connection_error, _unexpected
 from .health import HealthRecord
-from .pool import Turns, session_pool
+from .pool import NoTurn, Turns, session_pool
+from .retry import RETRY_STATUSES, retry_after_seconds
+from .retry import RetryPolicy as RetryPolicy  # a transport option, importable here too
+from .tls import MaterialPaths, certificate_of, tune_tls_read_buffer
+from .wording import NoAnswer, Unsendable, describe_connection_error, unexpected
 
 if TYPE_CHECKING:
     # Imported where used: kubernetes-asyncio's generated models take ~0.3 s and
@@ -44,58 +43,15 @@ if TYPE_CHECKING:
     from kubernetes_asyncio import client as k8s_client
 
 _KEEPALIVE_SECONDS = 75.0
+"""How long an idle pooled connection is kept (aiohttp's default is 15 s)."""
 # Aborted TLS connections leaked in CPython until gh-118960 (3.12.8, 3.13.1); aiohttp's
 # workaround for that is deprecated where the fix is in (a DeprecationWarning on every
 # session, an error under -W error), so it is asked for only where it is still needed.
 _CLEANUP_CLOSED = sys.version_info < (3, 12, 8) or (3, 13, 0) <= sys.version_info < (3, 13, 1)
-"""How long an idle pooled connection is kept (aiohttp's default is 15 s)."""
 
 log = logging.getLogger("mcruntime.transport")
 
-_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 _CONNECT_TIMEOUT = 5.0
-_STDLIB_TLS_READ_BUFFER = 256 * 1024
-_tls_buffer_tuned = False
-
-
-def _tune_tls_read_buffer() -> None:
-    """Lower asyncio's per-connection TLS read buffer from 256 KiB to 64 KiB, once per process.
-
-    Every TLS connection asyncio makes allocates (and zero-fills, so it is
-    resident) a read buffer of ``SSLProtocol.max_size``, and a fleet holds a
-    watch connection per cluster and kind: at 256 KiB that buffer was most of
-    an idle cluster's memory. TLS records carry at most 16 KiB, so 64 KiB
-    reads lose nothing. The setting is the process's, so it is only lowered
-    from the standard library's own default; ``MCRUNTIME_TLS_READ_BUFFER_KIB``
-    chooses another size (256 keeps the default).
-    """
-    global _tls_buffer_tuned
-    if _tls_buffer_tuned:
-        return
-    _tls_buffer_tuned = True
-    raw = os.environ.get("MCRUNTIME_TLS_READ_BUFFER_KIB", "64")
-    try:
-        size = int(raw) * 1024
-    except ValueError:
-        log.warning("MCRUNTIME_TLS_READ_BUFFER_KIB=%r is not a whole number of KiB; keeping 64", raw)
-        size = 64 * 1024
-    protocol = getattr(asyncio.sslproto, "SSLProtocol", None)
-    if size > 0 and getattr(protocol, "max_size", None) == _STDLIB_TLS_READ_BUFFER:
-        protocol.max_size = size  # type: ignore[union-attr]
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How hard to retry a request that may succeed a moment later."""
-
-    attempts: int = 5
-    base_delay: float = 0.2
-    max_delay: float = 10.0
-
-    def delay(self, attempt: int, retry_after: float | None = None) -> float:
-        """Full-jitter capped backoff (the one :class:`Backoff`), never shorter than Retry-After."""
-        backoff = Backoff(base=self.base_delay, cap=max(self.max_delay, self.base_delay), jitter=1.0)
-        return max(backoff.delay(attempt), retry_after or 0.0)
 
 
 class Transport:
@@ -134,14 +90,14 @@ class Transport:
         # open watches keep running on the old identity until they reconnect; closed
         # (or given back) with the transport.
         self._retired: list[tuple[str | None, aiohttp.ClientSession]] = []
-        self._credentials: _Credentials | None = None
+        self._credentials: ClusterCredentials | None = None
         self._closing: set[asyncio.Task[None]] = set()
-        self._files: dict[str, str] = {}
+        self._paths: MaterialPaths | None = None
         self._open_lock = asyncio.Lock()
         self._closed = False
 
     def __repr__(self) -> str:
-        return f"<Transport cluster={self.cluster!r} server={_redacted(self.config.server)}>"
+        return f"<Transport cluster={self.cluster!r} server={redacted_url(self.config.server)}>"
 
     @property
     def server(self) -> str:
@@ -156,9 +112,10 @@ class Transport:
                 raise Unreachable("the cluster was stopped", cluster=self.cluster)
             if self._session is not None:
                 return
-            _tune_tls_read_buffer()
+            tune_tls_read_buffer()
             material = MaterialFiles()
             self._material = material
+            self._paths = MaterialPaths(material)
             self._credentials = self._new_credentials(self.config)
             key = self._sharing_key()
             if key is not None:
@@ -174,7 +131,7 @@ class Transport:
                 if isinstance(error, Exception) and self.closed:
                     raise Unreachable("the cluster was stopped", cluster=self.cluster) from None
                 if isinstance(error, ssl.SSLError | OSError | ValueError):  # a CA that is no certificate, say
-                    message = f"unusable TLS configuration: {_describe_connection_error(error)}"
+                    message = f"unusable TLS configuration: {describe_connection_error(error)}"
                     raise Unreachable(message, cluster=self.cluster) from None
                 raise
             if self.closed:  # closed while the TLS context was being built: open nothing
@@ -198,7 +155,7 @@ class Transport:
         if not self._share:
             return None
         endpoint = self.config.endpoint_fingerprint()
-        if _certificate_of(self.config.user) == (None, None):
+        if certificate_of(self.config.user) == (None, None):
             return endpoint  # the identity travels per request, in a header
         return f"{endpoint}/{self.config.credential_fingerprint()}"
 
@@ -223,8 +180,8 @@ class Transport:
 
     def _new_credentials(
         self, config: ClusterConfig, prepare: Callable[[], Awaitable[None]] | None = None
-    ) -> _Credentials:
-        return _Credentials(
+    ) -> ClusterCredentials:
+        return ClusterCredentials(
             config,
             self.cluster,
             use_certificate=self._use_certificate,
@@ -265,46 +222,16 @@ class Transport:
         material.close()
         if self._material is material:
             self._material = None
-            self._files.clear()
+            self._paths = None
 
     @property
     def closed(self) -> bool:
         return self._closed
 
-    def _material_file(self, field_name: str, entry: Mapping[str, Any]) -> str | None:
-        """A path holding a certificate or key.
-
-        The referenced file, or inline data put once into an in-memory file
-        (memfd: nothing on disk, gone with the process however it ends).
-        """
-        data_field = f"{field_name}-data"
-        if entry.get(data_field):
-            key = f"{field_name}:{entry[data_field]}"
-            if key not in self._files:
-                assert self._material is not None
-                data = base64.b64decode(str(entry[data_field]).replace("\r", "").replace("\n", ""))
-                self._files[key] = self._material.path(field_name, data)
-            return self._files[key]
-        path = entry.get(field_name)
-        return str(path) if path else None
-
     def _ssl_context(self, user: Mapping[str, Any] | None = None) -> ssl.SSLContext:
-        cluster = self.config.cluster
+        assert self._paths is not None
         user = self.config.user if user is None else user
-        ca_file = self._material_file("certificate-authority", cluster)
-        context = ssl.create_default_context(cafile=ca_file)
-        # Python 3.13 made its defaults stricter than client-go's verifier (a CA without
-        # key identifiers is refused); kubectl trusts such clusters, so we do too.
-        context.verify_flags &= ~ssl.VERIFY_X509_STRICT
-        if cluster.get("insecure-skip-tls-verify"):
-            log.warning("cluster %r: TLS verification is disabled by its kubeconfig", self.cluster)
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        cert = self._material_file("client-certificate", user)
-        key = self._material_file("client-key", user)
-        if cert and key:
-            context.load_cert_chain(cert, key)
-        return context
+        return self._paths.ssl_context(self.cluster, self.config.cluster, user)
 
     async def _use_certificate(self, certificate: bytes, key: bytes) -> None:
         """Present a new client certificate on new connections (an exec plugin's, say)."""
@@ -327,7 +254,7 @@ class Transport:
         try:
             context = await asyncio.to_thread(self._ssl_context, user)
         except (ssl.SSLError, OSError, ValueError) as error:
-            message = f"unusable client certificate: {_describe_connection_error(error)}"
+            message = f"unusable client certificate: {describe_connection_error(error)}"
             self.health.failure(message)
             raise Unreachable(message, cluster=self.cluster) from None
         if self._closed or self._session is None:
@@ -353,22 +280,8 @@ class Transport:
         """
         if self._material is None:
             raise RuntimeError(f"cluster {self.cluster!r}: the transport is not open")
-        assert self._credentials is not None
-        from kubernetes_asyncio import client as k8s_client
-
-        configuration = k8s_client.Configuration(host=self.server)
-        configuration.ssl_ca_cert = self._material_file("certificate-authority", self.config.cluster)
-        configuration.cert_file = self._material_file("client-certificate", self.config.user)
-        configuration.key_file = self._material_file("client-key", self.config.user)
-        configuration.verify_ssl = not self.config.cluster.get("insecure-skip-tls-verify")
-        if self.config.cluster.get("tls-server-name"):
-            configuration.tls_server_name = self.config.cluster["tls-server-name"]
-        if self.config.cluster.get("proxy-url"):
-            configuration.proxy = self.config.cluster["proxy-url"]
-        authorization = await self.authorization()
-        if authorization and authorization.startswith("Bearer "):
-            configuration.api_key["BearerToken"] = authorization
-        return configuration
+        assert self._credentials is not None and self._paths is not None
+        return self._paths.kubernetes_configuration(self.server, self.config, await self.authorization())
 
     def replace_credentials(self, config: ClusterConfig) -> None:
         """Use ``config``'s user from the next request on (same endpoint, new credential).
@@ -382,8 +295,8 @@ class Transport:
         if self._material is None:
             return  # not open: open() builds everything from the new config
         prepare = None
-        if _certificate_of(config.user) != _certificate_of(old_config.user) and (
-            _certificate_of(config.user) != (None, None)
+        if certificate_of(config.user) != certificate_of(old_config.user) and (
+            certificate_of(config.user) != (None, None)
         ):
             user = config.user
 
@@ -455,10 +368,10 @@ class Transport:
                 status, response_headers, payload = await self._send(
                     method, path, params, body, content_type, accept, timeout or self._request_timeout
                 )
-            except _Unsendable as failure:
+            except Unsendable as failure:
                 self.health.failure(failure.message)
                 raise
-            except _NoAnswer as failure:
+            except NoAnswer as failure:
                 if self._closed:  # cut by close(): the cluster stopped, the server did nothing wrong
                     raise Unreachable("the cluster was stopped", cluster=self.cluster) from None
                 self.health.failure(failure.message)
@@ -477,8 +390,8 @@ class Transport:
                 self.health.credentials_rejected(
                     f"credentials rejected: {method} {path} answered 401 Unauthorized"
                 )
-            if status in _RETRY_STATUSES and (safe or status == 429) and attempt + 1 < self._retry.attempts:
-                retry_after = _retry_after(response_headers)
+            if status in RETRY_STATUSES and (safe or status == 429) and attempt + 1 < self._retry.attempts:
+                retry_after = retry_after_seconds(response_headers)
                 await asyncio.sleep(self._retry.delay(attempt, retry_after))
                 attempt += 1
                 self._fail_fast(method, path)
@@ -506,11 +419,11 @@ class Transport:
                 status, _headers, _body = await self._send(
                     "GET", "/version", None, None, None, "application/json", timeout, patient=True
                 )
-            except _NoAnswer as failure:
+            except NoAnswer as failure:
                 if failure.timed_out:
                     return f"no answer to GET /version in {timeout:g}s", True
                 return f"GET /version failed: {failure.message}", True
-            except _Unsendable as error:  # our side cannot send it: the server may be fine
+            except Unsendable as error:  # our side cannot send it: the server may be fine
                 return error.message, False
             except Unreachable as error:  # unusable TLS material, or the cluster was stopped
                 return error.message, True
@@ -543,7 +456,7 @@ class Transport:
         timeout: float,
         patient: bool = False,
     ) -> tuple[int, Mapping[str, str], bytes]:
-        """One attempt; raises :class:`_NoAnswer` when no response arrived (or the circuit cut it).
+        """One attempt; raises :class:`NoAnswer` when no response arrived (or the circuit cut it).
 
         ``patient``: wait for a turn while the shared session's queue moves
         (see :meth:`_take_turn`).
@@ -555,9 +468,9 @@ class Transport:
                 self.health.credential_error = error.message
             raise
         except Exception as error:  # a credential source that broke in a way nobody foresaw
-            message = _unexpected(error, "getting the credential for", method, path)
+            message = unexpected(error, "getting the credential for", method, path)
             self.health.credential_error = message
-            raise _Unsendable(message, self.cluster) from None
+            raise Unsendable(message, self.cluster) from None
         self.health.credential_error = None
         session = self._session
         if session is None:
@@ -594,62 +507,33 @@ class Transport:
                 finally:
                     self._waiting.discard(waiting)
                     interrupted = waiting.expired()
-        except (_NoAnswer, Unreachable):
+        except (NoAnswer, Unreachable):
             raise
         except (aiohttp.ClientError, TimeoutError, ssl.SSLError) as error:
             if interrupted:
-                raise _NoAnswer(f"{self.health.reason}; the request was interrupted", False, False) from None
+                raise NoAnswer(f"{self.health.reason}; the request was interrupted", False, False) from None
             never_sent = isinstance(error, aiohttp.ClientConnectorError)
             timed_out = isinstance(error, TimeoutError)
-            raise _NoAnswer(_describe_connection_error(error), never_sent, timed_out) from None
+            raise NoAnswer(describe_connection_error(error), never_sent, timed_out) from None
         except Exception as error:
             # aiohttp's ValueError for a header it will not send, say: the same on every
             # attempt, so no retry; the cluster's health says what it was.
-            raise _Unsendable(_unexpected(error, "sending", method, path), self.cluster) from None
+            raise Unsendable(unexpected(error, "sending", method, path), self.cluster) from None
         self.health.contact()
         return status, response_headers, payload
 
     async def _take_turn(self, turns: Turns, timeout: float, patient: bool) -> aiohttp.ClientTimeout:
-        """Wait for a place among the shared session's requests in flight; the timeout that remains.
-
-        The wait counts against the request's own ``timeout``, so a queue
-        behind a hung server fails like the server itself would. A
-        ``patient`` request (the health probe) waits on while the queue
-        moves, and its timeout starts with its turn: a server that answers
-        others is busy, not unreachable.
-        """
-        if not turns.semaphore.locked():
-            await turns.semaphore.acquire()  # a free place: taken at once, no task, no wait
+        """A place among the shared session's requests (see :meth:`Turns.take`); the timeout left."""
+        try:
+            remaining = await turns.take(timeout, patient)
+        except NoTurn as failure:
+            raise NoAnswer(str(failure), True, True) from None
+        if remaining is None:
             return aiohttp.ClientTimeout(
                 total=timeout, connect=self._connect_timeout, sock_connect=self._connect_timeout
             )
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        acquiring = asyncio.ensure_future(turns.semaphore.acquire())
-        try:
-            while True:
-                await asyncio.wait({acquiring}, timeout=timeout)
-                if acquiring.done():
-                    break
-                if not (patient and turns.moving(timeout)):
-                    raise _NoAnswer(
-                        f"no turn to send in {loop.time() - began:.3g}s "
-                        f"({turns.limit} requests to the server in flight and no answer)",
-                        True,
-                        True,
-                    )
-        except BaseException:
-            if acquiring.done() and not acquiring.cancelled() and acquiring.exception() is None:
-                turns.semaphore.release()  # it came through as we gave up: hand it back
-            else:
-                acquiring.cancel()
-            raise
-        remaining = timeout if patient else max(0.001, timeout - (loop.time() - began))
-        return aiohttp.ClientTimeout(
-            total=remaining,
-            connect=min(remaining, self._connect_timeout),
-            sock_connect=min(remaining, self._connect_timeout),
-        )
+        connect = min(remaining, self._connect_timeout)
+        return aiohttp.ClientTimeout(total=remaining, connect=connect, sock_connect=connect)
 
     def _interrupt(self, reason: str) -> None:
         """The circuit opened: end every request waiting on the server and every watch."""
@@ -702,40 +586,6 @@ class Transport:
                 finally:
                     self._streams.discard(response)
         except (aiohttp.ClientConnectorError, ssl.SSLError) as error:
-            message = _describe_connection_error(error)
+            message = describe_connection_error(error)
             self.health.failure(message)
             raise Unreachable(message, cluster=self.cluster) from None
-
-
-class _Unsendable(Unreachable):
-    """The request could not be built or handed to the HTTP client; retrying would not help."""
-
-    def __init__(self, message: str, cluster: str) -> None:
-        super().__init__(message, cluster=cluster)
-
-
-class _NoAnswer(Exception):
-    """One attempt got no response: why, whether it surely never reached the server, whether it timed out."""
-
-    def __init__(self, message: str, never_sent: bool, timed_out: bool) -> None:
-        super().__init__(message)
-        self.message = message
-        self.never_sent = never_sent
-        self.timed_out = timed_out
-
-
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    value = headers.get("Retry-After")
-    if value is None:
-        return None
-    try:
-        return min(float(value), 60.0)
-    except ValueError:
-        return None
-
-
-def _certificate_of(user: Mapping[str, Any]) -> tuple[Any, Any]:
-    return (
-        user.get("client-certificate-data") or user.get("client-certificate"),
-        user.get("client-key-data") or user.get("client-key"),
-    )

@@ -42,7 +42,7 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-class _Credentials:
+class ClusterCredentials:
     """Produces the Authorization header for each request; ``invalidate`` after a 401."""
 
     def __init__(
@@ -107,7 +107,7 @@ class _Credentials:
             )
 
     def __repr__(self) -> str:
-        return f"<_Credentials cluster={self._cluster!r}>"
+        return f"<ClusterCredentials cluster={self._cluster!r}>"
 
     @property
     def closed(self) -> bool:

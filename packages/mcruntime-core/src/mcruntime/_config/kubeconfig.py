@@ -23,8 +23,6 @@ pure computation, safe on the event loop.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import hashlib
 import json
 import os
@@ -36,9 +34,18 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
-
 from .._base.errors import KubeconfigError, TrustPolicyError
+from .bounded_yaml import DEFAULT_MAX_BYTES, check_bounded, read_yaml
+from .bounded_yaml import parse_kubeconfig as parse_kubeconfig  # the loaders' parser, importable here too
+from .fields import (
+    CLUSTER_BOOLS,
+    CLUSTER_STRINGS,
+    USER_STRINGS,
+    check_data,
+    check_exec,
+    check_types,
+    resolve_path,
+)
 from .tokens import token_problem
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -50,22 +57,8 @@ _USER_FILES = {"client-certificate": "client-certificate-data", "client-key": "c
 # The userinfo of a URL (``https://user:password@host``), which may hold a credential.
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)?[^/?#]*@")
 
-DEFAULT_MAX_BYTES = 1024 * 1024
-"""The default size limit of one kubeconfig (file, Secret value or in-memory document)."""
 
-MAX_DEPTH = 32
-"""Nesting limit of a kubeconfig document; real ones nest about six levels deep."""
-
-MAX_NODES = 100_000
-"""Values (scalars, lists, mappings) one kubeconfig may hold; a thousand contexts take ~20,000.
-
-Parsing costs about 20 µs per value, so this bounds one parse to a few seconds
-of CPU (off the event loop). An in-memory document may share sub-objects (what
-YAML aliases produce), so its check counts every visit and stops here rather
-than following an exponential structure."""
-
-
-def _redacted(url: str) -> str:
+def redacted_url(url: str) -> str:
     """The URL with any userinfo masked, for reprs and messages."""
     return _USERINFO.sub(r"\1***@", url)
 
@@ -146,7 +139,7 @@ class ClusterConfig:
 
     def __repr__(self) -> str:
         context = f" context={self.context!r}" if self.context else ""
-        return f"<ClusterConfig {self.origin}{context} server={_redacted(self.server)}>"
+        return f"<ClusterConfig {self.origin}{context} server={redacted_url(self.server)}>"
 
     __str__ = __repr__
 
@@ -213,164 +206,6 @@ def _digest(entry: Mapping[str, Any], content_fields: Iterable[str]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-# --- parsing ---------------------------------------------------------------------
-
-
-class _Refused(yaml.YAMLError):
-    """A YAML alias, or too deep or too many nodes, met while composing."""
-
-    def __init__(self, message: str, mark: Any) -> None:
-        super().__init__(message)
-        self.message = message
-        self.problem_mark = mark
-
-
-class _BoundedComposer(yaml.composer.Composer):
-    """PyYAML's composer without aliases and with a nesting limit.
-
-    Listed before libyaml's parser in the loader's bases, so the (cheap,
-    linear) composition is ours while scanning and parsing stay in C.
-    """
-
-    _depth = 0
-    _nodes = 0
-    check_event: Any
-    peek_event: Any
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise _Refused(
-                "YAML aliases are not allowed in a kubeconfig (they can expand without bound)",
-                event.start_mark,
-            )
-        self._depth += 1
-        self._nodes += 1
-        try:
-            if self._nodes > MAX_NODES:
-                raise _Refused(f"more than {MAX_NODES} values", self.peek_event().start_mark)
-            if self._depth > MAX_DEPTH:
-                raise _Refused(f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark)
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-
-_CParser: Any = getattr(yaml.cyaml, "CParser", None)
-
-if _CParser is not None:
-
-    class _Loader(_BoundedComposer, _CParser, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):  # type: ignore[misc]
-        """libyaml's scanner and parser, our composer, PyYAML's safe constructor."""
-
-        def __init__(self, stream: str | bytes) -> None:
-            _CParser.__init__(self, stream)
-            _BoundedComposer.__init__(self)
-            yaml.constructor.SafeConstructor.__init__(self)
-            yaml.resolver.Resolver.__init__(self)
-
-else:  # pragma: no cover - PyYAML built without libyaml
-
-    class _Loader(  # type: ignore[no-redef]
-        yaml.reader.Reader,
-        yaml.scanner.Scanner,
-        yaml.parser.Parser,
-        _BoundedComposer,
-        yaml.constructor.SafeConstructor,
-        yaml.resolver.Resolver,
-    ):
-        def __init__(self, stream: str | bytes) -> None:
-            yaml.reader.Reader.__init__(self, stream)
-            yaml.scanner.Scanner.__init__(self)
-            yaml.parser.Parser.__init__(self)
-            _BoundedComposer.__init__(self)
-            yaml.constructor.SafeConstructor.__init__(self)
-            yaml.resolver.Resolver.__init__(self)
-
-
-def parse_kubeconfig(
-    text: str | bytes, *, origin: str = "<kubeconfig>", max_bytes: int = DEFAULT_MAX_BYTES
-) -> dict[str, Any]:
-    """Parse kubeconfig YAML (a file's or a Secret value's text) with bounded cost.
-
-    Refuses documents over ``max_bytes``, YAML aliases and nesting deeper than
-    :data:`MAX_DEPTH`, each with a :class:`KubeconfigError` naming ``origin``;
-    anything that is not a mapping at the top is refused too. Use it instead
-    of ``yaml.safe_load`` for any kubeconfig that came from elsewhere.
-    """
-    size = len(text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text)
-    if size > max_bytes:
-        raise KubeconfigError(f"larger than the limit of {max_bytes} bytes ({size} bytes)", origin=origin)
-    loader = _Loader(text)
-    try:
-        data = loader.get_single_data()
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        detail = f": {error.message}" if isinstance(error, _Refused) else ""
-        raise KubeconfigError(f"not valid YAML{where}{detail}", origin=origin) from None
-    except (ValueError, TypeError, RecursionError, UnicodeError, OverflowError) as error:
-        # A scalar PyYAML cannot construct: an integer beyond Python's digit limit,
-        # an impossible timestamp, an unhashable key.
-        raise KubeconfigError(f"not valid YAML: {type(error).__name__}", origin=origin) from None
-    finally:
-        loader.dispose()
-    if data is None:
-        raise KubeconfigError("the document is empty", origin=origin)
-    if not isinstance(data, dict):
-        raise KubeconfigError("not a kubeconfig: the top level is not a mapping", origin=origin)
-    return data
-
-
-def _read_bounded(path: Path, max_bytes: int) -> bytes:
-    """At most ``max_bytes`` of a file, or an error: never read a huge file whole."""
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(max_bytes + 1)
-    except OSError as error:
-        raise KubeconfigError(f"cannot read the file: {error.strerror}", origin=str(path)) from None
-    if len(data) > max_bytes:
-        raise KubeconfigError(f"larger than the limit of {max_bytes} bytes", origin=str(path))
-    return data
-
-
-def _read_yaml(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]:
-    return parse_kubeconfig(_read_bounded(path, max_bytes), origin=str(path), max_bytes=max_bytes)
-
-
-def _check_bounded(data: Any, origin: str, max_bytes: int) -> None:
-    """Refuse an in-memory document too deep, too large or too shared to handle cheaply.
-
-    Counts every visit (a sub-object shared n times counts n times) and every
-    scalar's length, iteratively, so a hostile structure costs at most
-    ``MAX_NODES`` steps however it was built.
-    """
-    budget = MAX_NODES
-    size = 0
-    stack: list[tuple[Any, int]] = [(data, 1)]
-    while stack:
-        value, depth = stack.pop()
-        budget -= 1
-        if budget < 0:
-            raise KubeconfigError(
-                f"more than {MAX_NODES} values (shared sub-structures count each time)", origin=origin
-            )
-        if depth > MAX_DEPTH:
-            raise KubeconfigError(f"nested deeper than {MAX_DEPTH} levels", origin=origin)
-        if isinstance(value, Mapping):
-            for key, item in value.items():
-                stack.append((key, depth + 1))
-                stack.append((item, depth + 1))
-        elif isinstance(value, list | tuple):
-            stack.extend((item, depth + 1) for item in value)
-        elif isinstance(value, str | bytes):
-            size += len(value)
-        else:
-            size += 8
-        if size > max_bytes:
-            raise KubeconfigError(f"larger than the limit of {max_bytes} bytes", origin=origin)
-
-
 def _named_entries(
     data: Mapping[str, Any], section: str, base_dir: Path | None, origin: str
 ) -> dict[str, _Entry]:
@@ -419,102 +254,6 @@ class _Kubeconfig:
             self.current_context = current
 
 
-def _resolve_path(value: Any, base_dir: Path | None, field_name: str, origin: str, context: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise KubeconfigError(f"{field_name} must be a non-empty path", origin=origin, context=context)
-    try:
-        path = Path(value).expanduser()
-    except (RuntimeError, ValueError):  # "~nobody/..." for a user that does not exist
-        raise KubeconfigError(
-            f"{field_name}: cannot expand {value!r}", origin=origin, context=context
-        ) from None
-    if not path.is_absolute():
-        if base_dir is None:
-            raise KubeconfigError(
-                f"{field_name} is a relative path ({value}) but this kubeconfig has no directory "
-                "to resolve it against; pass base_dir",
-                origin=origin,
-                context=context,
-            )
-        path = base_dir / path
-    if not path.is_file():
-        raise KubeconfigError(f"{field_name} file {path} does not exist", origin=origin, context=context)
-    return str(path)
-
-
-def _check_data(entry: dict[str, Any], data_field: str, origin: str, context: str) -> None:
-    value = entry.get(data_field)
-    if value is None:
-        return
-    if not isinstance(value, str):
-        raise KubeconfigError(f"{data_field} must be a base64 string", origin=origin, context=context)
-    try:
-        # kubectl's decoder skips line breaks (a wrapped block scalar); the transport's does too.
-        base64.b64decode(str(value).replace("\r", "").replace("\n", ""), validate=True)
-    except (binascii.Error, ValueError):
-        raise KubeconfigError(f"{data_field} is not valid base64", origin=origin, context=context) from None
-
-
-_CLUSTER_STRINGS = ("server", "certificate-authority-data", "tls-server-name", "proxy-url")
-_CLUSTER_BOOLS = ("insecure-skip-tls-verify", "disable-compression")
-_USER_STRINGS = ("token", "tokenFile", "username", "password", "client-certificate-data", "client-key-data")
-
-
-def _check_types(
-    entry: Mapping[str, Any],
-    strings: Iterable[str],
-    bools: Iterable[str],
-    what: str,
-    origin: str,
-    context: str,
-) -> None:
-    for key in strings:
-        if key in entry and entry[key] is not None and not isinstance(entry[key], str):
-            raise KubeconfigError(f"{what}: {key} must be a string", origin=origin, context=context)
-    for key in bools:
-        if key in entry and entry[key] is not None and not isinstance(entry[key], bool):
-            raise KubeconfigError(f"{what}: {key} must be true or false", origin=origin, context=context)
-
-
-def _check_exec(spec: Mapping[str, Any], what: str, origin: str, context: str) -> None:
-    """The fields our exec runner reads, with the types it expects."""
-    if not isinstance(spec.get("command"), str) or not spec["command"]:
-        raise KubeconfigError(
-            f"{what}: exec.command must be a non-empty string", origin=origin, context=context
-        )
-    if not isinstance(spec.get("apiVersion"), str):
-        raise KubeconfigError(f"{what}: exec.apiVersion must be a string", origin=origin, context=context)
-    args = spec.get("args")
-    if args is not None and not (isinstance(args, list) and all(isinstance(arg, str) for arg in args)):
-        raise KubeconfigError(f"{what}: exec.args must be a list of strings", origin=origin, context=context)
-    env = spec.get("env")
-    if env is not None and not (
-        isinstance(env, list)
-        and all(
-            isinstance(item, dict)
-            and isinstance(item.get("name"), str)
-            and isinstance(item.get("value"), str)
-            for item in env
-        )
-    ):
-        raise KubeconfigError(
-            f"{what}: exec.env must be a list of {{name, value}} strings", origin=origin, context=context
-        )
-    mode = spec.get("interactiveMode")
-    if mode is not None and mode not in ("Never", "IfAvailable", "Always"):
-        raise KubeconfigError(
-            f"{what}: exec.interactiveMode is not Never, IfAvailable or Always",
-            origin=origin,
-            context=context,
-        )
-    if mode == "Always":
-        raise KubeconfigError(
-            f"{what}: exec.interactiveMode Always needs a terminal, which a controller never has",
-            origin=origin,
-            context=context,
-        )
-
-
 def _build(kubeconfig: _Kubeconfig, context: str | None, trust: TrustPolicy) -> ClusterConfig:
     origin = kubeconfig.origin
     chosen = context or kubeconfig.current_context
@@ -537,7 +276,7 @@ def _build(kubeconfig: _Kubeconfig, context: str | None, trust: TrustPolicy) -> 
     server = cluster.get("server")
     if not isinstance(server, str) or not server:
         raise KubeconfigError(f"cluster {cluster_name!r} has no server", origin=origin, context=chosen)
-    _check_types(cluster, _CLUSTER_STRINGS, _CLUSTER_BOOLS, f"cluster {cluster_name!r}", origin, chosen)
+    check_types(cluster, CLUSTER_STRINGS, CLUSTER_BOOLS, f"cluster {cluster_name!r}", origin, chosen)
     try:
         parts = urlsplit(server)
         scheme, netloc = parts.scheme, parts.netloc
@@ -555,7 +294,7 @@ def _build(kubeconfig: _Kubeconfig, context: str | None, trust: TrustPolicy) -> 
         )
     if scheme not in ("https", "http"):
         raise KubeconfigError(
-            f"cluster {cluster_name!r}: server must be an http(s) URL, not {_redacted(server)!r}",
+            f"cluster {cluster_name!r}: server must be an http(s) URL, not {redacted_url(server)!r}",
             origin=origin,
             context=chosen,
         )
@@ -570,7 +309,7 @@ def _build(kubeconfig: _Kubeconfig, context: str | None, trust: TrustPolicy) -> 
             raise KubeconfigError(f"user entry {user_name!r} not found", origin=origin, context=chosen)
         user = dict(kubeconfig.users[user_name].value)
         user_base = kubeconfig.users[user_name].base_dir
-        _check_types(user, _USER_STRINGS, (), f"user {user_name!r}", origin, chosen)
+        check_types(user, USER_STRINGS, (), f"user {user_name!r}", origin, chosen)
         problem = token_problem(user["token"]) if user.get("token") else None
         if problem:
             raise KubeconfigError(f"user {user_name!r}: the token {problem}", origin=origin, context=chosen)
@@ -603,24 +342,24 @@ def _build(kubeconfig: _Kubeconfig, context: str | None, trust: TrustPolicy) -> 
                 f"user {user_name!r}: {plugin} must be a mapping", origin=origin, context=chosen
             )
     if "exec" in user:
-        _check_exec(user["exec"], f"user {user_name!r}", origin, chosen)
+        check_exec(user["exec"], f"user {user_name!r}", origin, chosen)
 
     for file_field, data_field in _CLUSTER_FILES.items():
         if cluster.get(data_field):
             cluster.pop(file_field, None)  # kubectl: inline data wins over a path
-            _check_data(cluster, data_field, origin, chosen)
+            check_data(cluster, data_field, origin, chosen)
         elif file_field in cluster:
-            cluster[file_field] = _resolve_path(
+            cluster[file_field] = resolve_path(
                 cluster[file_field], cluster_entry.base_dir, file_field, origin, chosen
             )
     for file_field, data_field in _USER_FILES.items():
         if user.get(data_field):
             user.pop(file_field, None)
-            _check_data(user, data_field, origin, chosen)
+            check_data(user, data_field, origin, chosen)
         elif file_field in user:
-            user[file_field] = _resolve_path(user[file_field], user_base, file_field, origin, chosen)
+            user[file_field] = resolve_path(user[file_field], user_base, file_field, origin, chosen)
     if "tokenFile" in user and not user.get("token"):
-        user["tokenFile"] = _resolve_path(user["tokenFile"], user_base, "tokenFile", origin, chosen)
+        user["tokenFile"] = resolve_path(user["tokenFile"], user_base, "tokenFile", origin, chosen)
     has_cert = bool(user.get("client-certificate") or user.get("client-certificate-data"))
     has_key = bool(user.get("client-key") or user.get("client-key-data"))
     if has_cert != has_key:
@@ -658,7 +397,7 @@ def load_kubeconfig(
     """
     file = _absolute(path)
     kubeconfig = _Kubeconfig(str(file))
-    kubeconfig.merge(_read_yaml(file, max_bytes), file.parent, str(file))
+    kubeconfig.merge(read_yaml(file, max_bytes), file.parent, str(file))
     return _build(kubeconfig, context, trust or TrustPolicy.own())
 
 
@@ -713,7 +452,7 @@ def kubeconfig_from_dict(
     """
     if not isinstance(data, Mapping):
         raise KubeconfigError("not a kubeconfig: the top level is not a mapping", origin=origin)
-    _check_bounded(data, origin, max_bytes)
+    check_bounded(data, origin, max_bytes)
     directory = _absolute(base_dir) if base_dir is not None else None
     kubeconfig = _Kubeconfig(origin)
     kubeconfig.merge(data, directory, origin)
@@ -742,7 +481,7 @@ def load_kubeconfig_env(
         raise KubeconfigError(f"no kubeconfig file found (looked at {', '.join(map(str, paths))})")
     kubeconfig = _Kubeconfig(os.pathsep.join(map(str, existing)))
     for path in existing:
-        kubeconfig.merge(_read_yaml(path, max_bytes), path.parent, str(path))
+        kubeconfig.merge(read_yaml(path, max_bytes), path.parent, str(path))
     return _build(kubeconfig, context, trust or TrustPolicy.own())
 
 

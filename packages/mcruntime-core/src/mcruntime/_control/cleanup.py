@@ -36,11 +36,11 @@ from .._base.errors import APIError, Conflict, KindNotFound, NotFound
 from .._base.kind import Kind
 from .._base.objects import JSON, json_copy, metadata
 from .._client.client import Client
-from .._client.conditions import set_status_condition
-from .._client.finalizers import has_finalizer, remove_finalizer
-from .._client.patch import merge_patch
+from .._controllerutil.conditions import set_status_condition
+from .._controllerutil.finalizers import has_finalizer, remove_finalizer
+from .._controllerutil.patch import merge_patch
 from .._fleet.cluster import Cluster
-from .._fleet.reconcile import Result
+from .._reconcile.request import Result
 from .ownership import ClusterOwner, cluster_owner_of, owned_by_kind_selector
 
 __all__ = ["ChildCleanup", "CleanupResult"]

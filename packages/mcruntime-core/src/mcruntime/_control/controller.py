@@ -21,13 +21,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .._base.backoff import DEFAULT_BACKOFF, Backoff
 from .._base.errors import ClusterNotFound, Conflict, Forbidden, Unreachable
 from .._base.tasks import TaskSet
-from .._fleet.context import _enter, _leave
-from .._fleet.reconcile import ReconcileFunction, Request, Result, TerminalError
+from .._reconcile.context import enter_reconcile, leave_reconcile
+from .._reconcile.request import ReconcileFunction, Request, Result, TerminalError
+from .gates import LeaderGate, RequestGate
 from .predicate import ObjectEvent, Predicate, matches
 from .ratelimit import RateLimiter, default_rate_limiter
 from .source import Attachment, ChannelSource, KindSource
@@ -61,20 +62,6 @@ class ReconcileStats:
 
 
 ReconcileObserver = Callable[[str, Request, str, float], None]
-
-
-class RequestGate(Protocol):
-    """Which clusters' requests this replica works on (the manager's :class:`WorkGate` when sharded)."""
-
-    def admits(self, cluster: str) -> bool: ...
-
-
-class LeaderGate(Protocol):
-    """What workers wait on when leader election is on (the manager's elector)."""
-
-    async def wait_elected(self) -> None: ...
-
-    async def wait_lost(self) -> None: ...
 
 
 DEFAULT_MAX_TOTAL_RECONCILES = 256
@@ -203,9 +190,7 @@ class Controller:
         for source in sources:
             if not source.clusters.includes(name, has_provider=self.has_provider):
                 continue
-            bind = getattr(source.handler, "bind_cluster", None)
-            if bind is not None:
-                bind(name, engagement.cluster)  # handlers that need the cluster's discovery (owner scope)
+            source.handler.bind_cluster(name, engagement.cluster)  # owner scope, say, from discovery
             attachment = source.attach(name, engagement.cluster, self._sink(source))
             engagement.attachments.append((source, attachment))
             fresh.append(attachment)
@@ -298,7 +283,7 @@ class Controller:
         """
         for name, engagement in self._engaged.items():
             for source, attachment in engagement.attachments:
-                if name not in clusters and getattr(source.handler, "same_cluster", False):
+                if name not in clusters and source.handler.same_cluster:
                     continue
                 for obj in attachment.informer.list():
                     if not attachment.wanted(obj):
@@ -476,7 +461,7 @@ class Controller:
                 self._notify_released()
 
     async def _reconcile_one(self, request: Request) -> None:
-        token = _enter(self.name, request)
+        token = enter_reconcile(self.name, request)
         started = time.monotonic()
         outcome = "success"
         try:
@@ -532,7 +517,7 @@ class Controller:
         else:
             outcome = self._apply_result(request, result)
         finally:
-            _leave(token)
+            leave_reconcile(token)
         elapsed = time.monotonic() - started
         for observer in self.observers:
             try:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .._base.errors import MCRuntimeError, NotFound
 from .._base.kind import Kind
 from .._base.objects import metadata
-from .._fleet.context import current_request
+from .._reconcile.context import current_request
 
 if TYPE_CHECKING:
     from .._fleet.cluster import Cluster

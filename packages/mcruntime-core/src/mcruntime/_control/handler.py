@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from .._base.kind import Kind
 from .._base.objects import JSON, metadata
-from .._fleet.reconcile import Request
+from .._reconcile.request import Request
 from .predicate import ObjectEvent
 
 if TYPE_CHECKING:
@@ -21,14 +21,41 @@ if TYPE_CHECKING:
 
 
 class EventHandler(Protocol):
-    """Turns an event into the requests to enqueue."""
+    """Turns an event into the requests to enqueue.
+
+    Three members, all called by the controller: :meth:`requests` for each
+    event; :meth:`bind_cluster` when the handler is attached to a cluster, for
+    handlers that consult that cluster (its discovery, say); and
+    :attr:`same_cluster`, which lets a replay of one cluster skip the others
+    when every request names the event's own cluster. Subclass
+    :class:`HandlerDefaults` to get the usual answers to the last two.
+    """
+
+    @property
+    def same_cluster(self) -> bool:
+        """Whether every request names the cluster the event came from (``False`` if it may name any)."""
+        ...
+
+    def bind_cluster(self, name: str, cluster: Cluster) -> None:
+        """The controller attaches this handler to ``cluster`` (called again when the cluster is replaced)."""
+        ...
 
     def requests(self, event: ObjectEvent) -> Iterable[Request]:
         """The requests this event calls for (possibly none)."""
         ...
 
 
-class _ForObject:
+class HandlerDefaults:
+    """The usual answers for a handler: requests may name any cluster, and no cluster needs binding."""
+
+    same_cluster: bool = False
+
+    def bind_cluster(self, name: str, cluster: Cluster) -> None:
+        """Nothing to learn from the cluster."""
+        del name, cluster
+
+
+class _ForObject(HandlerDefaults):
     same_cluster = True  # its requests name the event's own cluster (lets a replay skip others)
 
     def requests(self, event: ObjectEvent) -> Iterable[Request]:
@@ -44,7 +71,7 @@ def enqueue_for_object() -> EventHandler:
     return _ForObject()
 
 
-class _ForOwner:
+class _ForOwner(HandlerDefaults):
     same_cluster = True
 
     def __init__(self, owner: Kind, only_controller: bool, namespaced: bool | None) -> None:
@@ -125,7 +152,7 @@ def enqueue_for_owner(
 MapFunction = Callable[[str, JSON], Iterable[Request]]
 
 
-class _Mapped:
+class _Mapped(HandlerDefaults):
     def __init__(self, function: MapFunction) -> None:
         self._function = function
 

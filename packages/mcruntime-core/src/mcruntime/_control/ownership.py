@@ -39,8 +39,8 @@ import orjson
 from .._base.errors import MCRuntimeError
 from .._base.kind import Kind
 from .._base.objects import JSON, metadata
-from .._fleet.reconcile import Request
-from .handler import EventHandler
+from .._reconcile.request import Request
+from .handler import EventHandler, HandlerDefaults
 from .predicate import ObjectEvent
 
 __all__ = [
@@ -230,7 +230,7 @@ def owned_by_kind_selector(owner_kind: Kind) -> str:
     return f"{OWNER_KIND_LABEL}={label_value(_kind_key(owner_kind))}"
 
 
-class _ForClusterOwner:
+class _ForClusterOwner(HandlerDefaults):
     def __init__(self, owner_kind: Kind) -> None:
         self._owner_kind = owner_kind
 

@@ -13,10 +13,11 @@ with bursts of 100 (``default_rate_limiter()``).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Hashable
 from typing import Protocol
+
+from .._base.backoff import Backoff
 
 __all__ = [
     "ExponentialBackoff",
@@ -49,12 +50,13 @@ class RateLimiter(Protocol):
 
 
 class ExponentialBackoff:
-    """Per-item backoff: ``base * 2**failures`` seconds, never more than ``cap``.
+    """Per-item backoff: the one capped :class:`~mcruntime.Backoff`, counted per item, without jitter.
 
     The first retry of an item waits ``base``, each further one twice as long,
     until ``forget`` resets it. With the defaults an item waits 5 ms, 10 ms,
     20 ms, ..., and 1000 s from its 19th retry on. Items are independent: one
-    item's failures never slow another.
+    item's failures never slow another. The delays are ``Backoff.ceiling``'s:
+    this class only keeps the count per item.
 
     Args:
         base: seconds the first retry waits; must be positive.
@@ -68,17 +70,14 @@ class ExponentialBackoff:
             raise ValueError(f"cap must be at least base ({base!r}), got {cap!r}")
         self.base = base
         self.cap = cap
+        self._backoff = Backoff(base=base, cap=cap, factor=2.0, jitter=0.0)
         self._failures: dict[Hashable, int] = {}
 
     def when(self, item: Hashable) -> float:
         """Count a failure of ``item`` and return its backoff, capped at ``cap``."""
         exponent = self._failures.get(item, 0)
         self._failures[item] = exponent + 1
-        try:
-            delay = math.ldexp(self.base, exponent)
-        except OverflowError:  # after about a thousand failures 2**n no longer fits a float
-            return self.cap
-        return min(delay, self.cap)
+        return self._backoff.ceiling(exponent)
 
     def forget(self, item: Hashable) -> None:
         """Reset ``item``: its next retry waits ``base`` again."""

@@ -18,7 +18,7 @@ from .._base.kind import Kind
 from .._base.labels import LabelSelector
 from .._base.objects import JSON, metadata
 from .._cache.informer import HandlerRegistration, Informer, ResourceEventHandler
-from .._fleet.reconcile import LOCAL_CLUSTER, Request
+from .._reconcile.request import LOCAL_CLUSTER, Request
 from .handler import EventHandler, enqueue_for_object
 from .predicate import ObjectEvent, Predicate
 

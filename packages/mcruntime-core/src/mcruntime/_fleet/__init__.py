@@ -1,1 +1,1 @@
-"""Clusters and providers: one cluster's lifetime, the ClusterSet lifecycle engine, reconcile requests."""
+"""Clusters and providers: one cluster's lifetime, the ClusterSet lifecycle engine, the provider protocols."""

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from .._base.errors import ClusterNotFound
 from .._base.kind import Kind
 from .._base.objects import JSON
-from .context import current_request
-from .reconcile import LOCAL_CLUSTER
+from .._reconcile.context import current_request
+from .._reconcile.request import LOCAL_CLUSTER
 
 if TYPE_CHECKING:
     from .cluster import Cluster

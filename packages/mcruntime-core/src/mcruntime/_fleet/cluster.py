@@ -29,7 +29,7 @@ from .._client.transport import RetryPolicy, Transport
 from .._config.exec import DEFAULT_MAX_OUTPUT as DEFAULT_EXEC_MAX_OUTPUT
 from .._config.exec import DEFAULT_TIMEOUT as DEFAULT_EXEC_TIMEOUT
 from .._config.exec import ExecLimits
-from .._config.kubeconfig import ClusterConfig, _redacted
+from .._config.kubeconfig import ClusterConfig, redacted_url
 
 if TYPE_CHECKING:
     from kubernetes_asyncio import client as k8s_client
@@ -154,7 +154,7 @@ class Cluster:
 
     def __repr__(self) -> str:
         state = "stopped" if self._stopped else "started" if self.started_at else "new"
-        return f"<Cluster {self.name!r} {_redacted(self.config.server)} {state}>"
+        return f"<Cluster {self.name!r} {redacted_url(self.config.server)} {state}>"
 
     @property
     def stopped(self) -> bool:

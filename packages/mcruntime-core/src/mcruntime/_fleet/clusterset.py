@@ -33,7 +33,7 @@ from .._cache.informer import IndexFunc
 from .._client.health import ClusterHealth, HealthState
 from .._config.kubeconfig import ClusterConfig
 from .cluster import Cluster, ClusterOptions
-from .provider import Aware
+from .protocols import Aware
 from .status import ClusterPhase, ClusterStatus, forbidden
 
 log = logging.getLogger("mcruntime.clusterset")

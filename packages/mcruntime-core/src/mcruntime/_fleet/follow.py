@@ -32,7 +32,7 @@ from .._cache.informer import Informer, ResourceEventHandler
 from .._config.kubeconfig import ClusterConfig
 from .cluster import Cluster, ClusterOptions
 from .clusterset import ClusterSet
-from .provider import Aware
+from .protocols import Aware
 
 log = logging.getLogger("mcruntime.follow")
 

@@ -32,9 +32,9 @@ from .._base.permissions import READ, Permission
 from .._cache.informer import Informer
 from .._config.kubeconfig import ClusterConfig, TrustPolicy, kubeconfig_from_dict, parse_kubeconfig
 from .cluster import Cluster, ClusterOptions
+from .clusterset_provider import ClusterSetProvider
 from .follow import hub_connection
-from .kit import ClusterSetProvider
-from .provider import Aware
+from .protocols import Aware
 from .status import SourceStatus
 
 log = logging.getLogger("mcruntime.providers.secrets")
@@ -148,8 +148,8 @@ class KubeconfigSecretProvider(ClusterSetProvider):
             )
 
             async def answer() -> tuple[dict[str, ClusterConfig], dict[str, SourceStatus]]:
-                read = await self._read_changed(informer.store.objects)  # parsed in a thread
-                return self._desired(informer.store.objects, read)
+                read = await self._read_changed(informer.view())  # parsed in a thread
+                return self._desired(informer.view(), read)
 
             await self.follow(aware, [informer], answer)
 

@@ -1,1 +1,1 @@
-"""The manager and what runs beside it: serving, metrics, settings, leader election, leases, sharding."""
+"""The manager and what runs beside it: serving, metrics, settings, logging, the builder."""

@@ -21,7 +21,7 @@ from .._control.handler import EventHandler, enqueue_for_object, enqueue_for_own
 from .._control.predicate import ObjectEvent, Predicate
 from .._control.ratelimit import RateLimiter
 from .._control.source import ChannelSource, ClusterSelection, KindSource
-from .._fleet.reconcile import ReconcileFunction, Reconciler, Request, as_reconcile_function
+from .._reconcile.request import ReconcileFunction, Reconciler, Request, as_reconcile_function
 
 if TYPE_CHECKING:
     from .manager import Manager

@@ -16,7 +16,7 @@ import logging
 import sys
 from typing import Literal
 
-from .._fleet.context import current_reconcile
+from .._reconcile.context import current_reconcile
 
 _CONTEXT_FIELDS = ("cluster", "controller", "namespace", "object")
 

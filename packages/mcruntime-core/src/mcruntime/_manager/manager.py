@@ -27,23 +27,22 @@ from .._base.limits import raise_open_files_limit
 from .._base.permissions import Permission
 from .._base.tasks import TaskSet
 from .._cache.informer import IndexFunc
-from .._client.health import HealthState
 from .._config.kubeconfig import ClusterConfig
 from .._control.controller import Controller
 from .._control.events import EventRecorder
+from .._coordination.coordinator import Coordinator, WorkGate
+from .._coordination.leaderelection import LeaderElectionConfig, LeaderElector
 from .._fleet.clients import FleetClient, RoutedClient
 from .._fleet.cluster import Cluster, ClusterOptions
-from .._fleet.provider import Aware, Provider, ProviderRunnable
-from .._fleet.reconcile import LOCAL_CLUSTER
-from .._fleet.status import ClusterPhase, ClusterStatus, forbidden
+from .._fleet.protocols import Aware, Provider, ProviderRunnable
+from .._fleet.status import ClusterStatus
+from .._reconcile.request import LOCAL_CLUSTER
 from .._webhook.options import WebhookOptions
 from .._webhook.server import WebhookServer
-from .coordinator import Coordinator, WorkGate
 from .gcfreeze import CacheFreezer
-from .leaderelection import LeaderElectionConfig, LeaderElector
 from .metrics import ManagerMetrics
+from .readiness import cluster_not_ready, readiness_lines
 from .serving import Check, CheckLine, Checks, Endpoints
-from .sharding import ShardedCoordinator, ShardingConfig
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -205,15 +204,6 @@ class Manager:
         from .settings import ManagerSettings  # pydantic loads only for managers built from settings
 
         values = settings or ManagerSettings.load()
-        election = None
-        if values.leader_election:
-            election = LeaderElectionConfig(
-                name=values.leader_election_id,
-                namespace=values.leader_election_namespace,
-                lease_duration=values.lease_duration,
-                renew_deadline=values.renew_deadline,
-                retry_period=values.retry_period,
-            )
         options = cluster_options or ClusterOptions(cache_sync_timeout=values.cache_sync_timeout)
         # Provider clusters too, unless the provider chose its own timeout.
         provider_clusters = getattr(provider, "clusters", None)
@@ -223,29 +213,17 @@ class Manager:
             provider_clusters.options = dataclasses.replace(
                 provider_clusters.options, cache_sync_timeout=values.cache_sync_timeout
             )
-        coordinator = None
-        if values.sharding:
-            coordinator = ShardedCoordinator(
-                ShardingConfig(
-                    name=values.shard_group,
-                    namespace=values.shard_namespace,
-                    weight=values.shard_weight,
-                    lease_duration=values.lease_duration,
-                    renew_deadline=values.renew_deadline,
-                    retry_period=values.retry_period,
-                )
-            )
         manager = cls(
             provider,
             local=local,
             cluster_options=options,
             graceful_shutdown_timeout=values.graceful_shutdown_timeout,
             handle_signals=handle_signals,
-            leader_election=election,
+            leader_election=values.leader_election_config(),
             metrics_address=values.metrics_bind_address or None,
             health_probe_address=values.health_probe_bind_address or None,
             ready_min_share=values.ready_min_share,
-            coordinator=coordinator,
+            coordinator=values.sharded_coordinator(),
             gc_freeze=values.gc_freeze,
             webhook=values.webhook_options(),
         )
@@ -308,24 +286,7 @@ class Manager:
         return {name: status.phase.value for name, status in self._cluster_statuses().items()}
 
     def _cluster_ready(self, name: str, cluster: Cluster) -> str | None:
-        # The cluster's own health record decides reachability, exactly as
-        # statuses() and the metrics read it. A controller that has not engaged
-        # the cluster yet counts as waiting too: the manager records a cluster
-        # before its fan-out reaches every controller.
-        health = cluster.health
-        if health.state is HealthState.UNHEALTHY:
-            return f"unhealthy: {health.reason}"
-        if health.state is HealthState.UNKNOWN:
-            return "no answer from its health probe yet" + (f"; {health.waiting}" if health.waiting else "")
-        failing = cluster.failing_loops()
-        if failing:
-            return "; ".join(failing)
-        if health.missing_permissions:
-            return forbidden(health.missing_permissions)
-        waiting = [controller.name for controller in self.controllers.values() if not controller.synced(name)]
-        if waiting:
-            return f"caches not synced for {', '.join(sorted(waiting))}"
-        return None
+        return cluster_not_ready(name, cluster, self.controllers.values())
 
     def _count_crash(self, loop: str, _error: BaseException) -> None:
         # Labelled by the loop's kind of work, not its cluster: bounded, and nothing to drop on churn.
@@ -340,34 +301,8 @@ class Manager:
         return "; ".join(f"{loop.name} died ({loop.last_error}); restarting" for loop in failing)
 
     async def _cluster_readiness(self) -> list[CheckLine]:
-        lines: list[CheckLine] = []
-        members = 0
-        passing = 0
         statuses = self._cluster_statuses()
-        known: dict[str, Cluster | None] = dict.fromkeys(statuses)
-        known.update(self._engaged)
-        for name, cluster in sorted(known.items()):
-            status = statuses.get(name)
-            if cluster is None and status is not None and status.phase is ClusterPhase.FAILED:
-                # Never engaged: shown, so an operator sees it, but there is nothing to be ready.
-                lines.append((f"cluster:{name}", f"never engaged: {status.error}", False))
-                continue
-            reason = self._cluster_ready(name, cluster) if cluster is not None else "engaging"
-            if name == LOCAL_CLUSTER:
-                lines.append(("cluster:local", reason, True))
-                continue
-            members += 1
-            passing += reason is None
-            lines.append((f"cluster:{name}", reason, self._ready_min_share >= 1.0))
-        if 0.0 < self._ready_min_share < 1.0 and members:
-            share = passing / members
-            reason = (
-                None
-                if share >= self._ready_min_share
-                else (f"{passing} of {members} clusters ready, {self._ready_min_share:.0%} required")
-            )
-            lines.append(("clusters", reason, True))
-        return lines
+        return readiness_lines(statuses, self._engaged, self._ready_min_share, self._cluster_ready)
 
     def _observe_sync(self, name: str, cluster: Cluster) -> None:
         started = self._engage_started.get(name)

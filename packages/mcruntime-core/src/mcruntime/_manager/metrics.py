@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .._fleet.reconcile import Request
+from .._reconcile.request import Request
 
 if TYPE_CHECKING:
     from .._control.controller import Controller

@@ -15,6 +15,8 @@ from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .._base.errors import MCRuntimeError
+from .._coordination.leaderelection import LeaderElectionConfig
+from .._coordination.sharding import ShardedCoordinator, ShardingConfig
 
 if TYPE_CHECKING:
     from .._webhook.options import WebhookOptions
@@ -103,6 +105,33 @@ class ManagerSettings(BaseSettings):
             )
             raise ValueError(f"{order} must hold")
         return self
+
+    def leader_election_config(self) -> LeaderElectionConfig | None:
+        """The Lease to elect a leader on, when ``MCRUNTIME_LEADER_ELECTION`` is set."""
+        if not self.leader_election:
+            return None
+        return LeaderElectionConfig(
+            name=self.leader_election_id,
+            namespace=self.leader_election_namespace,
+            lease_duration=self.lease_duration,
+            renew_deadline=self.renew_deadline,
+            retry_period=self.retry_period,
+        )
+
+    def sharded_coordinator(self) -> ShardedCoordinator | None:
+        """The coordinator sharing clusters among replicas, when ``MCRUNTIME_SHARDING`` is set."""
+        if not self.sharding:
+            return None
+        return ShardedCoordinator(
+            ShardingConfig(
+                name=self.shard_group,
+                namespace=self.shard_namespace,
+                weight=self.shard_weight,
+                lease_duration=self.lease_duration,
+                renew_deadline=self.renew_deadline,
+                retry_period=self.retry_period,
+            )
+        )
 
     def webhook_options(self) -> WebhookOptions | None:
         """The webhook server's options, when any ``MCRUNTIME_WEBHOOK_*`` variable is set."""

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from .._base.permissions import ROLES, Permission, Role
-from .._fleet.provider import DeclaresPermissions
-from .._manager.lease import LEASE
-from .._manager.sharding import ShardedCoordinator
+from .._coordination.lease import LEASE
+from .._coordination.sharding import ShardedCoordinator
+from .._fleet.protocols import DeclaresPermissions
 from .rules import PolicyRule, grants_of, policy_rules
 
 if TYPE_CHECKING:

@@ -34,8 +34,8 @@ from aiohttp import web
 from .._base.kind import Kind
 from .._base.permissions import ROLES, Permission
 from .._fleet.cluster import Cluster
-from .._fleet.context import _enter, _leave
-from .._fleet.reconcile import LOCAL_CLUSTER, Request
+from .._reconcile.context import enter_reconcile, leave_reconcile
+from .._reconcile.request import LOCAL_CLUSTER, Request
 from .certs import CertificateFiles, CertificateSource, SelfSignedCertificates
 from .handlers import AdmissionHook, Conversion, ConversionFailed
 from .options import WebhookOptions
@@ -419,8 +419,8 @@ class WebhookServer:
 
 async def _in_context(review: AdmissionRequest, call: Awaitable[JSON | None]) -> JSON | None:
     """Run ``call`` as if reconciling ``review``'s object: ``mgr.client`` addresses its cluster."""
-    token = _enter("webhook", Request(review.cluster, review.namespace, review.name))
+    token = enter_reconcile("webhook", Request(review.cluster, review.namespace, review.name))
     try:
         return await call
     finally:
-        _leave(token)
+        leave_reconcile(token)

@@ -10,7 +10,9 @@ run and garbage is collected; and the components can run as containers
 (``Fleet(backend="container")``) instead of child processes. The provider
 conformance suite (:mod:`mcruntime.testing.conformance`) is re-exported here
 too, imported on first use, so the testbed and its command line never import
-pytest.
+pytest. One harness serves every package's tests: :func:`running` (a manager
+for a block), :func:`admin_config` (a control plane's admin config) and
+:func:`wait_until` (a deadline on a condition, the only way tests wait).
 """
 
 from __future__ import annotations
@@ -34,16 +36,15 @@ from ._etcd import Etcd
 from ._fleet import Fleet
 from ._harness import EngagementRecorder
 from ._process import ManagedProcess, live_processes
+from ._running import admin_config, running, wait_until
 from ._stages import EXIT_CODE_ANNOTATION
 from ._versions import ETCD_VERSION, KUBERNETES_VERSION, KWOK_VERSION
 from ._workloads import CONTROLLERS, Workloads
 
 if TYPE_CHECKING:
-    from .conformance import Breakage, Capability, ProviderConformance, ProviderDriver, Target, wait_until
+    from .conformance import Breakage, Capability, ProviderConformance, ProviderDriver, Target
 
-_CONFORMANCE = frozenset(
-    {"Breakage", "Capability", "ProviderConformance", "ProviderDriver", "Target", "wait_until"}
-)
+_CONFORMANCE = frozenset({"Breakage", "Capability", "ProviderConformance", "ProviderDriver", "Target"})
 
 
 def __getattr__(name: str) -> Any:
@@ -80,6 +81,7 @@ __all__ = [
     "User",
     "WorkloadAssets",
     "Workloads",
+    "admin_config",
     "backend_named",
     "cache_dir",
     "ensure_assets",
@@ -87,5 +89,6 @@ __all__ = [
     "find_assets",
     "find_workload_assets",
     "live_processes",
+    "running",
     "wait_until",
 ]

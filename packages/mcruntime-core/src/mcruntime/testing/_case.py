@@ -12,7 +12,8 @@ import mcruntime as mcr
 
 from ._controlplane import ControlPlane, User
 from ._driver import Capability, ProviderDriver
-from ._harness import CONFIGMAP, EngagementRecorder, Seeder, Seen, running, wait_until
+from ._harness import CONFIGMAP, EngagementRecorder, Seeder, Seen, running
+from ._running import wait_until
 
 
 def _require(driver: ProviderDriver, *capabilities: Capability) -> None:

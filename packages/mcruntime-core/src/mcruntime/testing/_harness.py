@@ -12,49 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import mcruntime as mcr
 
 from ._controlplane import ControlPlane
+from ._running import running as run_manager
 
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
 SEED_LABEL = "conformance.mcruntime.dev/case"
 """Every ConfigMap a case seeds carries this label with the case's own token."""
-
-
-async def wait_until(
-    condition: Callable[[], object | Awaitable[object]],
-    *,
-    timeout: float = 30.0,
-    interval: float = 0.05,
-    what: str | None = None,
-) -> None:
-    """Poll ``condition`` (sync or async) until it is truthy; fail after ``timeout`` seconds.
-
-    The suite's only way of waiting: a deadline on a condition, never a sleep
-    that hopes something happened meanwhile.
-
-    Raises:
-        AssertionError: the condition still failed at the deadline; the message
-            says ``what`` was awaited.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = condition()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        if loop.time() >= deadline:
-            raise AssertionError(f"not within {timeout:.0f}s: {what or condition}")
-        await asyncio.sleep(interval)
 
 
 class EngagementRecorder:
@@ -162,28 +133,13 @@ async def running(manager: mcr.Manager, recorder: EngagementRecorder) -> AsyncIt
     provider ever engaged is stopped, owns no task, and has closed its
     connections: "disengage completely" checked for every case.
     """
-    before = asyncio.all_tasks()
-    runner = asyncio.create_task(manager.start(), name="conformance:manager")
-    started = asyncio.create_task(manager.wait_started())
-    try:
-        async with asyncio.timeout(30):
-            await asyncio.wait({runner, started}, return_when=asyncio.FIRST_COMPLETED)
-        if runner.done():
-            runner.result()  # the manager failed to start: raise why
-            raise AssertionError("the manager returned before it started")
-        yield manager
-    finally:
-        started.cancel()
-        manager.stop()
-        await runner
-    current = asyncio.current_task()
-    left = sorted(
-        t.get_name()
-        for t in asyncio.all_tasks() - before
+
+    def admin_probe(task: asyncio.Task[object]) -> bool:
         # The seeder's own admin connections outlive the block on purpose (their health probes).
-        if t is not current and not t.done() and not t.get_name().startswith("cluster conformance-admin-")
-    )
-    assert left == [], f"tasks left running after the manager stopped: {left}"
+        return task.get_name().startswith("cluster conformance-admin-")
+
+    async with run_manager(manager, ignore_tasks=admin_probe):
+        yield manager
     for name, cluster in recorder.every_cluster():
         assert cluster.stopped, f"cluster {name!r} ({cluster!r}) was not stopped with its provider"
         assert len(cluster.tasks) == 0, f"cluster {name!r} still owns {len(cluster.tasks)} tasks"

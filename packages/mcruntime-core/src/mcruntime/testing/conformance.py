@@ -70,8 +70,8 @@ from ._harness import (
     Seen,
     running,
     seed_index,
-    wait_until,
 )
+from ._running import wait_until
 
 __all__ = [
     "CLUSTER_OPTIONS",

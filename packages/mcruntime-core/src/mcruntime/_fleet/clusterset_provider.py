@@ -21,7 +21,7 @@ from .._config.kubeconfig import ClusterConfig
 from .cluster import Cluster, ClusterOptions
 from .clusterset import ClusterSet
 from .follow import Watcher, follow_informers, wait_for_kind
-from .provider import Aware
+from .protocols import Aware
 from .status import ClusterPhase, ClusterStatus, SourceStatus
 
 Answer = tuple[Mapping[str, ClusterConfig], Mapping[str, SourceStatus]]

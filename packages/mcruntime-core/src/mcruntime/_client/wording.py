@@ -1,8 +1,11 @@
-"""Failures worded for a person: what went wrong with a request, never what it carried.
+"""Why a request got no answer, in words safe to log: no URL, no header, no credential.
 
-Built only from fixed words, error class names, errno names and OpenSSL
-reasons, plus aiohttp's own fixed messages: the text of an arbitrary error may
-hold the credential it choked on, so it is never quoted.
+aiohttp's and OpenSSL's messages may carry the URL (and so any userinfo) and
+request headers; what reaches health records, errors and logs is built here
+from fixed words, class names, errno names and OpenSSL reason codes instead,
+plus aiohttp's own fixed messages for a request that could not be sent: the
+text of an arbitrary error may hold the credential it choked on, so it is never
+quoted.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ import ssl
 
 import aiohttp
 
+from .._base.errors import Unreachable
 
-def _unexpected(error: Exception, doing: str, method: str, path: str) -> str:
+
+def unexpected(error: Exception, doing: str, method: str, path: str) -> str:
     """Words for an error nobody foresaw: its class and, for the HTTP client's own, its text.
 
     Only aiohttp's messages are quoted (fixed words such as "Forbidden control
@@ -36,7 +41,7 @@ def _raised_in(error: BaseException) -> str:
     return str(trace.tb_frame.f_globals.get("__name__", "")) if trace is not None else ""
 
 
-def _describe_connection_error(error: BaseException) -> str:
+def describe_connection_error(error: BaseException) -> str:
     """A short, secret-free description of why no response arrived.
 
     Built only from fixed words, error class names, errno names and OpenSSL
@@ -50,28 +55,45 @@ def _describe_connection_error(error: BaseException) -> str:
         reason = getattr(certificate_error, "verify_message", None) or getattr(
             certificate_error, "reason", None
         )
-        return f"TLS verification failed: {_word(reason) or type(certificate_error).__name__}"
+        return f"TLS verification failed: {plain_word(reason) or type(certificate_error).__name__}"
     if isinstance(error, aiohttp.ClientConnectorError):
-        return f"cannot connect: {_os_reason(error.os_error)}"
+        return f"cannot connect: {os_reason(error.os_error)}"
     if isinstance(error, ssl.SSLError):
-        return f"TLS error: {_word(getattr(error, 'reason', None)) or type(error).__name__}"
+        return f"TLS error: {plain_word(getattr(error, 'reason', None)) or type(error).__name__}"
     if isinstance(error, aiohttp.ClientResponseError):
         return f"{type(error).__name__}: HTTP {error.status}"
     if isinstance(error, OSError):
-        return f"{type(error).__name__}: {_os_reason(error)}"
+        return f"{type(error).__name__}: {os_reason(error)}"
     return type(error).__name__
 
 
-def _os_reason(error: OSError) -> str:
+def os_reason(error: OSError) -> str:
     if error.errno is not None:
         return os.strerror(error.errno)
     return type(error).__name__
 
 
-def _word(value: object) -> str | None:
+def plain_word(value: object) -> str | None:
     """``value`` if it is a short, URL-free phrase (an OpenSSL reason), else ``None``."""
     if not isinstance(value, str) or not value or len(value) > 120:
         return None
     if any(marker in value for marker in ("://", "@", "Authorization", "Bearer")):
         return None
     return value
+
+
+class Unsendable(Unreachable):
+    """The request could not be built or handed to the HTTP client; retrying would not help."""
+
+    def __init__(self, message: str, cluster: str) -> None:
+        super().__init__(message, cluster=cluster)
+
+
+class NoAnswer(Exception):
+    """One attempt got no response: why, whether it surely never reached the server, whether it timed out."""
+
+    def __init__(self, message: str, never_sent: bool, timed_out: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.never_sent = never_sent
+        self.timed_out = timed_out

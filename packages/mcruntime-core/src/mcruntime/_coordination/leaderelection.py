@@ -74,6 +74,15 @@ class LeaderElector:
     def identity(self) -> str:
         return self.config.identity
 
+    @property
+    def observed_holder(self) -> str | None:
+        """The holder this replica last read on the Lease (``""`` if free), ``None`` before its first read.
+
+        What a standby knows about the leader; tests and status pages wait on it
+        instead of sleeping until the standby has looked.
+        """
+        return self._observed[0] if self._observed is not None else None
+
     async def wait_elected(self) -> None:
         await self.leading.wait()
 

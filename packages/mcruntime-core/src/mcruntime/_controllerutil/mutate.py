@@ -18,7 +18,7 @@ from typing import Any
 
 from .._base.kind import Kind
 from .._base.objects import JSON, json_copy
-from .client import Client
+from .._client.client import Client
 from .patch import merge_patch
 
 __all__ = ["MutateFunction", "Operation", "create_or_patch", "create_or_update"]

@@ -16,8 +16,8 @@ from .._base.permissions import Permission
 from .._cache.informer import IndexFunc
 from .._config.kubeconfig import ClusterConfig
 from .cluster import Cluster, ClusterOptions
-from .kit import ClusterSetProvider
-from .provider import Aware, DeclaresPermissions, Provider, ProviderRunnable
+from .clusterset_provider import ClusterSetProvider
+from .protocols import Aware, DeclaresPermissions, Provider, ProviderRunnable
 from .status import ClusterStatus
 
 

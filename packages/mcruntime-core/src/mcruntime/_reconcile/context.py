@@ -11,7 +11,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from .reconcile import Request
+from .request import Request
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,11 @@ def current_request() -> Request | None:
     return context.request if context is not None else None
 
 
-def _enter(controller: str, request: Request) -> object:
+def enter_reconcile(controller: str, request: Request) -> object:
+    """Mark ``request`` as the reconcile in progress in this task; then call :func:`leave_reconcile`."""
     return _current.set(ReconcileContext(controller, request))
 
 
-def _leave(token: object) -> None:
+def leave_reconcile(token: object) -> None:
+    """End the reconcile :func:`enter_reconcile` began (the controller calls both around each reconcile)."""
     _current.reset(token)  # type: ignore[arg-type]

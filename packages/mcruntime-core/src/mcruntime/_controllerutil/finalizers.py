@@ -20,7 +20,7 @@ from .._base.backoff import DEFAULT_BACKOFF, Backoff
 from .._base.errors import Conflict, NotFound
 from .._base.kind import Kind
 from .._base.objects import JSON
-from .client import Client
+from .._client.client import Client
 
 __all__ = ["add_finalizer", "has_finalizer", "remove_finalizer"]
 

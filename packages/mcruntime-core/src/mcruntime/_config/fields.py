@@ -1,0 +1,115 @@
+"""The fields of a kubeconfig entry checked one by one, each error naming the file, the context and the field.
+
+What the loader in ``kubeconfig.py`` calls before it trusts an entry: file
+references resolved against the kubeconfig's directory, inline data that must
+be base64, string and boolean fields, and the exec plugin's own fields.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .._base.errors import KubeconfigError
+
+
+def resolve_path(value: Any, base_dir: Path | None, field_name: str, origin: str, context: str) -> str:
+    """A kubeconfig's file reference, made absolute against the kubeconfig's directory; it must exist."""
+    if not isinstance(value, str) or not value:
+        raise KubeconfigError(f"{field_name} must be a non-empty path", origin=origin, context=context)
+    try:
+        path = Path(value).expanduser()
+    except (RuntimeError, ValueError):  # "~nobody/..." for a user that does not exist
+        raise KubeconfigError(
+            f"{field_name}: cannot expand {value!r}", origin=origin, context=context
+        ) from None
+    if not path.is_absolute():
+        if base_dir is None:
+            raise KubeconfigError(
+                f"{field_name} is a relative path ({value}) but this kubeconfig has no directory "
+                "to resolve it against; pass base_dir",
+                origin=origin,
+                context=context,
+            )
+        path = base_dir / path
+    if not path.is_file():
+        raise KubeconfigError(f"{field_name} file {path} does not exist", origin=origin, context=context)
+    return str(path)
+
+
+def check_data(entry: dict[str, Any], data_field: str, origin: str, context: str) -> None:
+    """An inline ``*-data`` field must be base64 (line breaks allowed, as kubectl allows them)."""
+    value = entry.get(data_field)
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise KubeconfigError(f"{data_field} must be a base64 string", origin=origin, context=context)
+    try:
+        # kubectl's decoder skips line breaks (a wrapped block scalar); the transport's does too.
+        base64.b64decode(str(value).replace("\r", "").replace("\n", ""), validate=True)
+    except (binascii.Error, ValueError):
+        raise KubeconfigError(f"{data_field} is not valid base64", origin=origin, context=context) from None
+
+
+CLUSTER_STRINGS = ("server", "certificate-authority-data", "tls-server-name", "proxy-url")
+CLUSTER_BOOLS = ("insecure-skip-tls-verify", "disable-compression")
+USER_STRINGS = ("token", "tokenFile", "username", "password", "client-certificate-data", "client-key-data")
+
+
+def check_types(
+    entry: Mapping[str, Any],
+    strings: Iterable[str],
+    bools: Iterable[str],
+    what: str,
+    origin: str,
+    context: str,
+) -> None:
+    """Each listed field, when present, has the type the runtime reads it as."""
+    for key in strings:
+        if key in entry and entry[key] is not None and not isinstance(entry[key], str):
+            raise KubeconfigError(f"{what}: {key} must be a string", origin=origin, context=context)
+    for key in bools:
+        if key in entry and entry[key] is not None and not isinstance(entry[key], bool):
+            raise KubeconfigError(f"{what}: {key} must be true or false", origin=origin, context=context)
+
+
+def check_exec(spec: Mapping[str, Any], what: str, origin: str, context: str) -> None:
+    """The fields our exec runner reads, with the types it expects."""
+    if not isinstance(spec.get("command"), str) or not spec["command"]:
+        raise KubeconfigError(
+            f"{what}: exec.command must be a non-empty string", origin=origin, context=context
+        )
+    if not isinstance(spec.get("apiVersion"), str):
+        raise KubeconfigError(f"{what}: exec.apiVersion must be a string", origin=origin, context=context)
+    args = spec.get("args")
+    if args is not None and not (isinstance(args, list) and all(isinstance(arg, str) for arg in args)):
+        raise KubeconfigError(f"{what}: exec.args must be a list of strings", origin=origin, context=context)
+    env = spec.get("env")
+    if env is not None and not (
+        isinstance(env, list)
+        and all(
+            isinstance(item, dict)
+            and isinstance(item.get("name"), str)
+            and isinstance(item.get("value"), str)
+            for item in env
+        )
+    ):
+        raise KubeconfigError(
+            f"{what}: exec.env must be a list of {{name, value}} strings", origin=origin, context=context
+        )
+    mode = spec.get("interactiveMode")
+    if mode is not None and mode not in ("Never", "IfAvailable", "Always"):
+        raise KubeconfigError(
+            f"{what}: exec.interactiveMode is not Never, IfAvailable or Always",
+            origin=origin,
+            context=context,
+        )
+    if mode == "Always":
+        raise KubeconfigError(
+            f"{what}: exec.interactiveMode Always needs a terminal, which a controller never has",
+            origin=origin,
+            context=context,
+        )

@@ -1,0 +1,1 @@
+"""Who does the work among replicas: leases, leader election, the heartbeat, rendezvous and sharding."""

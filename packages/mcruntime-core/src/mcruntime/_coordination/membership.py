@@ -1,0 +1,256 @@
+"""Who is in the shard group: the peer Leases, this replica's own, and when a peer counts as gone.
+
+Each replica renews one peer Lease (from the heartbeat's thread) and watches
+everyone else's. A peer is live while this replica has seen its Lease change
+within ``lease_duration`` on its own monotonic clock; silence is confirmed by
+a fresh read before anyone acts on it. Survivors collect the Leases of peers
+silent for ``peer_gc_after``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .._base.errors import AlreadyExists, Conflict, NotFound
+from .._base.objects import JSON
+from .lease import LEASE, Observed, holder_of, lease_object, renew_time_of, take
+from .rendezvous import owner
+from .shardhub import API_ERRORS, GROUP_LABEL, ROLE_LABEL, WEIGHT_ANNOTATION, HubWrites, ShardingConfig
+
+if TYPE_CHECKING:
+    from .._client.client import Client
+
+log = logging.getLogger("mcruntime.sharding")
+
+
+@dataclass
+class Peer:
+    """A peer Lease as last seen, and when its renewal last changed here."""
+
+    observed: Observed
+    lease: JSON
+    weight: float = 1.0
+
+
+class Membership:
+    """The group as this replica sees it, and this replica's own peer Lease.
+
+    ``on_renewal`` runs on the main loop after each successful renewal of the
+    peer Lease (the renewal itself runs on the heartbeat's thread).
+    """
+
+    def __init__(self, config: ShardingConfig, hub: HubWrites, on_renewal: Callable[[], None]) -> None:
+        self.config = config
+        self.identity = config.identity
+        self.hub = hub
+        self.on_renewal = on_renewal
+        self.peers: dict[str, Peer] = {}
+        self.peer_names: dict[str, str] = {}  # peer Lease name → identity
+        self.gone: dict[str, float] = {}  # identity → when its peer Lease was seen deleted
+        self.confirmed: dict[str, asyncio.Future[bool]] = {}  # per round: holder → confirmed silent
+        self.peer_lease: JSON | None = None
+        self.renewed_at: float | None = None  # written by the heartbeat's thread
+        self.main_loop: asyncio.AbstractEventLoop | None = None
+
+    # --- what the informer tells us -------------------------------------------------------
+
+    def observe(self, name: str, holder: str, renew_time: str, weight_text: Any, lease: JSON) -> bool:
+        """Record a peer Lease as watched; whether it is a peer that was not known before."""
+        now = time.monotonic()
+        try:
+            weight = float(weight_text)
+        except ValueError:
+            weight = 1.0
+        peer = self.peers.get(holder)
+        self.peer_names[name] = holder
+        self.gone.pop(holder, None)
+        if peer is None:
+            weight = weight if weight > 0 else 1.0
+            self.peers[holder] = Peer(Observed(holder, renew_time, now), lease, weight)
+            return True
+        peer.observed.see(holder, renew_time, now)
+        peer.lease = lease
+        return False
+
+    def forget(self, name: str) -> bool:
+        """A peer Lease was deleted; whether it was one."""
+        identity = self.peer_names.pop(name, None)
+        if identity is None:
+            return False
+        self.peers.pop(identity, None)
+        self.gone[identity] = time.monotonic()
+        return True
+
+    # --- liveness -------------------------------------------------------------------------
+
+    def alive(self, now: float) -> bool:
+        """Whether this replica renewed its own peer Lease within ``renew_deadline``."""
+        renewed = self.renewed_at
+        return renewed is not None and now - renewed < self.config.renew_deadline
+
+    def live_peers(self, now: float) -> dict[str, float]:
+        """Live peers (identity → weight), this replica included while it is alive."""
+        peers: dict[str, float] = {}
+        for identity, peer in self.peers.items():
+            if identity != self.identity and peer.observed.quiet_for(now) <= self.config.lease_duration:
+                peers[identity] = peer.weight
+        if self.alive(now):
+            peers[self.identity] = self.config.weight
+        return peers
+
+    def last_sign_of_life(self, holder: str, since: float | None) -> float:
+        """The latest moment this replica knows ``holder`` may have been working.
+
+        ``since`` is when a fence ``holder`` holds was last seen to change, if any.
+        """
+        signs = [self.gone.get(holder, float("-inf"))]
+        peer = self.peers.get(holder)
+        if peer is not None:
+            signs.append(peer.observed.since)
+        if since is not None:
+            signs.append(since)
+        return max(signs)
+
+    async def holder_silent(self, holder: str, since: float | None, now: float) -> bool:
+        """Whether ``holder`` has been silent for a full term, confirmed by a fresh read of its peer Lease.
+
+        The informer may lag; the read makes sure a renewal we have not
+        watched yet is not mistaken for silence. One read per holder per round.
+        """
+        if now - self.last_sign_of_life(holder, since) <= self.config.lease_duration:
+            return False
+        if holder not in self.confirmed:
+            # Every cluster of a dead holder asks at once: one read answers them all.
+            self.confirmed[holder] = asyncio.ensure_future(self._confirm_silent(holder, now))
+        return await asyncio.shield(self.confirmed[holder])
+
+    async def _confirm_silent(self, holder: str, now: float) -> bool:
+        assert self.hub.client is not None
+        silent = False
+        try:
+            async with asyncio.timeout(self.hub.request_timeout):
+                current = await self.hub.client.get(
+                    LEASE, self.config.peer_lease(holder), namespace=self.config.namespace
+                )
+        except API_ERRORS as error:
+            if not isinstance(error, NotFound):
+                log.warning(
+                    "sharding %s: could not read the peer Lease of %r: %s",
+                    self.config.name,
+                    holder,
+                    self.hub.why(error),
+                )
+                return False
+            if holder in self.gone:
+                silent = True  # its deletion was watched a full term ago
+            else:
+                self.gone[holder] = time.monotonic()  # deleted unseen: count the term from now
+        else:
+            peer = self.peers.get(holder)
+            if peer is None:
+                self.peers[holder] = Peer(Observed(holder, renew_time_of(current), now), current)
+            else:
+                silent = not peer.observed.see(holder_of(current) or holder, renew_time_of(current))
+        return silent
+
+    # --- the peer Lease ---------------------------------------------------------------------
+
+    async def renew(self, client: Client) -> None:
+        """Renew (or create) the peer Lease; runs on the heartbeat's thread."""
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.hub.request_timeout):
+                if self.peer_lease is None:
+                    self.peer_lease = await self._create_or_take(client)
+                else:
+                    lease = take(self.peer_lease, self.identity, self.config.lease_duration)
+                    self.peer_lease = await self.hub.write("peer-renew", lambda: client.update(lease))
+        except (Conflict, NotFound):
+            self.peer_lease = None  # someone touched it; read it again next round
+            return
+        except TimeoutError:
+            log.warning(
+                "sharding %s: could not renew this replica's peer Lease: no answer within %gs",
+                self.config.name,
+                self.hub.request_timeout,
+            )
+            return
+        except API_ERRORS as error:
+            log.warning("sharding %s: could not renew this replica's peer Lease: %s", self.config.name, error)
+            return
+        self.renewed_at = started
+        if self.main_loop is not None:
+            with contextlib.suppress(RuntimeError):  # the main loop closed: nobody left to tell
+                self.main_loop.call_soon_threadsafe(self.on_renewal)
+
+    async def _create_or_take(self, client: Client) -> JSON | None:
+        name = self.config.peer_lease(self.identity)
+        fresh = lease_object(
+            name,
+            self.config.namespace,
+            self.identity,
+            self.config.lease_duration,
+            labels={GROUP_LABEL: self.config.name, ROLE_LABEL: "peer"},
+            annotations={WEIGHT_ANNOTATION: repr(self.config.weight)},
+        )
+        try:
+            return await self.hub.write("peer-renew", lambda: client.create(fresh))
+        except AlreadyExists:
+            current = await client.get(LEASE, name, namespace=self.config.namespace)
+            current["metadata"]["annotations"] = fresh["metadata"]["annotations"]
+            renewed = take(current, self.identity, self.config.lease_duration)
+            return await self.hub.write("peer-renew", lambda: client.update(renewed))
+
+    async def withdraw(self) -> None:
+        """Delete this replica's peer Lease on a graceful stop; survivors collect it otherwise."""
+        if self.peer_lease is None or self.hub.client is None:
+            return
+        client = self.hub.client
+        try:
+            async with asyncio.timeout(self.hub.request_timeout):
+                await self.hub.write(
+                    "peer-leave",
+                    lambda: client.delete(
+                        LEASE, self.config.peer_lease(self.identity), namespace=self.config.namespace
+                    ),
+                )
+        except NotFound:
+            pass
+        except Exception as error:  # shutdown goes on; survivors collect it later
+            log.warning("sharding %s: could not withdraw the peer Lease: %r", self.config.name, error)
+
+    # --- collecting -------------------------------------------------------------------------
+
+    async def collect_dead(self, live: dict[str, float], now: float) -> None:
+        """Delete peer Leases silent for ``peer_gc_after``; one survivor does it, with a precondition.
+
+        The delete names the resourceVersion this replica watched unchanged,
+        so a peer that renewed meanwhile (it was alive after all) keeps its
+        Lease: the delete fails with a Conflict.
+        """
+        for identity, peer in list(self.peers.items()):
+            if identity == self.identity or peer.observed.quiet_for(now) <= self.config.peer_gc_after:
+                continue
+            if owner(f"peer-gc\x00{identity}", live) != self.identity:
+                continue  # another survivor collects this one
+            if not await self.hub.delete_as_seen("peer-gc", peer.lease, "a dead peer's Lease"):
+                continue
+            log.info(
+                "sharding %s: deleted the peer Lease of %r, silent for %.0fs",
+                self.config.name,
+                identity,
+                peer.observed.quiet_for(now),
+            )
+
+    def prune_gone(self, now: float) -> None:
+        """Forget departures older than anyone still needs to count a term from."""
+        horizon = self.config.peer_gc_after + self.config.lease_duration
+        for identity, moment in list(self.gone.items()):
+            if now - moment > horizon:
+                del self.gone[identity]

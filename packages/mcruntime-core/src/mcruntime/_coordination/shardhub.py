@@ -1,0 +1,212 @@
+"""What every part of sharding shares: its settings, its metrics, and how it writes Leases on the hub.
+
+Membership (peer Leases), fence ownership (fence Leases) and the round that
+drives them all write through one :class:`HubWrites`, so every write is
+counted by purpose, bounded by the same timeout and checked for a garbled
+answer in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import Counter, Gauge
+
+from .._base.errors import APIError, Conflict, NotFound, Unreachable
+from .._base.objects import JSON
+from .lease import LEASE, default_identity
+
+if TYPE_CHECKING:
+    from .._client.client import Client
+
+log = logging.getLogger("mcruntime.sharding")
+
+GROUP_LABEL = "mcruntime.dev/shard-group"
+ROLE_LABEL = "mcruntime.dev/shard-role"
+CLUSTER_ANNOTATION = "mcruntime.dev/cluster"
+WEIGHT_ANNOTATION = "mcruntime.dev/weight"
+WRITE_PURPOSES = (
+    "peer-renew",
+    "peer-leave",
+    "peer-gc",
+    "fence-acquire",
+    "fence-release",
+    "fence-delete",
+    "fence-gc",
+)
+NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
+API_ERRORS = (APIError, Unreachable, OSError, TimeoutError)
+CONCURRENT_WRITES = 16
+_ANSWERS_A_LEASE = frozenset({"peer-renew", "fence-acquire", "fence-release"})
+
+
+@dataclass(frozen=True)
+class ShardingConfig:
+    """Where the Leases live, who this replica is, and how fast work moves.
+
+    ``name`` names the group: every replica of one controller uses the same
+    name and namespace. ``weight`` is this replica's relative share.
+    ``handover_grace`` is how long in-flight reconciles of a cluster that moves
+    to another replica may run before they are cancelled. ``peer_gc_after`` is
+    how long a peer must have been silent before a survivor deletes its peer
+    Lease (crashed replicas would otherwise leave one behind each), and how
+    long a fence must have been quiet, its cluster gone and its holder dead,
+    before a survivor deletes it.
+    """
+
+    name: str = "mcruntime"
+    namespace: str = "default"
+    identity: str = field(default_factory=default_identity)
+    weight: float = 1.0
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    handover_grace: float = 5.0
+    peer_gc_after: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not NAME_PATTERN.match(self.name):
+            raise ValueError(
+                f"sharding group name {self.name!r} must be a lowercase DNS label of at most 40 characters"
+            )
+        if not self.weight > 0:
+            raise ValueError(f"sharding weight must be positive, not {self.weight}")
+        if not self.identity:
+            raise ValueError("sharding identity must not be empty")
+        if not self.lease_duration > self.renew_deadline > self.retry_period > 0:
+            raise ValueError(
+                "sharding needs lease_duration > renew_deadline > retry_period > 0, got "
+                f"{self.lease_duration} > {self.renew_deadline} > {self.retry_period}"
+            )
+        if self.handover_grace < 0:
+            raise ValueError(f"handover_grace must not be negative, not {self.handover_grace}")
+        if not self.peer_gc_after > self.lease_duration:
+            raise ValueError(
+                f"peer_gc_after ({self.peer_gc_after}) must be longer than "
+                f"lease_duration ({self.lease_duration})"
+            )
+
+    def peer_lease(self, identity: str) -> str:
+        return f"{self.name}-peer-{digest(identity)}"
+
+    def fence_lease(self, cluster: str) -> str:
+        return f"{self.name}-fence-{digest(cluster)}"
+
+
+def digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+class ShardMetrics:
+    """What an operator watches: ownership, its changes, and what this replica writes on the hub."""
+
+    def __init__(self, registry: Any) -> None:
+        self.owned: Gauge = Gauge(
+            "mcruntime_shard_clusters_owned",
+            "Clusters whose fence this replica holds",
+            registry=registry,
+        )
+        self.peers: Gauge = Gauge("mcruntime_shard_peers", "Live peers in the shard group", registry=registry)
+        self.ownership_changes: Counter = Counter(
+            "mcruntime_shard_ownership_changes_total",
+            "Clusters that became or stopped being this replica's by rendezvous hashing",
+            ["direction"],
+            registry=registry,
+        )
+        self.fence_acquisitions: Counter = Counter(
+            "mcruntime_shard_fence_acquisitions_total", "Fences this replica acquired", registry=registry
+        )
+        self.fence_releases: Counter = Counter(
+            "mcruntime_shard_fence_releases_total",
+            "Fences this replica released on handover or shutdown",
+            registry=registry,
+        )
+        self.fence_losses: Counter = Counter(
+            "mcruntime_shard_fence_losses_total",
+            "Fences lost: taken over, deleted, or dropped when this replica missed its renew deadline",
+            registry=registry,
+        )
+        self.hub_writes: Counter = Counter(
+            "mcruntime_shard_hub_writes_total",
+            "Lease writes (create, update, delete) this replica sent to the hub, by purpose",
+            ["purpose"],
+            registry=registry,
+        )
+        self.loop_lag: Gauge = Gauge(
+            "mcruntime_shard_event_loop_lag_seconds",
+            "How late the event loop last ran the sharding's pulse; liveness stops past lease_duration",
+            registry=registry,
+        )
+        self.loop_failures: Counter = Counter(
+            "mcruntime_shard_loop_failures_total",
+            "Coordination rounds that failed unexpectedly (logged and retried with backoff)",
+            registry=registry,
+        )
+        for purpose in WRITE_PURPOSES:
+            self.hub_writes.labels(purpose)
+
+
+class HubWrites:
+    """Lease writes on the hub, counted by purpose, each bounded by the sharding's request timeout."""
+
+    def __init__(self, config: ShardingConfig) -> None:
+        self.config = config
+        # A request may take longer than a retry period on a busy hub; half the renew
+        # deadline still leaves a second attempt before the watchdog stops the work.
+        self.request_timeout = max(config.retry_period, config.renew_deadline / 2)
+        self.client: Client | None = None
+        self.metrics: ShardMetrics | None = None
+
+    async def write(self, purpose: str, request: Callable[[], Awaitable[JSON | None]]) -> JSON | None:
+        """One Lease write, counted by purpose; a garbled answer raises ``ValueError``."""
+        assert self.metrics is not None
+        self.metrics.hub_writes.labels(purpose).inc()
+        answer = await request()
+        if purpose in _ANSWERS_A_LEASE and not (
+            isinstance(answer, dict) and isinstance(answer.get("metadata"), dict)
+        ):
+            raise ValueError(
+                f"the hub answered a Lease write ({purpose}) with no Lease: {str(answer)[:120]!r}"
+            )
+        return answer
+
+    def why(self, error: BaseException) -> str:
+        """An error worded for the log; a timeout's message is empty, so say what it was."""
+        if isinstance(error, TimeoutError) and not str(error):
+            return f"no answer within {self.request_timeout:g}s"
+        return str(error) or type(error).__name__
+
+    async def delete_as_seen(self, purpose: str, lease: JSON, what: str) -> bool:
+        """Delete ``lease`` only if it is still the version watched; whether this call deleted it.
+
+        The resourceVersion precondition is what makes collecting safe: a
+        Lease renewed or taken since it was seen survives (Conflict).
+        """
+        assert self.client is not None
+        client = self.client
+        meta = lease.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        version = str(meta.get("resourceVersion", ""))
+        if not name or not version:
+            return False
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                await self.write(
+                    purpose,
+                    functools.partial(
+                        client.delete, LEASE, name, namespace=self.config.namespace, resource_version=version
+                    ),
+                )
+        except (NotFound, Conflict):
+            return False
+        except API_ERRORS as error:
+            log.warning("sharding %s: could not delete %s: %s", self.config.name, what, self.why(error))
+            return False
+        return True

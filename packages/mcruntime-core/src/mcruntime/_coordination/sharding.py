@@ -1,0 +1,408 @@
+"""Sharding the fleet across replicas with Leases on the hub, at a write rate set by the replicas.
+
+Liveness is per replica, fencing is per cluster, and only liveness is renewed.
+
+- **Peer Leases.** Each replica holds one Lease (``<group>-peer-<hash>``) and
+  renews it every ``retry_period``, from a thread of its own so that a busy
+  event loop cannot delay it (see heartbeat.py): the group's only steady-state writes, so
+  the hub sees ``replicas / retry_period`` writes per second however many
+  clusters there are. A peer whose Lease this replica has watched unchanged
+  for ``lease_duration`` (on its own monotonic clock: clocks are never
+  compared) has dropped out.
+- **Ownership.** Every replica computes the same owner for every cluster by
+  weighted rendezvous hashing over the live peers, so when a peer goes only its
+  clusters move, and a new peer takes about ``1/n`` from everyone.
+- **Fences.** A replica works on a cluster only while it holds the cluster's
+  fence Lease (``<group>-fence-<hash>``), which names its holder and is
+  written only when it changes hands: acquired (optimistic concurrency on
+  ``resourceVersion``, so of two contenders exactly one wins) and released or
+  deleted. A fence stays valid, unrenewed, for as long as its holder's peer
+  Lease is live. It may be taken when it is free (released), or when its
+  holder has shown no sign of life (peer Lease renewal, or deletion) for a full
+  ``lease_duration`` as observed here, confirmed by a fresh read of the
+  holder's peer Lease just before the write.
+- **Stopping in time.** A replica that has not renewed its own peer Lease
+  for ``renew_deadline`` stops all its work at once (a watchdog, not the
+  round, enforces it), and only writes fences again after renewing. Since
+  ``renew_deadline < lease_duration`` and every observer's clock starts no
+  earlier than the renewal it saw, the holder has stopped before anyone may
+  take its fences. A partitioned replica therefore goes quiet before the
+  others move its clusters.
+
+Failover after a crash takes ``lease_duration`` plus at most one
+``retry_period``; a graceful handover (a replica joins or leaves) is
+immediate: the old owner stops the cluster's work (in-flight reconciles get
+``handover_grace``), releases the fence, and the new owner, woken by the
+release, takes it. Each cluster's fence, and therefore its work, keeps its own
+lifetime: losing one cluster never waits on another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from .._base.backoff import DEFAULT_BACKOFF, Backoff
+from .._base.objects import JSON
+from .._cache.informer import ResourceEventHandler
+from .fences import Fences
+from .heartbeat import Connect, Heartbeat, own_connection
+from .lease import LEASE, holder_of, renew_time_of
+from .membership import Membership
+from .rendezvous import owner
+from .shardhub import (
+    API_ERRORS,
+    CLUSTER_ANNOTATION,
+    CONCURRENT_WRITES,
+    GROUP_LABEL,
+    ROLE_LABEL,
+    WEIGHT_ANNOTATION,
+    HubWrites,
+    ShardingConfig,
+    ShardMetrics,
+)
+
+if TYPE_CHECKING:
+    from .._client.client import Client
+    from .._fleet.cluster import Cluster
+    from .coordinator import Seat
+
+__all__ = ["ShardedCoordinator", "ShardingConfig"]
+
+log = logging.getLogger("mcruntime.sharding")
+
+
+class ShardedCoordinator:
+    """Splits the engaged clusters between replicas; pass it as ``Manager(coordinator=...)``.
+
+    Every replica keeps its providers and caches running for every cluster
+    (warm standby): ownership changes only open and close work. ``backoff``
+    paces retries after a round fails unexpectedly (a Lease kind the hub does
+    not serve, a garbled answer); the loop never gives up. This class is the
+    round; who is in the group is :class:`Membership`, which clusters are ours
+    is :class:`Fences`.
+    """
+
+    def __init__(self, config: ShardingConfig | None = None, *, backoff: Backoff = DEFAULT_BACKOFF) -> None:
+        self.config: ShardingConfig = config or ShardingConfig()
+        self.backoff = backoff
+        self.failures: int = 0
+        """Consecutive rounds that failed unexpectedly (0 after a good round)."""
+        self.renew_failures: int = 0
+        """Consecutive peer renewals that failed unexpectedly (API errors are expected and not counted)."""
+        self._wake = asyncio.Event()
+        self._renewed = asyncio.Event()
+        self._hub = HubWrites(self.config)
+        self._members = Membership(self.config, self._hub, self._after_renewal)
+        self._fences = Fences(
+            self.config, self._hub, self._members, wake=self._wake.set, renewed=self._renewed.set
+        )
+        self._cuts: set[asyncio.Task[None]] = set()
+        # How the heartbeat's thread reaches the hub; None: a connection of its own from
+        # the hub's kubeconfig. Tests put a breakable client here.
+        self._liveness: Connect | None = None
+        self._seat: Seat | None = None
+
+    @property
+    def metrics(self) -> ShardMetrics | None:
+        """This replica's sharding metrics, once :meth:`run` has registered them."""
+        return self._hub.metrics
+
+    @property
+    def identity(self) -> str:
+        return self.config.identity
+
+    @property
+    def owned(self) -> frozenset[str]:
+        """Clusters whose fence this replica holds, i.e. that it works on now."""
+        return frozenset(self._fences.held)
+
+    def peers(self) -> dict[str, float]:
+        """Live peers (identity → weight) as this replica sees them, itself included."""
+        return self._members.live_peers(time.monotonic())
+
+    def __repr__(self) -> str:
+        return f"<ShardedCoordinator {self.identity!r} owns={len(self._fences.held)}>"
+
+    # --- the loop -------------------------------------------------------------------------
+
+    async def run(self, seat: Seat) -> None:
+        """Campaign for this replica's share until cancelled; then release everything.
+
+        Never returns or raises before it is cancelled: a round that fails is
+        logged and retried with the backoff, and the watchdog stops all work
+        if the peer Lease goes unrenewed meanwhile.
+        """
+        hub = seat.local
+        if hub is None:
+            raise ValueError("sharding needs a local cluster (the hub) to hold its Leases")
+        self._seat = seat
+        self._fences.seat = seat
+        self._hub.client = hub.client
+        self._hub.metrics = ShardMetrics(seat.registry)
+        informer = hub.cache.informer(
+            LEASE, namespace=self.config.namespace, label_selector={GROUP_LABEL: self.config.name}
+        )
+        registration = informer.add_handler(
+            ResourceEventHandler(
+                lambda obj, _initial: self._observe(obj), lambda _old, new: self._observe(new), self._forget
+            )
+        )
+        seat.engage_listeners.append(self._cluster_changed)
+        seat.disengage_listeners.append(self._cluster_changed)
+        watchdog = asyncio.create_task(self._watchdog(), name=f"sharding {self.config.name} watchdog")
+        self._members.main_loop = asyncio.get_running_loop()
+        heartbeat = Heartbeat(
+            f"sharding {self.config.name}",
+            self._liveness or functools.partial(own_connection, hub.config, self._hub.request_timeout),
+            self._beat,
+            stall_limit=self.config.lease_duration,
+            idle=self.config.retry_period,
+        )
+        pulse: asyncio.Task[None] | None = None
+        try:
+            while not await informer.wait_for_sync(self.config.lease_duration):
+                log.warning("sharding %s: the Lease cache on the hub has not synced yet", self.config.name)
+            # Liveness has a thread of its own (see heartbeat.py): neither a long round nor
+            # a busy event loop delays a renewal. Announce first and let replicas that start
+            # together see each other before anyone acquires fences.
+            heartbeat.start()
+            pulse = asyncio.create_task(self._pulse(heartbeat), name=f"sharding {self.config.name} pulse")
+            await asyncio.sleep(self.config.retry_period)
+            while True:
+                try:
+                    await self._round()
+                    self.failures = 0
+                except Exception as error:  # the campaign must outlive any failure
+                    self.failures += 1
+                    await self._failed("round", error, self.failures)
+                    continue
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.config.retry_period):
+                        await self._wake.wait()
+        finally:
+            watchdog.cancel()
+            if pulse is not None:
+                pulse.cancel()
+            await asyncio.shield(heartbeat.stop(self._hub.request_timeout))
+            registration.remove()
+            with contextlib.suppress(ValueError):
+                seat.engage_listeners.remove(self._cluster_changed)
+            with contextlib.suppress(ValueError):
+                seat.disengage_listeners.remove(self._cluster_changed)
+            await asyncio.shield(self._leave_group())
+
+    async def _failed(self, what: str, error: Exception, failures: int) -> None:
+        """Log and count the ``failures``-th unexpected failure of ``what``, then wait out the backoff."""
+        assert self.metrics is not None
+        self.metrics.loop_failures.inc()
+        log.warning(
+            "sharding %s: %s failed (%d in a row), retrying: %s",
+            self.config.name,
+            what,
+            failures,
+            f"{type(error).__name__}: {error}",
+            exc_info=not isinstance(error, API_ERRORS),
+        )
+        await self.backoff.sleep(failures)
+
+    async def _beat(self, client: Client) -> float:
+        """One renewal of the peer Lease, on the heartbeat's thread; the next is due this much later."""
+        try:
+            await self._members.renew(client)
+        except Exception as error:  # a garbled answer: log, back off, go on
+            self.renew_failures += 1
+            await self._failed("peer renewal", error, self.renew_failures)
+            return 0.0  # the backoff was the wait
+        self.renew_failures = 0
+        return self.config.retry_period
+
+    async def _pulse(self, heartbeat: Heartbeat) -> None:
+        """Tick the heartbeat from this loop, measure how late the loop runs, restart a dead heartbeat.
+
+        The heartbeat renews only while these ticks arrive (see heartbeat.py),
+        so a replica whose loop stops turning loses its clusters.
+        """
+        assert self.metrics is not None
+        loop = asyncio.get_running_loop()
+        interval = self.config.retry_period / 2
+        while True:
+            due = loop.time() + interval
+            await asyncio.sleep(interval)
+            heartbeat.tick()
+            lag = max(0.0, loop.time() - due)
+            self.metrics.loop_lag.set(lag)
+            if lag > self.config.renew_deadline / 2:
+                log.warning(
+                    "sharding %s: the event loop ran %.1fs late (liveness stops at %gs)",
+                    self.config.name,
+                    lag,
+                    self.config.lease_duration,
+                )
+            if not heartbeat.running:
+                log.error("sharding %s: the heartbeat thread had stopped; restarting it", self.config.name)
+                try:
+                    heartbeat.start()
+                except RuntimeError as error:  # no thread to be had now: the next tick tries again
+                    log.error("sharding %s: could not restart the heartbeat: %s", self.config.name, error)
+
+    def _cluster_changed(self, _name: str, _cluster: Cluster) -> None:
+        self._wake.set()
+
+    # --- what the informer tells us -------------------------------------------------------
+
+    def _observe(self, lease: JSON) -> None:
+        meta = lease.get("metadata")
+        if not isinstance(meta, dict):
+            return
+        labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
+        name = str(meta.get("name", ""))
+        holder = holder_of(lease)
+        role = str(labels.get(ROLE_LABEL, ""))
+        if role == "peer" and holder:
+            weight = annotations.get(WEIGHT_ANNOTATION, "1")
+            came = self._members.observe(name, holder, renew_time_of(lease), weight, lease)
+            if came and holder != self.identity:
+                self._wake.set()  # a peer came
+        elif role == "fence":
+            cluster = str(annotations.get(CLUSTER_ANNOTATION, ""))
+            self._fences.observe(name, cluster, holder, renew_time_of(lease), lease)
+
+    def _forget(self, lease: JSON) -> None:
+        meta = lease.get("metadata")
+        name = str(meta.get("name", "")) if isinstance(meta, dict) else ""
+        if self._members.forget(name):
+            self._wake.set()
+        self._fences.forget(name)
+
+    async def _watchdog(self) -> None:
+        """Stop all work the moment the peer Lease has gone unrenewed for ``renew_deadline``."""
+        while True:
+            renewed = self._members.renewed_at
+            if renewed is None or not self._fences.held:
+                self._renewed.clear()
+                await self._renewed.wait()
+                continue
+            remaining = renewed + self.config.renew_deadline - time.monotonic()
+            if remaining > 0:
+                self._renewed.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await self._renewed.wait()
+                continue
+            assert self._seat is not None
+            for cluster in list(self._fences.held):
+                if cluster not in self._fences.leaving:
+                    self._fences.lose(
+                        cluster,
+                        f"this replica could not renew its peer Lease within {self.config.renew_deadline:g}s",
+                    )
+                else:
+                    # A handover in its grace period: no more grace, cancel its reconciles now.
+                    # (Not awaited here: a reconcile that ignores cancellation must not stall the watchdog.)
+                    cut = asyncio.create_task(self._seat.work.close(cluster))
+                    self._cuts.add(cut)
+                    cut.add_done_callback(self._cuts.discard)
+            self._renewed.clear()
+            await self._renewed.wait()
+
+    # --- one round ------------------------------------------------------------------------
+
+    async def _round(self) -> None:
+        assert self._seat is not None and self.metrics is not None
+        fences = self._fences
+        self._members.confirmed = {}
+        now = time.monotonic()
+        peers = self._members.live_peers(now)
+        self.metrics.peers.set(len(peers))
+        if not self._members.alive(now):
+            # Our peer Lease may have expired elsewhere: the watchdog has stopped (or is
+            # stopping) our work, and nothing is written until a renewal succeeds.
+            self.metrics.owned.set(len(fences.held))
+            return
+        clusters = self._seat.clusters()
+        desired = {name for name in clusters if owner(name, peers) == self.identity}
+        self.metrics.ownership_changes.labels("gained").inc(len(desired - fences.desired))
+        self.metrics.ownership_changes.labels("lost").inc(len(fences.desired - desired))
+        fences.desired = desired
+        for name in list(fences.held):
+            if name not in desired and name not in fences.leaving:
+                fences.leaving[name] = asyncio.create_task(fences.hand_over(name))
+        if self._members.alive(now):
+            # Fences that still name us on the hub though we dropped them (the watchdog
+            # stopped our work, or this identity restarted): nobody else may take them
+            # while we live, so give back those we do not want.
+            for name, seen in list(fences.seen.items()):
+                if (
+                    seen.observed.holder == self.identity
+                    and name not in fences.held
+                    and name not in fences.leaving
+                    and name not in desired
+                ):
+                    fences.leaving[name] = asyncio.create_task(fences.give_back(name, seen.lease))
+        reopen = [
+            name
+            for name in desired
+            if name in fences.held and name not in fences.leaving and not self._seat.work.admits(name)
+        ]
+        wanted = sorted(name for name in desired if name not in fences.held and name not in fences.leaving)
+        if self._members.alive(now):
+            acquired: list[str] = []
+            # In batches: a cold start or a failover asks for hundreds of fences at once.
+            for start in range(0, len(wanted), CONCURRENT_WRITES):
+                batch = wanted[start : start + CONCURRENT_WRITES]
+                results = await asyncio.gather(*(fences.acquire(name, now) for name in batch))
+                acquired.extend(name for name, won in zip(batch, results, strict=True) if won)
+        else:
+            acquired, reopen = [], []
+        # Open only what is still ours and only while we are alive: the watchdog may have
+        # dropped everything while the acquisitions ran.
+        opening = [
+            name for name in (*acquired, *reopen) if name in fences.held and name not in fences.leaving
+        ]
+        if opening and self._members.alive(time.monotonic()):
+            # One replay for everything won this round, not one per cluster.
+            self._seat.work.open(*opening)
+        self.metrics.owned.set(len(fences.held))
+        if self._members.alive(time.monotonic()):
+            await self._members.collect_dead(peers, time.monotonic())
+        if self._members.alive(time.monotonic()):
+            await fences.collect_orphans(peers, time.monotonic())
+        self._members.prune_gone(time.monotonic())
+
+    def _after_renewal(self) -> None:
+        """On the main loop: wake the watchdog and run a round right after each renewal."""
+        self._renewed.set()
+        self._wake.set()
+
+    async def _leave_group(self) -> None:
+        """Graceful stop: stop all work, release every fence, withdraw the peer Lease."""
+        if self._seat is None or self._hub.client is None:
+            return
+        for task in list(self._fences.leaving.values()):
+            task.cancel()
+        await asyncio.gather(*self._fences.leaving.values(), return_exceptions=True)
+        # With the fences that still name us though we dropped them: give them back too.
+        held = [*self._fences.held.items(), *self._fences.still_ours()]
+        self._fences.held.clear()
+        await asyncio.gather(*(self._seat.work.close(cluster) for cluster, _ in held), return_exceptions=True)
+        results = await asyncio.gather(
+            *(self._fences.release(cluster, fence) for cluster, fence in held), return_exceptions=True
+        )
+        released_count = sum(1 for result in results if result is True)
+        if self.metrics is not None:
+            self.metrics.fence_releases.inc(released_count)
+            self.metrics.owned.set(0)
+        await self._members.withdraw()
+        log.info(
+            "sharding %s: %s left the group (%d fences released)",
+            self.config.name,
+            self.identity,
+            released_count,
+        )

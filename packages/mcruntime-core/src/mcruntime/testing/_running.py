@@ -1,0 +1,101 @@
+"""The one test harness: run a manager for a block, wait on a condition, connect as a testbed's admin.
+
+Every package's tests (the core's, each provider's, the examples') and the
+conformance suite use these three, so a test waits the same way everywhere
+(a deadline on a condition, never a sleep that hopes), a manager is started
+and stopped the same way, and a failure to start says why instead of timing
+out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import mcruntime as mcr
+
+from ._controlplane import ControlPlane
+
+
+async def wait_until(
+    condition: Callable[[], object | Awaitable[object]],
+    *,
+    timeout: float = 30.0,
+    interval: float = 0.05,
+    what: str | None = None,
+) -> None:
+    """Poll ``condition`` (sync or async) until it is truthy; fail after ``timeout`` seconds.
+
+    The only way tests wait: a deadline on a condition, never a sleep that
+    hopes something happened meanwhile.
+
+    Raises:
+        AssertionError: the condition still failed at the deadline; the message
+            says ``what`` was awaited.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = condition()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if loop.time() >= deadline:
+            raise AssertionError(f"not within {timeout:.0f}s: {what or condition}")
+        await asyncio.sleep(interval)
+
+
+def admin_config(plane: ControlPlane, *, trust: mcr.TrustPolicy | None = None) -> mcr.ClusterConfig:
+    """The testbed control plane's admin kubeconfig as a :class:`~mcruntime.ClusterConfig`.
+
+    ``trust`` defaults to the loader's own (the user's kubeconfig); pass
+    ``TrustPolicy.untrusted()`` to load it the way a provider would.
+    """
+    data = plane.kubeconfig()
+    origin = f"{plane.name} admin"
+    if trust is None:
+        return mcr.kubeconfig_from_dict(data, origin=origin)
+    return mcr.kubeconfig_from_dict(data, origin=origin, trust=trust)
+
+
+@asynccontextmanager
+async def running(
+    manager: mcr.Manager,
+    *,
+    start_timeout: float = 30.0,
+    tasks_must_end: bool = True,
+    ignore_tasks: Callable[[asyncio.Task[object]], bool] | None = None,
+) -> AsyncIterator[mcr.Manager]:
+    """Run ``manager`` for the block: started when the block begins, stopped when it ends.
+
+    A manager that fails to start raises why (not a timeout); one that does
+    not start within ``start_timeout`` fails the test. With ``tasks_must_end``,
+    no task the block started may still run after the manager stopped (except
+    those ``ignore_tasks`` accepts): the check that shutdown is complete.
+    """
+    before = asyncio.all_tasks()
+    runner = asyncio.create_task(manager.start(), name="test:manager")
+    started = asyncio.create_task(manager.wait_started())
+    try:
+        async with asyncio.timeout(start_timeout):
+            await asyncio.wait({runner, started}, return_when=asyncio.FIRST_COMPLETED)
+        if runner.done():
+            runner.result()  # the manager failed to start: raise why
+            raise AssertionError("the manager returned before it started")
+        yield manager
+    finally:
+        started.cancel()
+        manager.stop()
+        await runner
+    if not tasks_must_end:
+        return
+    current = asyncio.current_task()
+    left = sorted(
+        task.get_name()
+        for task in asyncio.all_tasks() - before
+        if task is not current and not task.done() and not (ignore_tasks is not None and ignore_tasks(task))
+    )
+    assert left == [], f"tasks left running after the manager stopped: {left}"
