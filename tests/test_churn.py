@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
+
 import mcruntime as mcr
 from mcruntime.testing import Fleet, wait_until
 
