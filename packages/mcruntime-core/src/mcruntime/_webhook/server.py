@@ -163,7 +163,7 @@ class WebhookServer:
         """
         if not self.options.registers:
             return []
-        verbs = ("get", "create", "update", "patch")
+        verbs: tuple[str, ...] = ("get", "create", "update", "patch")
         if self.options.remove_on_disengage:
             verbs = (*verbs, "delete")
         wanted: list[tuple[Kind, tuple[str, ...], str]] = []
