@@ -12,6 +12,7 @@ members in the Widget's status and records an event.
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,12 +22,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-from kube_helpers import CONFIGMAP, core_api, install_widget_crd, running, unique, wait_for
+from kube_helpers import CONFIGMAP, core_api, install_widget_crd, unique
 from kubernetes_asyncio import client as k8s
 
 import mcruntime as mcr
 from mcruntime.rbac import RBAC
-from mcruntime.testing import ControlPlane, Fleet
+from mcruntime.testing import ControlPlane, Fleet, running, wait_until
 
 HUB = "cluster-1"
 MEMBERS = ("cluster-2", "cluster-3")
@@ -222,17 +223,17 @@ async def test_the_generated_rbac_is_all_the_controller_needs(
 ) -> None:
     async with deployed(fleet, tmp_path, monkeypatch) as deployment:
         await deployment.create_widget("first")
-        await wait_for(lambda: deployment.copies("first"), timeout=60)
+        await wait_until(lambda: deployment.copies("first"), timeout=60)
 
         async def everywhere() -> bool:
             return await deployment.copies("first") == list(MEMBERS) and all(
                 [await deployment.copied_to(member, "first") for member in MEMBERS]
             )
 
-        await wait_for(everywhere, timeout=60)
+        await wait_until(everywhere, timeout=60)
         events = await deployment.admins[HUB].client.list(EVENT, namespace=deployment.namespace)
         assert [event["reason"] for event in events.items] != []
-        await wait_for(lambda: _passes(deployment), timeout=60)
+        await wait_until(lambda: _passes(deployment), timeout=60)
         statuses = deployment.manager.provider.statuses()  # type: ignore[union-attr]
         assert all(statuses[member].missing_permissions == () for member in MEMBERS)
 
@@ -248,20 +249,20 @@ async def test_a_member_rule_missing_is_named_for_that_member_and_recovers_when_
         fleet, tmp_path, monkeypatch, missing=("cluster-3", "member", "configmaps")
     ) as deployment:
         denied = "cannot list ConfigMap (configmaps) cluster-wide"
-        await wait_for(lambda: _names(deployment, "cluster:cluster-3", denied), timeout=10)
+        await wait_until(lambda: _names(deployment, "cluster:cluster-3", denied), timeout=10)
         status = deployment.manager.provider.statuses()["cluster-3"]  # type: ignore[union-attr]
         assert denied in status.missing_permissions
         assert status.phase is mcr.ClusterPhase.UNHEALTHY and denied in (status.error or "")
 
         # The rest of the fleet keeps working.
         await deployment.create_widget("during")
-        await wait_for(lambda: deployment.copied_to("cluster-2", "during"), timeout=60)
+        await wait_until(lambda: deployment.copied_to("cluster-2", "during"), timeout=60)
 
         await deployment.grant("cluster-3", "member")
-        await wait_for(lambda: _passes(deployment), timeout=RECOVERY)
+        await wait_until(lambda: _passes(deployment), timeout=RECOVERY)
         assert deployment.manager.provider.statuses()["cluster-3"].missing_permissions == ()  # type: ignore[union-attr]
         await deployment.create_widget("after")
-        await wait_for(lambda: deployment.copied_to("cluster-3", "after"), timeout=60)
+        await wait_until(lambda: deployment.copied_to("cluster-3", "after"), timeout=60)
 
 
 async def test_a_hub_rule_missing_is_named_for_the_hub_and_recovers_when_granted(
@@ -272,18 +273,18 @@ async def test_a_hub_rule_missing_is_named_for_the_hub_and_recovers_when_granted
     ) as deployment:
         await deployment.create_widget("during")
         denied = f"cannot patch Widget (widgets/status.{deployment.widget.group}) in namespace {deployment.namespace!r}"
-        await wait_for(lambda: _names(deployment, "cluster:local", denied), timeout=10)
+        await wait_until(lambda: _names(deployment, "cluster:local", denied), timeout=10)
         local = deployment.manager.local
         assert local is not None and denied in local.health.missing_permissions
 
         # The rest of the fleet keeps working: the copies are made, only the status is refused.
         for member in MEMBERS:
-            await wait_for(lambda member=member: deployment.copied_to(member, "during"), timeout=60)
+            await wait_until(functools.partial(deployment.copied_to, member, "during"), timeout=60)
 
         await deployment.grant(HUB, "hub")
         await deployment.create_widget("after")
-        await wait_for(lambda: _passes(deployment), timeout=RECOVERY)
-        await wait_for(lambda: deployment.copies("after"), timeout=60)
+        await wait_until(lambda: _passes(deployment), timeout=RECOVERY)
+        await wait_until(lambda: deployment.copies("after"), timeout=60)
         assert local.health.missing_permissions == ()
 
 
