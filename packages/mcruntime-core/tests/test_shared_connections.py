@@ -103,7 +103,7 @@ async def test_a_revoked_or_stopped_cluster_costs_its_pool_partners_nothing(
     revoked_user, healthy_user = plane.add_token_user(revoked_name), plane.add_token_user(healthy_name)
     namespace = "default"
     seen: list[str] = []
-    options = mcr.ClusterOptions(health_probe_interval=0.5)
+    options = mcr.ClusterOptions(health_probe_interval=0.5, health_credential_interval=0.5)
     async with mcr.Cluster("healthy", _config(plane, healthy_user), options) as healthy:
         informer = mcr.Informer(healthy.client, CONFIGMAP, namespace=namespace)
         informer.add_handler(

@@ -290,7 +290,9 @@ class Client:
                 # Split lines ourselves: aiohttp's readline caps line length, and one
                 # event carries a whole object (large ConfigMaps, CRDs).
                 buffer = bytearray()
+                health = self.transport.health
                 async for chunk in response.content.iter_any():
+                    health.alive()  # events and bookmarks prove the server answers: no probe needed
                     buffer += chunk
                     if b"\n" not in chunk:
                         if len(buffer) > MAX_WATCH_EVENT_BYTES:

@@ -32,7 +32,7 @@ from .._base.errors import Unreachable
 from .._config.credentials import _Credentials
 from .._config.kubeconfig import ClusterConfig, _redacted
 from .._config.material import MaterialFiles
-from .health import HealthRecord
+from .health import HealthRecord, ProbeResult
 from .pool import Turns, session_pool
 
 if TYPE_CHECKING:
@@ -425,21 +425,49 @@ class Transport:
         known to be unreachable (its health probe gets no answer): a request to
         a hung server must not hold a worker for its whole timeout.
         """
-        self._fail_fast(method, path)
+        trial = self._fail_fast(method, path, trial=True)
+        try:
+            return await self._request(
+                method, path, params, body, content_type, accept, idempotent, timeout, trial
+            )
+        finally:
+            if trial:
+                self.health.end_trial(answered=not self.health.unreachable)
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None,
+        body: bytes | None,
+        content_type: str | None,
+        accept: str,
+        idempotent: bool | None,
+        timeout: float | None,
+        trial: bool,
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """:meth:`request`'s attempts; a ``trial`` through the open circuit gets one (the probe's timeout)."""
         await self.open()
         assert self._credentials is not None
         safe = idempotent if idempotent is not None else method in ("GET", "HEAD", "PUT", "DELETE")
+        timeout = timeout or self._request_timeout
+        if trial:
+            timeout = min(timeout, self.health.trial_timeout)
         reauthenticated = False
         attempt = 0
         while True:
             try:
                 status, response_headers, payload = await self._send(
-                    method, path, params, body, content_type, accept, timeout or self._request_timeout
+                    method, path, params, body, content_type, accept, timeout
                 )
             except _NoAnswer as failure:
                 if self._closed:  # cut by close(): the cluster stopped, the server did nothing wrong
                     raise Unreachable("the cluster was stopped", cluster=self.cluster) from None
-                self.health.failure(failure.message)
+                self.health.failure(failure.message, suspect=not trial)  # a failed trial: the circuit is open
+                if trial:
+                    raise Unreachable(
+                        f"{failure.message} (a trial through the open circuit)", cluster=self.cluster
+                    ) from None
                 if (safe or failure.never_sent) and attempt + 1 < self._retry.attempts:
                     await asyncio.sleep(self._retry.delay(attempt))
                     attempt += 1
@@ -465,11 +493,13 @@ class Transport:
                 self.health.failure(f"HTTP {status} on {method} {path}")
             return status, response_headers, payload
 
-    async def probe(self, timeout: float) -> tuple[str, bool] | None:
+    async def probe(self, timeout: float) -> ProbeResult:
         """One ``GET /version`` for the health probe: ``None`` if it answered 200.
 
         Otherwise returns what failed, worded for a person, and whether the
-        server gave no answer at all (which opens the circuit). It bypasses the
+        server gave no answer at all (which opens the circuit), and whether that
+        silence is the server's own (a timeout or a refused connection, which
+        opens the circuit of every cluster of the server). It bypasses the
         circuit (it is what closes it) and does not retry: the probe's cadence
         is its retry. A 401 is retried once with a fresh credential, as every
         request is, so a rotated token file does not count as a rejection.
@@ -486,8 +516,8 @@ class Transport:
                 )
             except _NoAnswer as failure:
                 if failure.timed_out:
-                    return f"no answer to GET /version in {timeout:g}s", True
-                return f"GET /version failed: {failure.message}", True
+                    return f"no answer to GET /version in {timeout:g}s", True, failure.whole_server
+                return f"GET /version failed: {failure.message}", True, failure.whole_server
             except Unreachable as error:  # unusable TLS material, or the cluster was stopped
                 return error.message, True
             if status == 200:
@@ -501,12 +531,20 @@ class Transport:
             return f"GET /version answered {status}", False
         return "credentials rejected: GET /version answered 401 Unauthorized", False
 
-    def _fail_fast(self, method: str, path: str) -> None:
-        if self.health.unreachable:
-            raise Unreachable(
-                f"{self.health.reason}; not sending {method} {path} until the server answers again",
-                cluster=self.cluster,
-            )
+    def _fail_fast(self, method: str, path: str, *, trial: bool = False) -> bool:
+        """Refuse while the circuit is open; ``True`` when this request is its half-open trial.
+
+        With ``trial`` the request may be the one let through the open circuit
+        (see :meth:`HealthRecord.take_trial`); its caller must end the trial.
+        """
+        if not self.health.unreachable:
+            return False
+        if trial and self.health.take_trial():
+            return True
+        raise Unreachable(
+            f"{self.health.reason}; not sending {method} {path} until the server answers again",
+            cluster=self.cluster,
+        )
 
     async def _send(
         self,
@@ -532,6 +570,7 @@ class Transport:
             total=timeout, connect=self._connect_timeout, sock_connect=self._connect_timeout
         )
         interrupted = False
+        status = 0
         turns = self._turns
         try:
             async with asyncio.timeout(None) as waiting:
@@ -565,8 +604,10 @@ class Transport:
                 raise _NoAnswer(f"{self.health.reason}; the request was interrupted", False, False) from None
             never_sent = isinstance(error, aiohttp.ClientConnectorError)
             timed_out = isinstance(error, TimeoutError)
-            raise _NoAnswer(_describe_connection_error(error), never_sent, timed_out) from None
-        self.health.contact()
+            # The server's own silence, not this cluster's TLS identity refused: all its clusters are cut off.
+            whole_server = timed_out or (never_sent and not isinstance(error, aiohttp.ClientSSLError))
+            raise _NoAnswer(_describe_connection_error(error), never_sent, timed_out, whole_server) from None
+        self.health.contact(status)
         return status, response_headers, payload
 
     async def _take_turn(self, turns: Turns, timeout: float, patient: bool) -> aiohttp.ClientTimeout:
@@ -595,6 +636,7 @@ class Transport:
                     raise _NoAnswer(
                         f"no turn to send in {loop.time() - began:.3g}s "
                         f"({turns.limit} requests to the server in flight and no answer)",
+                        True,
                         True,
                         True,
                     )
@@ -653,7 +695,7 @@ class Transport:
             async with session.get(
                 self.server + path, params=params, headers=headers, timeout=timeout, **self._request_options()
             ) as response:
-                self.health.contact()
+                self.health.contact(response.status)
                 if response.status == 401:
                     self._credentials.invalidate()
                 self._streams.add(response)
@@ -668,13 +710,19 @@ class Transport:
 
 
 class _NoAnswer(Exception):
-    """One attempt got no response: why, whether it surely never reached the server, whether it timed out."""
+    """One attempt got no response, and why.
 
-    def __init__(self, message: str, never_sent: bool, timed_out: bool) -> None:
+    Whether it surely never reached the server, whether it timed out, and
+    whether the server itself is silent (rather than this cluster's TLS
+    identity refused).
+    """
+
+    def __init__(self, message: str, never_sent: bool, timed_out: bool, whole_server: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.never_sent = never_sent
         self.timed_out = timed_out
+        self.whole_server = whole_server
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:

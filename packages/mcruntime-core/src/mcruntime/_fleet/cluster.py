@@ -25,6 +25,7 @@ from .._cache.options import CacheOptions
 from .._client.client import Client
 from .._client.discovery import Discovery
 from .._client.health import ClusterHealth
+from .._client.liveness import server_liveness
 from .._client.transport import RetryPolicy, Transport
 from .._config.kubeconfig import ClusterConfig, _redacted
 
@@ -44,21 +45,34 @@ class ClusterOptions:
     connect_timeout: float = 5.0
     """The most opening a connection (TCP and TLS) may take."""
     health_probe_interval: float = 5.0
-    """Seconds between health probes (``GET /version``), start to start."""
+    """Seconds an API server may be silent before it is probed (``GET /version``).
+
+    Silence is the server's, not the cluster's: any answer to any cluster of
+    the same server (a response, a watch event or bookmark) counts, and one
+    probe covers all of them. A fleet whose watches deliver events is not
+    probed at all."""
     health_probe_timeout: float = 4.0
     """How long a probe waits for an answer; a hung server is unhealthy, and
     its requests fail fast, within ``health_probe_interval + health_probe_timeout``
-    (9 s with the defaults, in fleets of up to 250 clusters; see
-    ``health_probe_budget`` for larger ones)."""
-    health_probe_budget: float | None = 50.0
+    (9 s with the defaults)."""
+    health_credential_interval: float = 60.0
+    """Seconds a cluster's credential may go unused before a probe checks it.
+
+    Whether a token is still accepted is per cluster, and an open watch does
+    not tell (it outlives a revoked token). Any request answered with
+    something other than 401 vouches for it; an idle cluster is checked this
+    often (or less, see ``health_probe_budget``). A request refused with 401
+    after a fresh credential marks the cluster at once whatever this says."""
+    health_probe_budget: float | None = 20.0
     """Routine probes per second for all clusters of the process together.
 
-    A fleet larger than ``budget * interval`` (250 clusters with the defaults)
-    is probed less often per cluster: every ``clusters / budget`` seconds, so
-    20 s at 1,000 clusters. That keeps idle CPU flat as the fleet grows. A
-    failing request still probes its cluster at once, and a failing cluster is
-    re-probed on its backoff, so trouble seen by traffic shows just as fast.
-    ``None`` probes every cluster every ``health_probe_interval``."""
+    A fleet larger than ``budget * health_credential_interval`` (1,200
+    clusters with the defaults) has its idle credentials checked less often:
+    every ``clusters / budget`` seconds, so 500 s at 10,000 clusters. That
+    keeps idle CPU flat as the fleet grows. A failing request still probes its
+    cluster at once, and a failing cluster is re-probed on its backoff, so
+    trouble seen by traffic shows just as fast. ``None`` checks every cluster
+    every ``health_credential_interval``."""
     share_connections: bool = True
     """Pool connections with other clusters that reach the same API server the same way.
 
@@ -176,7 +190,9 @@ class Cluster:
             interval=self.options.health_probe_interval,
             timeout=self.options.health_probe_timeout,
             budget=self.options.health_probe_budget,
+            credential_interval=self.options.health_credential_interval,
             backoff=self.options.backoff,
+            server=server_liveness(self.config.endpoint_fingerprint()),
         )
 
     def on_stop(self, callback: StopCallback) -> Callable[[], None]:
