@@ -33,7 +33,7 @@ from .._config.credentials import _Credentials
 from .._config.kubeconfig import ClusterConfig, _redacted
 from .._config.material import MaterialFiles
 from .health import HealthRecord, ProbeResult
-from .pool import Turns, session_pool
+from .pool import REQUESTS_IN_FLIGHT, Turns, session_pool
 
 if TYPE_CHECKING:
     # Imported where used: kubernetes-asyncio's generated models take ~0.3 s and
@@ -103,6 +103,7 @@ class Transport:
         retry: RetryPolicy | None = None,
         connect_timeout: float = _CONNECT_TIMEOUT,
         share_connections: bool = True,
+        requests_in_flight: int = REQUESTS_IN_FLIGHT,
     ) -> None:
         self.config: ClusterConfig = config
         self.cluster = cluster
@@ -121,6 +122,7 @@ class Transport:
         # The shared session's requests in flight (see pool.py); None when unshared.
         self._turns: Turns | None = None
         self._share = share_connections
+        self._requests_in_flight = requests_in_flight
         # Sessions replaced by a certificate rotation, with their sharing keys: their
         # open watches keep running on the old identity until they reconnect; closed
         # (or given back) with the transport.
@@ -174,7 +176,9 @@ class Transport:
             if key is None:
                 self._session = self._new_session(context)
             else:
-                self._session = session_pool().lease(key, lambda: self._new_session(context))
+                self._session = session_pool().lease(
+                    key, lambda: self._new_session(context), self._requests_in_flight
+                )
                 self._lease = key
                 self._turns = session_pool().turns(key)
 
@@ -595,7 +599,7 @@ class Transport:
                             turns.answered()
                     finally:
                         if turns is not None:
-                            turns.semaphore.release()
+                            turns.release()
                 finally:
                     self._waiting.discard(waiting)
                     interrupted = waiting.expired()
@@ -619,14 +623,14 @@ class Transport:
         moves, and its timeout starts with its turn: a server that answers
         others is busy, not unreachable.
         """
-        if not turns.semaphore.locked():
-            await turns.semaphore.acquire()  # a free place: taken at once, no task, no wait
+        if turns.free:
+            turns.take()  # a free place: taken at once, no task, no wait
             return aiohttp.ClientTimeout(
                 total=timeout, connect=self._connect_timeout, sock_connect=self._connect_timeout
             )
         loop = asyncio.get_running_loop()
         began = loop.time()
-        acquiring = asyncio.ensure_future(turns.semaphore.acquire())
+        acquiring = asyncio.ensure_future(turns.acquire(self.cluster))
         try:
             while True:
                 await asyncio.wait({acquiring}, timeout=timeout)
@@ -642,9 +646,9 @@ class Transport:
                     )
         except BaseException:
             if acquiring.done() and not acquiring.cancelled() and acquiring.exception() is None:
-                turns.semaphore.release()  # it came through as we gave up: hand it back
+                turns.release()  # it came through as we gave up: hand it back
             else:
-                acquiring.cancel()
+                acquiring.cancel()  # a place granted meanwhile is handed on by acquire()
             raise
         remaining = timeout if patient else max(0.001, timeout - (loop.time() - began))
         return aiohttp.ClientTimeout(

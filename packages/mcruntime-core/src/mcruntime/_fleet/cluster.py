@@ -82,9 +82,17 @@ class ClusterOptions:
     fleet of token users on a few servers pays a TLS handshake per connection
     it really needs, not per cluster. A client certificate shares only with
     clusters presenting the same certificate. Health, watches and failures
-    stay per cluster. A shared pool sends at most 64 requests at once (watches
-    aside): a burst from many clusters waits its turn on a few dozen
-    connections instead of opening one each."""
+    stay per cluster. A shared pool sends at most ``server_requests_in_flight``
+    requests at once (watches aside): a burst from many clusters waits its turn
+    on a few dozen connections instead of opening one each."""
+    server_requests_in_flight: int = 64
+    """Requests (watches aside) a shared connection pool sends to its server at once.
+
+    The rest wait, and each freed place goes to the waiting clusters in turn,
+    one request each, so a cluster with a long queue does not hold back the
+    others of its server. The wait counts against the request's timeout. The
+    cluster that opens the pool sets the bound for every cluster sharing it;
+    an unshared cluster (``share_connections=False``) has no bound."""
     watch_read_timeout: float = 90.0
     cache_sync_timeout: float = 60.0
     resync_period: float | None = None
@@ -108,6 +116,11 @@ class ClusterOptions:
     label and field selectors and transform (:class:`~mcruntime.ByObject`)."""
 
     def __post_init__(self) -> None:
+        if self.server_requests_in_flight < 1:
+            raise ValueError(
+                f"ClusterOptions: server_requests_in_flight must be at least 1, "
+                f"got {self.server_requests_in_flight!r}"
+            )
         if self.cache_namespace is not None and self.cache.namespaces is not None:
             raise ValueError(
                 "ClusterOptions: give cache_namespace or cache=CacheOptions(namespaces=...), not both"
@@ -133,6 +146,7 @@ class Cluster:
             retry=self.options.retry,
             connect_timeout=self.options.connect_timeout,
             share_connections=self.options.share_connections,
+            requests_in_flight=self.options.server_requests_in_flight,
         )
         self.client: Client = Client(
             self.transport,
