@@ -389,8 +389,8 @@ class HealthRecord:
         failures = 0
         last_probe = float("-inf")
         retry_at = float("-inf")
+        yielded = True
         while True:
-            await asyncio.sleep(0)  # never a loop that does not yield, whatever the probe does
             now = time.monotonic()  # from here to the probe nothing yields: what is due stays due
             if self.probes == 0:
                 due = now  # the first verdict is the probe's
@@ -415,7 +415,13 @@ class HealthRecord:
                         await self._wake.wait()
                 except TimeoutError:
                     pass
+                yielded = True
                 continue
+            if not yielded:  # never a loop that does not yield, whatever the probe does
+                await asyncio.sleep(0)
+                yielded = True
+                continue  # and look again at what is due
+            yielded = False
             last_probe = now
             self._suspected = False
             self.probes += 1

@@ -19,6 +19,7 @@ import asyncio.sslproto
 import base64
 import logging
 import os
+import re
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+from yarl import URL
 
 from .._base.backoff import Backoff
 from .._base.errors import Unreachable
@@ -46,6 +48,8 @@ _KEEPALIVE_SECONDS = 75.0
 log = logging.getLogger("mcruntime.transport")
 
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+_NEEDS_NO_ENCODING = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(?:/[A-Za-z0-9\-._~:@!$&'()*+,;=/]*)?")
+"""A URL that is already percent-encoded as it stands: scheme, host and a plain path."""
 _CONNECT_TIMEOUT = 5.0
 _STDLIB_TLS_READ_BUFFER = 256 * 1024
 _tls_buffer_tuned = False
@@ -132,6 +136,7 @@ class Transport:
         self._files: dict[str, str] = {}
         self._open_lock = asyncio.Lock()
         self._closed = False
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
 
     def __repr__(self) -> str:
         return f"<Transport cluster={self.cluster!r} server={_redacted(self.config.server)}>"
@@ -409,6 +414,29 @@ class Transport:
             options["server_hostname"] = self.config.cluster["tls-server-name"]
         return options
 
+    def _timeout(self, total: float) -> aiohttp.ClientTimeout:
+        """The aiohttp timeout of one request; one object per distinct total, made once."""
+        found = self._timeouts.get(total)
+        if found is None:
+            if len(self._timeouts) > 16:  # totals shrunk by a wait for a turn vary: keep few
+                self._timeouts.clear()
+            found = self._timeouts[total] = aiohttp.ClientTimeout(
+                total=total, connect=self._connect_timeout, sock_connect=self._connect_timeout
+            )
+        return found
+
+    def _url(self, path: str) -> str | URL:
+        """The request's URL; parsed without re-encoding when it needs none (most API paths).
+
+        aiohttp would parse and percent-encode the string on every request;
+        a path of unreserved characters only (object names are DNS labels)
+        is already encoded, so yarl is told so and skips that work.
+        """
+        url = self.server + path
+        if _NEEDS_NO_ENCODING.fullmatch(url) is None:
+            return url
+        return URL(url, encoded=True)
+
     async def request(
         self,
         method: str,
@@ -570,9 +598,8 @@ class Transport:
         session = self._session
         if session is None:
             raise Unreachable("the cluster was stopped", cluster=self.cluster)
-        client_timeout = aiohttp.ClientTimeout(
-            total=timeout, connect=self._connect_timeout, sock_connect=self._connect_timeout
-        )
+        client_timeout = self._timeout(timeout)
+        url = self._url(path)
         interrupted = False
         status = 0
         turns = self._turns
@@ -585,8 +612,8 @@ class Transport:
                     try:
                         async with session.request(
                             method,
-                            self.server + path,
-                            params=params,
+                            url,
+                            params=params or None,
                             data=body,
                             headers=headers,
                             timeout=client_timeout,
@@ -594,7 +621,7 @@ class Transport:
                         ) as response:
                             payload = await response.read()
                             status = response.status
-                            response_headers = dict(response.headers)
+                            response_headers: Mapping[str, str] = response.headers  # immutable, kept as is
                         if turns is not None:
                             turns.answered()
                     finally:
@@ -625,9 +652,7 @@ class Transport:
         """
         if turns.free:
             turns.take()  # a free place: taken at once, no task, no wait
-            return aiohttp.ClientTimeout(
-                total=timeout, connect=self._connect_timeout, sock_connect=self._connect_timeout
-            )
+            return self._timeout(timeout)
         loop = asyncio.get_running_loop()
         began = loop.time()
         acquiring = asyncio.ensure_future(turns.acquire(self.cluster))
