@@ -19,7 +19,6 @@ import asyncio.sslproto
 import base64
 import logging
 import os
-import re
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -27,7 +26,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-from yarl import URL
 
 from .._base.backoff import Backoff
 from .._base.errors import Unreachable
@@ -48,8 +46,6 @@ _KEEPALIVE_SECONDS = 75.0
 log = logging.getLogger("mcruntime.transport")
 
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-_NEEDS_NO_ENCODING = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(?:/[A-Za-z0-9\-._~:@!$&'()*+,;=/]*)?")
-"""A URL that is already percent-encoded as it stands: scheme, host and a plain path."""
 _CONNECT_TIMEOUT = 5.0
 _STDLIB_TLS_READ_BUFFER = 256 * 1024
 _tls_buffer_tuned = False
@@ -425,18 +421,6 @@ class Transport:
             )
         return found
 
-    def _url(self, path: str) -> str | URL:
-        """The request's URL; parsed without re-encoding when it needs none (most API paths).
-
-        aiohttp would parse and percent-encode the string on every request;
-        a path of unreserved characters only (object names are DNS labels)
-        is already encoded, so yarl is told so and skips that work.
-        """
-        url = self.server + path
-        if _NEEDS_NO_ENCODING.fullmatch(url) is None:
-            return url
-        return URL(url, encoded=True)
-
     async def request(
         self,
         method: str,
@@ -599,7 +583,6 @@ class Transport:
         if session is None:
             raise Unreachable("the cluster was stopped", cluster=self.cluster)
         client_timeout = self._timeout(timeout)
-        url = self._url(path)
         interrupted = False
         status = 0
         turns = self._turns
@@ -612,7 +595,7 @@ class Transport:
                     try:
                         async with session.request(
                             method,
-                            url,
+                            self.server + path,
                             params=params or None,
                             data=body,
                             headers=headers,
