@@ -151,13 +151,13 @@ class HealthRecord:
         self.last_contact: float | None = None
         self.last_error: str | None = None
         self.last_error_at: float | None = None
-        self.probes = 0
+        self.probes: int = 0
         """Probes this cluster's loop sent (for tests and metrics: health is counted, not timed)."""
-        self.verified_at = float("-inf")
+        self.verified_at: float = float("-inf")
         """``time.monotonic()`` of the last answer to this cluster's credential that was not 401."""
         self.server: ServerLiveness | None = None
         """The reachability this cluster shares with the others of its API server, once probing."""
-        self.trial_timeout = 5.0
+        self.trial_timeout: float = 5.0
         """The longest a half-open circuit's trial request may wait (the probe's timeout)."""
         self._unreachable = False
         self._by_server = False  # the circuit was opened for the whole server, not by this cluster's probe

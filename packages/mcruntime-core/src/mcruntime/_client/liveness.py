@@ -36,10 +36,10 @@ class ServerLiveness:
     """The shared reachability of one API server: when it last answered, who probes it."""
 
     def __init__(self, key: str) -> None:
-        self.key = key
-        self.heard_at = float("-inf")
+        self.key: str = key
+        self.heard_at: float = float("-inf")
         """``time.monotonic()`` of the last answer any member got from the server."""
-        self.probes = 0
+        self.probes: int = 0
         """Reachability probes made on behalf of the whole server (for tests and metrics)."""
         self._members: dict[HealthRecord, None] = {}
         self._outage: str | None = None
