@@ -225,3 +225,22 @@ async def test_suspicion_during_an_outage_costs_no_probe_but_the_leads(fresh_clu
             await wait_for(lambda: leader.transport.health.probes >= probes + 2, timeout=60)
             assert [cluster.transport.health.probes for cluster in others] == counts
         await wait_for(lambda: all(cluster.health.healthy for cluster in clusters), timeout=60)
+
+
+async def test_a_cold_start_of_many_clusters_of_one_server_sends_one_probe_not_one_each(
+    fresh_cluster: ControlPlane,
+) -> None:
+    """Their first requests vouch for them: only the lead's probe asks the server."""
+    options = mcr.ClusterOptions(health_probe_interval=3600.0, health_credential_interval=3600.0)
+    async with AsyncExitStack() as stack:
+        clusters = [
+            await stack.enter_async_context(mcr.Cluster(f"cold-{i}", _config(fresh_cluster), options))
+            for i in range(20)
+        ]
+        await asyncio.gather(*(cluster.client.list(CONFIGMAP, namespace="default") for cluster in clusters))
+        await wait_for(lambda: all(cluster.health.healthy for cluster in clusters), timeout=30)
+        probes = [cluster.transport.health.probes for cluster in clusters]
+        print(f"probes at a cold start of {len(clusters)} clusters of one server: {sum(probes)}")
+        lead = _server(clusters[0]).lead
+        assert lead is not None and lead.probes == 1  # the lead's, for the server
+        assert sum(probes) < len(clusters), probes

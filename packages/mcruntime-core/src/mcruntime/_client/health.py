@@ -19,7 +19,10 @@ the evidence allows:
   authenticated user) makes it unhealthy with "credentials rejected". A watch
   says nothing here: one opened before a token was revoked keeps streaming.
 
-So a fleet whose watches deliver events costs no probe at all, and an idle
+A cluster whose first request is answered before its first probe is
+healthy without one, so a cold start of many clusters of one server sends one
+probe, not one per cluster. So a fleet whose watches deliver events costs no
+probe at all, and an idle
 one costs a probe per server per ``interval`` plus a credential check per
 cluster per ``credential_interval``; routine probes of the whole process share
 a budget (``ClusterOptions.health_probe_budget`` per second), so idle CPU is
@@ -134,6 +137,9 @@ def probe_pacer() -> ProbePacer:
 _TRIAL_AFTER = 1.0
 """Seconds an opened circuit refuses every request before it lets a trial through."""
 
+_FIRST_CHECK_GRACE = 5.0
+"""The longest a member of an already probed server waits for a request to vouch for it."""
+
 ProbeResult = tuple[str, bool] | tuple[str, bool, bool] | None
 """What a probe found: ``None`` for a good answer, else why not, whether the server gave
 no answer at all (which opens the circuit) and, optionally, whether that silence is the
@@ -192,6 +198,8 @@ class HealthRecord:
         self.last_contact = time.time()
         if status is not None and status != 401:
             self.verified_at = now
+            if self.state is HealthState.UNKNOWN:
+                self.wake()  # vouched for before its first probe: the probe loop need not ask
         server = self.server
         if server is not None:
             server.heard(now)
@@ -347,7 +355,10 @@ class HealthRecord:
     ) -> None:
         """Probe ``probe(timeout)`` when something is due, forever.
 
-        Due are: the first probe; a silent ``server`` (one probe per
+        Due are: the first probe (at once for the server's lead; for another
+        member only if no request of its own got an answer within an
+        interval, 5 s at most, so a cold start of many clusters of one server does not
+        send a probe each); a silent ``server`` (one probe per
         ``interval`` for all its clusters, by its lead); this cluster's
         credential, unvouched for ``credential_interval`` (default
         ``interval``); a suspicion (at most once a second); and after a
@@ -389,11 +400,24 @@ class HealthRecord:
         failures = 0
         last_probe = float("-inf")
         retry_at = float("-inf")
+        joined = time.monotonic()
+        judged = False
         yielded = True
         while True:
             now = time.monotonic()  # from here to the probe nothing yields: what is due stays due
-            if self.probes == 0:
-                due = now  # the first verdict is the probe's
+            if not judged:
+                if self.verified_at > joined and server.outage is None and not self._unreachable:
+                    # A request answered before any probe: reachable, and the credential works.
+                    judged = True
+                    self.healthy()
+                    continue
+                if server.lead is self or server.outage is not None or self._suspected:
+                    due = now  # the server's first verdict, or trouble: probe at once
+                else:
+                    # A member of a server its lead probes: a cold start of many clusters of
+                    # one server must not send a probe each at once. Its first request
+                    # vouches for it; one that makes none is checked after an interval.
+                    due = joined + min(interval, credential_interval, _FIRST_CHECK_GRACE)
             elif server.outage is not None and server.lead is not self:
                 due = float("inf")  # the lead probes the server for everyone; an answer wakes us
             else:
@@ -422,6 +446,7 @@ class HealthRecord:
                 yielded = True
                 continue  # and look again at what is due
             yielded = False
+            judged = True
             last_probe = now
             self._suspected = False
             self.probes += 1
