@@ -35,8 +35,8 @@ from .._config.exec import ExecLimits
 from .._config.kubeconfig import ClusterConfig, _redacted
 from .._config.material import MaterialFiles
 from .failures import _describe_connection_error, _unexpected
-from .health import HealthRecord
-from .pool import Turns, session_pool
+from .health import HealthRecord, ProbeResult
+from .pool import REQUESTS_IN_FLIGHT, Turns, session_pool
 
 if TYPE_CHECKING:
     # Imported where used: kubernetes-asyncio's generated models take ~0.3 s and
@@ -111,6 +111,7 @@ class Transport:
         connect_timeout: float = _CONNECT_TIMEOUT,
         share_connections: bool = True,
         exec_limits: ExecLimits | None = None,
+        requests_in_flight: int = REQUESTS_IN_FLIGHT,
     ) -> None:
         self.config: ClusterConfig = config
         self._exec_limits = exec_limits or ExecLimits()
@@ -130,6 +131,7 @@ class Transport:
         # The shared session's requests in flight (see pool.py); None when unshared.
         self._turns: Turns | None = None
         self._share = share_connections
+        self._requests_in_flight = requests_in_flight
         # Sessions replaced by a certificate rotation, with their sharing keys: their
         # open watches keep running on the old identity until they reconnect; closed
         # (or given back) with the transport.
@@ -139,6 +141,7 @@ class Transport:
         self._files: dict[str, str] = {}
         self._open_lock = asyncio.Lock()
         self._closed = False
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
 
     def __repr__(self) -> str:
         return f"<Transport cluster={self.cluster!r} server={_redacted(self.config.server)}>"
@@ -183,7 +186,9 @@ class Transport:
             if key is None:
                 self._session = self._new_session(context)
             else:
-                self._session = session_pool().lease(key, lambda: self._new_session(context))
+                self._session = session_pool().lease(
+                    key, lambda: self._new_session(context), self._requests_in_flight
+                )
                 self._lease = key
                 self._turns = session_pool().turns(key)
 
@@ -424,6 +429,17 @@ class Transport:
             options["server_hostname"] = self.config.cluster["tls-server-name"]
         return options
 
+    def _timeout(self, total: float) -> aiohttp.ClientTimeout:
+        """The aiohttp timeout of one request; one object per distinct total, made once."""
+        found = self._timeouts.get(total)
+        if found is None:
+            if len(self._timeouts) > 16:  # totals shrunk by a wait for a turn vary: keep few
+                self._timeouts.clear()
+            found = self._timeouts[total] = aiohttp.ClientTimeout(
+                total=total, connect=self._connect_timeout, sock_connect=self._connect_timeout
+            )
+        return found
+
     async def request(
         self,
         method: str,
@@ -444,16 +460,40 @@ class Transport:
         known to be unreachable (its health probe gets no answer): a request to
         a hung server must not hold a worker for its whole timeout.
         """
-        self._fail_fast(method, path)
+        trial = self._fail_fast(method, path, trial=True)
+        try:
+            return await self._request(
+                method, path, params, body, content_type, accept, idempotent, timeout, trial
+            )
+        finally:
+            if trial:
+                self.health.end_trial(answered=not self.health.unreachable)
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None,
+        body: bytes | None,
+        content_type: str | None,
+        accept: str,
+        idempotent: bool | None,
+        timeout: float | None,
+        trial: bool,
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """:meth:`request`'s attempts; a ``trial`` through the open circuit gets one (the probe's timeout)."""
         await self.open()
         assert self._credentials is not None
         safe = idempotent if idempotent is not None else method in ("GET", "HEAD", "PUT", "DELETE")
+        timeout = timeout or self._request_timeout
+        if trial:
+            timeout = min(timeout, self.health.trial_timeout)
         reauthenticated = False
         attempt = 0
         while True:
             try:
                 status, response_headers, payload = await self._send(
-                    method, path, params, body, content_type, accept, timeout or self._request_timeout
+                    method, path, params, body, content_type, accept, timeout
                 )
             except _Unsendable as failure:
                 self.health.failure(failure.message)
@@ -461,7 +501,11 @@ class Transport:
             except _NoAnswer as failure:
                 if self._closed:  # cut by close(): the cluster stopped, the server did nothing wrong
                     raise Unreachable("the cluster was stopped", cluster=self.cluster) from None
-                self.health.failure(failure.message)
+                self.health.failure(failure.message, suspect=not trial)  # a failed trial: the circuit is open
+                if trial:
+                    raise Unreachable(
+                        f"{failure.message} (a trial through the open circuit)", cluster=self.cluster
+                    ) from None
                 if (safe or failure.never_sent) and attempt + 1 < self._retry.attempts:
                     await asyncio.sleep(self._retry.delay(attempt))
                     attempt += 1
@@ -487,11 +531,13 @@ class Transport:
                 self.health.failure(f"HTTP {status} on {method} {path}")
             return status, response_headers, payload
 
-    async def probe(self, timeout: float) -> tuple[str, bool] | None:
+    async def probe(self, timeout: float) -> ProbeResult:
         """One ``GET /version`` for the health probe: ``None`` if it answered 200.
 
         Otherwise returns what failed, worded for a person, and whether the
-        server gave no answer at all (which opens the circuit). It bypasses the
+        server gave no answer at all (which opens the circuit), and whether that
+        silence is the server's own (a timeout or a refused connection, which
+        opens the circuit of every cluster of the server). It bypasses the
         circuit (it is what closes it) and does not retry: the probe's cadence
         is its retry. A 401 is retried once with a fresh credential, as every
         request is, so a rotated token file does not count as a rejection.
@@ -508,8 +554,8 @@ class Transport:
                 )
             except _NoAnswer as failure:
                 if failure.timed_out:
-                    return f"no answer to GET /version in {timeout:g}s", True
-                return f"GET /version failed: {failure.message}", True
+                    return f"no answer to GET /version in {timeout:g}s", True, failure.whole_server
+                return f"GET /version failed: {failure.message}", True, failure.whole_server
             except _Unsendable as error:  # our side cannot send it: the server may be fine
                 return error.message, False
             except Unreachable as error:  # unusable TLS material, or the cluster was stopped
@@ -525,12 +571,20 @@ class Transport:
             return f"GET /version answered {status}", False
         return "credentials rejected: GET /version answered 401 Unauthorized", False
 
-    def _fail_fast(self, method: str, path: str) -> None:
-        if self.health.unreachable:
-            raise Unreachable(
-                f"{self.health.reason}; not sending {method} {path} until the server answers again",
-                cluster=self.cluster,
-            )
+    def _fail_fast(self, method: str, path: str, *, trial: bool = False) -> bool:
+        """Refuse while the circuit is open; ``True`` when this request is its half-open trial.
+
+        With ``trial`` the request may be the one let through the open circuit
+        (see :meth:`HealthRecord.take_trial`); its caller must end the trial.
+        """
+        if not self.health.unreachable:
+            return False
+        if trial and self.health.take_trial():
+            return True
+        raise Unreachable(
+            f"{self.health.reason}; not sending {method} {path} until the server answers again",
+            cluster=self.cluster,
+        )
 
     async def _send(
         self,
@@ -562,10 +616,9 @@ class Transport:
         session = self._session
         if session is None:
             raise Unreachable("the cluster was stopped", cluster=self.cluster)
-        client_timeout = aiohttp.ClientTimeout(
-            total=timeout, connect=self._connect_timeout, sock_connect=self._connect_timeout
-        )
+        client_timeout = self._timeout(timeout)
         interrupted = False
+        status = 0
         turns = self._turns
         try:
             async with asyncio.timeout(None) as waiting:
@@ -577,7 +630,7 @@ class Transport:
                         async with session.request(
                             method,
                             self.server + path,
-                            params=params,
+                            params=params or None,
                             data=body,
                             headers=headers,
                             timeout=client_timeout,
@@ -585,12 +638,12 @@ class Transport:
                         ) as response:
                             payload = await response.read()
                             status = response.status
-                            response_headers = dict(response.headers)
+                            response_headers: Mapping[str, str] = response.headers  # immutable, kept as is
                         if turns is not None:
                             turns.answered()
                     finally:
                         if turns is not None:
-                            turns.semaphore.release()
+                            turns.release()
                 finally:
                     self._waiting.discard(waiting)
                     interrupted = waiting.expired()
@@ -601,12 +654,14 @@ class Transport:
                 raise _NoAnswer(f"{self.health.reason}; the request was interrupted", False, False) from None
             never_sent = isinstance(error, aiohttp.ClientConnectorError)
             timed_out = isinstance(error, TimeoutError)
-            raise _NoAnswer(_describe_connection_error(error), never_sent, timed_out) from None
+            # The server's own silence, not this cluster's TLS identity refused: all its clusters are cut off.
+            whole_server = timed_out or (never_sent and not isinstance(error, aiohttp.ClientSSLError))
+            raise _NoAnswer(_describe_connection_error(error), never_sent, timed_out, whole_server) from None
         except Exception as error:
             # aiohttp's ValueError for a header it will not send, say: the same on every
             # attempt, so no retry; the cluster's health says what it was.
             raise _Unsendable(_unexpected(error, "sending", method, path), self.cluster) from None
-        self.health.contact()
+        self.health.contact(status)
         return status, response_headers, payload
 
     async def _take_turn(self, turns: Turns, timeout: float, patient: bool) -> aiohttp.ClientTimeout:
@@ -618,14 +673,12 @@ class Transport:
         moves, and its timeout starts with its turn: a server that answers
         others is busy, not unreachable.
         """
-        if not turns.semaphore.locked():
-            await turns.semaphore.acquire()  # a free place: taken at once, no task, no wait
-            return aiohttp.ClientTimeout(
-                total=timeout, connect=self._connect_timeout, sock_connect=self._connect_timeout
-            )
+        if turns.free:
+            turns.take()  # a free place: taken at once, no task, no wait
+            return self._timeout(timeout)
         loop = asyncio.get_running_loop()
         began = loop.time()
-        acquiring = asyncio.ensure_future(turns.semaphore.acquire())
+        acquiring = asyncio.ensure_future(turns.acquire(self.cluster))
         try:
             while True:
                 await asyncio.wait({acquiring}, timeout=timeout)
@@ -637,12 +690,13 @@ class Transport:
                         f"({turns.limit} requests to the server in flight and no answer)",
                         True,
                         True,
+                        True,
                     )
         except BaseException:
             if acquiring.done() and not acquiring.cancelled() and acquiring.exception() is None:
-                turns.semaphore.release()  # it came through as we gave up: hand it back
+                turns.release()  # it came through as we gave up: hand it back
             else:
-                acquiring.cancel()
+                acquiring.cancel()  # a place granted meanwhile is handed on by acquire()
             raise
         remaining = timeout if patient else max(0.001, timeout - (loop.time() - began))
         return aiohttp.ClientTimeout(
@@ -693,7 +747,7 @@ class Transport:
             async with session.get(
                 self.server + path, params=params, headers=headers, timeout=timeout, **self._request_options()
             ) as response:
-                self.health.contact()
+                self.health.contact(response.status)
                 if response.status == 401:
                     self._credentials.invalidate()
                 self._streams.add(response)
@@ -715,13 +769,19 @@ class _Unsendable(Unreachable):
 
 
 class _NoAnswer(Exception):
-    """One attempt got no response: why, whether it surely never reached the server, whether it timed out."""
+    """One attempt got no response, and why.
 
-    def __init__(self, message: str, never_sent: bool, timed_out: bool) -> None:
+    Whether it surely never reached the server, whether it timed out, and
+    whether the server itself is silent (rather than this cluster's TLS
+    identity refused).
+    """
+
+    def __init__(self, message: str, never_sent: bool, timed_out: bool, whole_server: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.never_sent = never_sent
         self.timed_out = timed_out
+        self.whole_server = whole_server
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
