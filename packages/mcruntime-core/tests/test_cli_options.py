@@ -80,6 +80,8 @@ def test_settings_that_contradict_each_other_are_explained() -> None:
 
 def test_exported_flags_reach_settings_loaded_inside_a_factory(monkeypatch: pytest.MonkeyPatch) -> None:
     flags = flags_of("--leader-election", "--leader-election-id", "job-fanout", "--lease-duration", "20")
+    for name in flags:  # recorded as unset, so the teardown removes what export_flags writes
+        monkeypatch.setenv(variable_of(name), "")
     export_flags(flags)
     loaded = mcr.ManagerSettings.load()
     assert (loaded.leader_election, loaded.leader_election_id, loaded.lease_duration) == (
@@ -87,8 +89,6 @@ def test_exported_flags_reach_settings_loaded_inside_a_factory(monkeypatch: pyte
         "job-fanout",
         20.0,
     )
-    for name in flags:
-        monkeypatch.delenv(variable_of(name))
 
 
 def test_each_registered_command_is_named_after_its_module_and_run_comes_first() -> None:
