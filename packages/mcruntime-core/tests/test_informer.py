@@ -151,8 +151,10 @@ async def test_nothing_is_lost_across_an_apiserver_outage(fresh_cluster: Control
 
         secondary = await asyncio.to_thread(fresh_cluster.start_secondary)
         await fresh_cluster.apiserver.stop_async()
-        async with running_cluster(fresh_cluster, name="side-door") as side:
-            side.transport.config = mcr.kubeconfig_from_dict(secondary.kubeconfig())
+        # The side door is another server of the same data: a cluster of its own (it must not
+        # share the primary's reachability, which is down).
+        side_config = mcr.kubeconfig_from_dict(secondary.kubeconfig(), trust=mcr.TrustPolicy.untrusted())
+        async with mcr.Cluster("side-door", side_config) as side:
             await side.client.patch(CONFIGMAP, "changed", {"data": {"v": "2"}}, namespace=namespace)
             await side.client.delete(CONFIGMAP, "deleted", namespace=namespace)
             await side.client.create(configmap("created", namespace, v="1"))

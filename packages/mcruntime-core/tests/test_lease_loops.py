@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -122,17 +123,34 @@ async def test_leader_election_survives_a_missing_lease_kind_and_garbage_and_lea
         elector = LeaderElector(
             mcr.LeaderElectionConfig(name=name, identity="survivor", **FAST), backoff=mcr.Backoff(0.01, 0.05)
         )
+        # The leader renews from its heartbeat's thread, on a connection of its own: break that one.
+        renewal_broken = False
+
+        def switchable(client: mcr.Client) -> Any:
+            broken = Broken(client, garbage=10**6)
+
+            class Switch:
+                def __getattr__(self, name: str) -> Any:
+                    return getattr(broken if renewal_broken else client, name)
+
+            return Switch()
+
+        elector._liveness = liveness_through(cluster, switchable)
         task = asyncio.create_task(elector.run(cluster))
         try:
             await asyncio.wait_for(elector.leading.wait(), 20)
             lease = await real.get(LEASE, name, namespace="default")
             assert lease["spec"]["holderIdentity"] == "survivor"
             assert "KindNotFound" in caplog.text and "6 in a row" in caplog.text
-            # Broken again while leading: it steps down within the renew deadline, then leads again.
-            cluster.client = Broken(real, garbage=10**6)  # type: ignore[assignment]
-            await wait_until(lambda: not elector.leading.is_set(), timeout=10)
-            assert "lost leadership" in caplog.text
             cluster.client = real
+            await wait_until(lambda: elector.renewals >= 2, timeout=20)  # renewed by the thread
+            # Broken again while leading: it steps down within the renew deadline, then leads again.
+            # (Waiting on the log, not on ``leading``: the campaign on the unbroken client wins
+            # again at once, so the step-down can be shorter than any poll.)
+            assert "lost leadership" not in caplog.text
+            renewal_broken = True
+            await wait_until(lambda: "lost leadership" in caplog.text, timeout=10)
+            renewal_broken = False
             await asyncio.wait_for(elector.leading.wait(), 20)
             assert not task.done()
         finally:
@@ -336,3 +354,30 @@ async def test_a_partitioned_replica_stops_within_the_renew_deadline_and_resumes
                 assert again["spec"]["holderIdentity"] == "me"
         finally:
             hub.client = real
+
+
+async def test_a_leader_renews_from_its_heartbeat_thread_while_its_event_loop_is_blocked(
+    fleet: Fleet,
+) -> None:
+    """A reconciler that computes for longer than a retry period must not cost the leader its Lease."""
+    async with running_cluster(fleet["cluster-1"], "busy-leader") as cluster:
+        name = unique("busy-lease")
+        elector = LeaderElector(mcr.LeaderElectionConfig(name=name, identity="busy", **FAST))
+        task = asyncio.create_task(elector.run(cluster))
+        try:
+            await asyncio.wait_for(elector.leading.wait(), 20)
+            await wait_until(lambda: elector.renewals >= 1, timeout=20)
+            before = elector.renewals
+            # Two retry periods without the loop turning (within the stall limit, the renew deadline).
+            deadline = time.monotonic() + 2 * FAST["retry_period"]
+            while time.monotonic() < deadline:
+                time.sleep(0.01)  # noqa: ASYNC251 -- blocking the event loop is the point
+            assert elector.renewals > before, "no renewal while the event loop was blocked"
+            await asyncio.sleep(0)
+            assert elector.leading.is_set()
+            lease = await cluster.client.get(LEASE, name, namespace="default")
+            assert lease["spec"]["holderIdentity"] == "busy"
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

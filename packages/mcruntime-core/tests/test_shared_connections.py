@@ -12,10 +12,11 @@ import asyncio
 import os
 from contextlib import AsyncExitStack
 
+import pytest
 from kube_helpers import CONFIGMAP, configmap, unique
 
 import mcruntime as mcr
-from mcruntime._client.pool import REQUESTS_IN_FLIGHT, session_pool
+from mcruntime._client.pool import REQUESTS_IN_FLIGHT, Turns, session_pool
 from mcruntime.cache import Informer
 from mcruntime.testing import ControlPlane, wait_until
 
@@ -108,7 +109,7 @@ async def test_a_revoked_or_stopped_cluster_costs_its_pool_partners_nothing(
     revoked_user, healthy_user = plane.add_token_user(revoked_name), plane.add_token_user(healthy_name)
     namespace = "default"
     seen: list[str] = []
-    options = mcr.ClusterOptions(health_probe_interval=0.5)
+    options = mcr.ClusterOptions(health_probe_interval=0.5, health_credential_interval=0.5)
     async with mcr.Cluster("healthy", _config(plane, healthy_user), options) as healthy:
         informer = Informer(healthy.client, CONFIGMAP, namespace=namespace)
         informer.add_handler(
@@ -161,6 +162,51 @@ async def test_a_burst_from_many_clusters_reuses_a_bounded_set_of_connections(
         assert connections <= REQUESTS_IN_FLIGHT
 
 
+async def test_a_freed_place_goes_to_the_waiting_clusters_in_turn() -> None:
+    """A cluster with a long queue holds back another of its server by one request, not its whole queue."""
+    turns = Turns(limit=2)
+    granted: list[str] = []
+
+    async def request(cluster: str) -> None:
+        await turns.acquire(cluster)
+        granted.append(cluster)
+
+    await request("busy")
+    await request("busy")  # both places taken
+    queued = [asyncio.ensure_future(request("busy")) for _ in range(10)]
+    await wait_until(lambda: turns.waiting("busy") == 10)
+    late = asyncio.ensure_future(request("quiet"))
+    await wait_until(lambda: turns.waiting("quiet") == 1)
+    for _ in range(11):  # each freed place passes straight on to a waiting request
+        turns.release()
+        await asyncio.sleep(0)  # let the granted request run (ordering, not waiting on a condition)
+    await asyncio.gather(*queued, late)
+    assert granted[2:5] == ["busy", "quiet", "busy"], granted
+    assert turns.in_flight == 2 and turns.waiting() == 0
+    # A waiter that gives up leaves the queue, and a place granted to it as it gave up passes on.
+    gone = asyncio.ensure_future(request("gone"))
+    stays = asyncio.ensure_future(request("stays"))
+    await wait_until(lambda: turns.waiting() == 2)
+    gone.cancel()
+    turns.release()
+    await asyncio.gather(gone, return_exceptions=True)
+    await stays
+    assert granted[-1] == "stays" and turns.in_flight == 2 and turns.waiting() == 0
+
+
+async def test_the_bound_on_requests_in_flight_is_an_option(fresh_cluster: ControlPlane) -> None:
+    options = mcr.ClusterOptions(server_requests_in_flight=3)
+    async with mcr.Cluster("bounded", _config(fresh_cluster), options) as cluster:
+        await cluster.client.list(CONFIGMAP, namespace="default")
+        turns = session_pool().turns(cluster.transport._sharing_key() or "")
+        assert turns is not None and turns.limit == 3
+        lists = [cluster.client.list(CONFIGMAP, namespace="default") for _ in range(20)]
+        assert len(await asyncio.gather(*lists)) == 20
+        assert turns.in_flight == 0
+    with pytest.raises(ValueError, match="server_requests_in_flight must be at least 1, got 0"):
+        mcr.ClusterOptions(server_requests_in_flight=0)
+
+
 async def test_a_probe_waits_its_turn_while_the_queue_moves_and_fails_when_it_stands_still(
     fresh_cluster: ControlPlane,
 ) -> None:
@@ -170,26 +216,29 @@ async def test_a_probe_waits_its_turn_while_the_queue_moves_and_fails_when_it_st
         turns = session_pool().turns(cluster.transport._sharing_key() or "")
         assert turns is not None
         for _ in range(turns.limit):  # every place in flight taken, as by slow requests
-            await turns.semaphore.acquire()
-        ahead = [asyncio.ensure_future(turns.semaphore.acquire()) for _ in range(5)]
+            await turns.acquire("others")
+        ahead = [asyncio.ensure_future(turns.acquire("others")) for _ in range(5)]
         await asyncio.sleep(0)  # let them queue up first (ordering, not waiting on a condition)
         probing = asyncio.ensure_future(cluster.transport.probe(0.5))
-        # The queue moves: one answer and one freed place every 0.3 s, six in all,
-        # so the probe's turn comes after about 1.8 s, far past its 0.5 s timeout.
-        for _ in range(6):
+        await wait_until(lambda: turns.waiting("patient") == 1)
+        # The queue moves: one answer and one freed place every 0.3 s, and places go to the
+        # waiting clusters in turn: the probe's comes second, after about 0.6 s, past its 0.5 s timeout.
+        while turns.waiting("patient"):
             await asyncio.sleep(0.3)  # the pace of the simulated answers, not a wait for a condition
             turns.answered()
-            turns.semaphore.release()
+            turns.release()
+        assert turns.waiting("others") == 4  # one of the other cluster's went first, then the probe
         assert await probing is None
-        for waiter in ahead:
-            assert waiter.done()
         # Now the queue stands still (every place taken, no answers): the probe reports no answer.
-        while not turns.semaphore.locked():
-            await turns.semaphore.acquire()
+        while turns.waiting("others"):
+            turns.release()
+        await asyncio.gather(*ahead)
+        while turns.free:
+            await turns.acquire("others")
         began = asyncio.get_running_loop().time()
         verdict = await cluster.transport.probe(0.5)
         waited = asyncio.get_running_loop().time() - began
         assert verdict is not None and verdict[1], verdict
         assert waited < 5.0
         for _ in range(turns.limit):
-            turns.semaphore.release()
+            turns.release()

@@ -88,6 +88,10 @@ class Cache:
         self._resync_period = resync_period
         self._read_timeout = read_timeout
         self._informers: dict[InformerKey, Informer] = {}
+        # Memos of the read path (every reconcile reads): the options are frozen, and an
+        # informer once made is never replaced, so both hold for the cache's life.
+        self._scopes: dict[Kind, _KindScope] = {}
+        self._default_views: dict[tuple[Kind, bool], Informer] = {}
         self._indexes: dict[Kind, dict[str, IndexFunc]] = {}
 
     @property
@@ -111,18 +115,24 @@ class Cache:
         return found.namespaces, found.label_selector or None, found.field_selector
 
     def _kind_scope(self, kind: Kind) -> _KindScope:
+        found = self._scopes.get(kind)
+        if found is not None:
+            return found
         by_object = self.options.by_object.get(kind)
         if by_object is None:
-            return _KindScope(self.namespaces, "", None, self._transform)
-        namespaces: tuple[str, ...] | None = (
-            tuple(by_object.namespaces) if by_object.namespaces is not None else self.namespaces
-        )
-        return _KindScope(
-            namespaces,
-            LabelSelector.parse(by_object.label_selector).text,
-            by_object.field_selector,
-            by_object.transform_or(self._transform),
-        )
+            found = _KindScope(self.namespaces, "", None, self._transform)
+        else:
+            namespaces: tuple[str, ...] | None = (
+                tuple(by_object.namespaces) if by_object.namespaces is not None else self.namespaces
+            )
+            found = _KindScope(
+                namespaces,
+                LabelSelector.parse(by_object.label_selector).text,
+                by_object.field_selector,
+                by_object.transform_or(self._transform),
+            )
+        self._scopes[kind] = found
+        return found
 
     def informers(self) -> list[Informer]:
         """Every informer started so far."""
@@ -144,6 +154,9 @@ class Cache:
         :class:`NamespaceNotCached`); selectors given here apply on top of the
         kind's ``ByObject`` selectors, never instead of them.
         """
+        default_view = namespace is None and label_selector is None and field_selector is None
+        if default_view and (found := self._default_views.get((kind, metadata_only))) is not None:
+            return found  # the view every read uses: no scope to work out again
         scope = self._kind_scope(kind)
         namespaces = scope.namespaces
         if namespace is not None:
@@ -178,6 +191,8 @@ class Cache:
                 )
             )
             self._tasks.supervise(informer.run, f"informer:{kind}{label}")
+        if default_view:
+            self._default_views[(kind, metadata_only)] = informer
         return informer
 
     def index_field(self, kind: Kind, name: str, extract: IndexFunc) -> None:

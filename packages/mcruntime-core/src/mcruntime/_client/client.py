@@ -304,10 +304,14 @@ class Client:
                     raise error_from_status(response.status, body, cluster=self.cluster, kind=resource.kind)
                 # Split lines ourselves: aiohttp's readline caps line length, and one
                 # event carries a whole object (large ConfigMaps, CRDs).
+                # A chunk is most often whole events: split it as it came, and copy into
+                # the buffer only the part of an event that continues in the next chunk.
                 buffer = bytearray()
+                health = self.transport.health
                 async for chunk in response.content.iter_any():
-                    buffer += chunk
+                    health.alive()  # events and bookmarks prove the server answers: no probe needed
                     if b"\n" not in chunk:
+                        buffer += chunk
                         if len(buffer) > MAX_WATCH_EVENT_BYTES:
                             raise APIError(
                                 f"watch of {resource.plural} sent an event over "
@@ -316,12 +320,17 @@ class Client:
                                 kind=resource.kind,
                             )
                         continue
-                    *lines, rest = bytes(buffer).split(b"\n")
-                    buffer = bytearray(rest)
+                    if buffer:
+                        buffer += chunk
+                        chunk = bytes(buffer)
+                        buffer.clear()
+                    *lines, rest = chunk.split(b"\n")
+                    if rest:
+                        buffer += rest
                     for line in lines:
-                        if line.strip():
+                        if line and not line.isspace():
                             yield self._event(line, resource, metadata_only)
-                if buffer.strip():
+                if buffer and not buffer.isspace():
                     yield self._event(bytes(buffer), resource, metadata_only)
         except TimeoutError:  # before ClientConnectionError: aiohttp's read timeout is both
             self.transport.health.failure(f"watch of {resource.kind} silent for {read_timeout}s")

@@ -1,31 +1,39 @@
-"""One cluster's health: a single record, fed by its probe, read by everyone.
+"""One cluster's health: a single record, fed by its probe and its traffic, read by everyone.
 
 ``statuses()``, ``/readyz``, ``/healthz``, the ``mcruntime_cluster_healthy``
 metric and the fail-fast circuit all read the same :class:`HealthRecord`, so
-they cannot disagree. Its verdict comes from the cluster's health probe, a
-``GET /version`` on a fixed cadence with its own timeout:
+they cannot disagree. Its verdict answers two questions, asked as rarely as
+the evidence allows:
 
-- an answer of 200 makes the cluster healthy;
-- 401 or 403 makes it unhealthy with "credentials rejected" (the endpoint is
-  open to every authenticated user, so a refusal means the credential is bad);
-- no answer (timeout, refused connection, TLS failure) makes it unhealthy and
-  *unreachable*: the circuit opens, requests to the cluster fail at once with
+- **Does the server answer?** Any answer to any cluster of the same API
+  server (a response of any status, a watch event or bookmark) says yes, for
+  all of them (:mod:`mcruntime._client.liveness`). Only a server that has been
+  silent for a whole ``interval`` is probed, and once, by one of its clusters.
+  No answer (timeout, refused connection) makes every cluster of the server
+  unhealthy and *unreachable*: the circuit opens, requests fail at once with
   :class:`Unreachable` instead of holding a worker for a request timeout, and
-  requests already waiting on the server are interrupted. The next probe that
-  gets an answer closes the circuit and wakes every loop waiting out the outage.
+  requests already waiting on the server are interrupted.
+- **Is this cluster's credential accepted?** Any answer but 401 to one of the
+  cluster's own requests says yes. A cluster that made none is probed every
+  ``credential_interval``: 401 or 403 to ``GET /version`` (open to every
+  authenticated user) makes it unhealthy with "credentials rejected". A watch
+  says nothing here: one opened before a token was revoked keeps streaming.
 
-Routine probes share a budget per process (``ClusterOptions.health_probe_budget``
-probes per second): a fleet larger than ``budget * interval`` is probed less
-often per cluster, so idle CPU stays flat as the fleet grows, instead of every
-cluster costing one request per interval. Evidence of trouble is never paced:
-a failed request probes at once, and a failing cluster is re-probed on its
+A cluster whose first request is answered before its first probe is
+healthy without one, so a cold start of many clusters of one server sends one
+probe, not one per cluster. So a fleet whose watches deliver events costs no
+probe at all, and an idle
+one costs a probe per server per ``interval`` plus a credential check per
+cluster per ``credential_interval``; routine probes of the whole process share
+a budget (``ClusterOptions.health_probe_budget`` per second), so idle CPU is
+flat however large the fleet. Evidence of trouble is never paced: a failed
+request probes its cluster at once, and a failing cluster is re-probed on its
 backoff.
 
-Requests and watches feed the record too, but only as evidence: a response is
-contact, a failure is noted and makes the probe run at once, and a 401 that
-survives re-authentication marks the credentials rejected. Only the probe
-declares a cluster healthy, because a watch opened before a token was revoked
-keeps streaming after it.
+An open circuit is *half-open* a moment after it opened: one request at a
+time goes through as a trial (with the probe's timeout), and its answer closes
+the circuit for every cluster of the server at once, so a server that answers
+again is used again without waiting for the next probe.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .._base.backoff import Backoff
+from .liveness import ServerLiveness
 from .permissions import Denials
 
 log = logging.getLogger("mcruntime.health")
@@ -92,13 +101,16 @@ class ProbePacer:
     """Spreads the routine probes of every cluster in one event loop over a budget.
 
     Each probe loop that joins makes the fleet one larger; a healthy cluster's
-    next probe then waits ``max(interval, members / budget)``. With the
-    defaults (5 s, 50 probes/s) fleets of up to 250 clusters keep the 5 s
-    cadence and 1,000 clusters are probed every 20 s.
+    next credential check then waits ``max(interval, members / budget)``, and
+    a silent server's next reachability probe ``max(interval, servers /
+    budget)``. With the defaults (60 s, 20 probes/s) fleets of up to 1,200
+    clusters keep the 60 s cadence and 10,000 clusters are checked every
+    500 s, while servers (few) keep their 5 s.
     """
 
     def __init__(self) -> None:
         self.members = 0
+        self.servers: set[ServerLiveness] = set()
 
     @contextmanager
     def member(self) -> Iterator[None]:
@@ -109,10 +121,16 @@ class ProbePacer:
             self.members -= 1
 
     def interval(self, interval: float, budget: float | None) -> float:
-        """The time between one cluster's routine probes in a fleet of this size."""
+        """The time between one cluster's routine credential checks in a fleet of this size."""
         if not budget:
             return interval
         return max(interval, self.members / budget)
+
+    def server_interval(self, interval: float, budget: float | None) -> float:
+        """The time between reachability probes of one silent server, with this many servers."""
+        if not budget:
+            return interval
+        return max(interval, len(self.servers) / budget)
 
 
 _pacers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ProbePacer] = weakref.WeakKeyDictionary()
@@ -127,6 +145,18 @@ def probe_pacer() -> ProbePacer:
     return pacer
 
 
+_TRIAL_AFTER = 1.0
+"""Seconds an opened circuit refuses every request before it lets a trial through."""
+
+_FIRST_CHECK_GRACE = 5.0
+"""The longest a member of an already probed server waits for a request to vouch for it."""
+
+ProbeResult = tuple[str, bool] | tuple[str, bool, bool] | None
+"""What a probe found: ``None`` for a good answer, else why not, whether the server gave
+no answer at all (which opens the circuit) and, optionally, whether that silence is the
+whole server's (a timeout or refused connection, not this cluster's own TLS material)."""
+
+
 class HealthRecord:
     """The live record behind :class:`ClusterHealth`; one per cluster, owned by its transport."""
 
@@ -138,11 +168,24 @@ class HealthRecord:
         self.last_contact: float | None = None
         self.last_error: str | None = None
         self.last_error_at: float | None = None
+        self.probes: int = 0
+        """Probes this cluster's loop sent (for tests and metrics: health is counted, not timed)."""
+        self.verified_at: float = float("-inf")
+        """``time.monotonic()`` of the last answer to this cluster's credential that was not 401."""
+        self.server: ServerLiveness | None = None
+        """The reachability this cluster shares with the others of its API server, once probing."""
+        self.trial_timeout: float = 5.0
+        """The longest a half-open circuit's trial request may wait (the probe's timeout)."""
         self._unreachable = False
+        self._by_server = False  # the circuit was opened for the whole server, not by this cluster's probe
+        self._healthy_before_outage = False
+        self._trial_at = float("-inf")
+        self._trial_busy = False
         self._recovered: asyncio.Event | None = None
-        self._suspect: asyncio.Event | None = None
         self._waits: dict[int, tuple[str, float]] = {}
         self.credential_error: str | None = None
+        self._wake: asyncio.Event | None = None
+        self._suspected = False
         self.open_listeners: list[Callable[[str], None]] = []
         self.denials: Denials = Denials(cluster)
 
@@ -178,15 +221,38 @@ class HealthRecord:
 
     # --- evidence from requests and watches ----------------------------------------------
 
-    def contact(self) -> None:
-        """The server answered something."""
-        self.last_contact = time.time()
+    def contact(self, status: int | None = None) -> None:
+        """The server answered a request of this cluster (``status``: its HTTP status).
 
-    def failure(self, message: str) -> None:
-        """A request or watch failed without an answer; the probe should look now."""
+        Any answer proves the server is there (for every cluster of it); any
+        status but 401 also proves this cluster's credential.
+        """
+        now = time.monotonic()
+        self.last_contact = time.time()
+        if status is not None and status != 401:
+            self.verified_at = now
+            if self.state is HealthState.UNKNOWN:
+                self.wake()  # vouched for before its first probe: the probe loop need not ask
+        server = self.server
+        if server is not None:
+            server.heard(now)
+        if self._unreachable:
+            self._reachable(authenticated=status is not None and status != 401)
+
+    def alive(self) -> None:
+        """A watch of this cluster delivered something: the server is there (not a credential check)."""
+        server = self.server
+        if server is not None:
+            server.heard()
+        if self._unreachable:
+            self._reachable(authenticated=False)
+
+    def failure(self, message: str, *, suspect: bool = True) -> None:
+        """A request or watch failed without an answer; the probe should look now (if ``suspect``)."""
         self.last_error = message
         self.last_error_at = time.time()
-        self.suspect()
+        if suspect:
+            self.suspect()
 
     def credentials_rejected(self, message: str) -> None:
         """A request was refused with 401 even after fetching a fresh credential."""
@@ -196,30 +262,82 @@ class HealthRecord:
 
     def suspect(self) -> None:
         """Ask the probe to run now rather than at its next tick."""
-        if self._suspect is not None:
-            self._suspect.set()
+        self._suspected = True
+        self.wake()
 
-    # --- the probe's verdict ---------------------------------------------------------------
+    def wake(self) -> None:
+        """Make the probe loop look again at what is due (a new duty, a suspicion)."""
+        if self._wake is not None:
+            self._wake.set()
+
+    # --- the circuit ---------------------------------------------------------------------------
 
     @property
     def unreachable(self) -> bool:
-        """The circuit is open: requests fail at once until a probe gets an answer."""
+        """The circuit is open: requests fail at once until the server answers something."""
         return self._unreachable
+
+    @property
+    def trial_ready(self) -> bool:
+        """The circuit is open and the next request would go through as its trial."""
+        return self._unreachable and not self._trial_busy and time.monotonic() >= self._trial_at
+
+    def take_trial(self) -> bool:
+        """Whether a request may go through the open circuit now, as its one trial (half-open).
+
+        The caller reports the outcome with :meth:`end_trial`; an answer also
+        reaches :meth:`contact`, which closes the circuit.
+        """
+        if self._trial_busy or time.monotonic() < self._trial_at:
+            return False
+        self._trial_busy = True
+        return True
+
+    def end_trial(self, answered: bool) -> None:
+        self._trial_busy = False
+        if not answered:
+            self._trial_at = time.monotonic() + _TRIAL_AFTER
+
+    def server_outage(self, reason: str) -> None:
+        """The server gave no answer to a probe (this cluster's or another's): fail fast."""
+        if not self._unreachable:
+            self.unhealthy(reason, unreachable=True)
+        self._by_server = True
+
+    def server_answered(self) -> None:
+        """Another cluster of the same server got an answer: close this one's circuit too."""
+        if self._unreachable and self._by_server:
+            self._reachable(authenticated=self._healthy_before_outage)
+            if not self._healthy_before_outage:
+                self.suspect()  # its credential was never vouched for: check it now
+
+    def _reachable(self, *, authenticated: bool) -> None:
+        self._unreachable = False
+        self._by_server = False
+        if authenticated and self.state is HealthState.UNHEALTHY:
+            self._set(HealthState.HEALTHY, None)
+        if self._recovered is not None:
+            self._recovered.set()
+            self._recovered = None
+        self.wake()
+
+    # --- the probe's verdict ---------------------------------------------------------------
 
     def healthy(self) -> None:
         self._set(HealthState.HEALTHY, None)
         if self._unreachable:
-            self._unreachable = False
-            if self._recovered is not None:
-                self._recovered.set()
-                self._recovered = None
+            self._reachable(authenticated=True)
 
     def unhealthy(self, reason: str, *, unreachable: bool) -> None:
         self.last_error = reason
         self.last_error_at = time.time()
+        was_healthy = self.state is HealthState.HEALTHY
         self._set(HealthState.UNHEALTHY, reason)
         if unreachable and not self._unreachable:
             self._unreachable = True
+            self._healthy_before_outage = was_healthy
+            self._by_server = False
+            self._trial_at = time.monotonic() + _TRIAL_AFTER
             for listener in list(self.open_listeners):
                 try:
                     listener(reason)
@@ -227,10 +345,7 @@ class HealthRecord:
                     log.exception("cluster %r: a circuit listener failed", self.cluster)
         elif not unreachable and self._unreachable:
             # An answer, although a bad one: the server is there, so stop failing fast.
-            self._unreachable = False
-            if self._recovered is not None:
-                self._recovered.set()
-                self._recovered = None
+            self._reachable(authenticated=False)
 
     def recovery(self) -> asyncio.Event | None:
         """An event set when the open circuit closes; ``None`` while it is closed.
@@ -262,64 +377,129 @@ class HealthRecord:
 
     async def probe_forever(
         self,
-        probe: Callable[[float], Awaitable[tuple[str, bool] | None]],
+        probe: Callable[[float], Awaitable[ProbeResult]],
         *,
         interval: float,
         timeout: float,
         backoff: Backoff,
         budget: float | None = None,
+        credential_interval: float | None = None,
+        server: ServerLiveness | None = None,
     ) -> None:
-        """Run ``probe(timeout)`` every ``interval`` seconds, start to start, forever.
+        """Probe ``probe(timeout)`` when something is due, forever.
 
-        ``probe`` returns ``None`` for a good answer, or why not and whether
-        the server gave no answer at all (see :meth:`Transport.probe`). After a failure the next probe comes
-        sooner (``backoff``, capped at ``interval``) so recovery shows quickly;
-        a request that fails makes the probe run at once. With ``timeout <=
-        interval`` a hung server is unhealthy within ``interval + timeout``.
-        ``budget`` caps the routine probes per second of every cluster in this
-        event loop together (see :class:`ProbePacer`).
+        Due are: the first probe (at once for the server's lead; for another
+        member only if no request of its own got an answer within an
+        interval, 5 s at most, so a cold start of many clusters of one server does not
+        send a probe each); a silent ``server`` (one probe per
+        ``interval`` for all its clusters, by its lead); this cluster's
+        credential, unvouched for ``credential_interval`` (default
+        ``interval``); a suspicion (at most once a second); and after a
+        failure, the next try on ``backoff``, capped at ``interval``. With
+        ``timeout <= interval`` a hung server is unhealthy within ``interval +
+        timeout``. ``budget`` caps the routine probes per second of every
+        cluster in this event loop together (see :class:`ProbePacer`); without
+        a ``server`` the cluster is a server of its own.
         """
-        with probe_pacer().member():
-            await self._probe_loop(probe, interval, timeout, backoff, budget)
+        self.trial_timeout = timeout
+        server = server if server is not None else ServerLiveness(f"cluster {self.cluster}")
+        pacer = probe_pacer()
+        self.server = server
+        server.join(self)
+        pacer.servers.add(server)
+        try:
+            with pacer.member():
+                await self._probe_loop(
+                    probe, interval, timeout, backoff, budget, credential_interval or interval
+                )
+        finally:
+            server.leave(self)
+            if not len(server):
+                pacer.servers.discard(server)
 
     async def _probe_loop(
         self,
-        probe: Callable[[float], Awaitable[tuple[str, bool] | None]],
+        probe: Callable[[float], Awaitable[ProbeResult]],
         interval: float,
         timeout: float,
         backoff: Backoff,
         budget: float | None,
+        credential_interval: float,
     ) -> None:
         pacer = probe_pacer()
-        self._suspect = asyncio.Event()
-        loop = asyncio.get_running_loop()
+        server = self.server
+        assert server is not None
+        self._wake = asyncio.Event()
         failures = 0
+        last_probe = float("-inf")
+        retry_at = float("-inf")
+        joined = time.monotonic()
+        judged = False
+        yielded = True
         while True:
-            started = loop.time()
-            self._suspect.clear()
+            now = time.monotonic()  # from here to the probe nothing yields: what is due stays due
+            if not judged:
+                if self.verified_at > joined and server.outage is None and not self._unreachable:
+                    # A request answered before any probe: reachable, and the credential works.
+                    judged = True
+                    self.healthy()
+                    continue
+                if server.lead is self or server.outage is not None or self._suspected:
+                    due = now  # the server's first verdict, or trouble: probe at once
+                else:
+                    # A member of a server its lead probes: a cold start of many clusters of
+                    # one server must not send a probe each at once. Its first request
+                    # vouches for it; one that makes none is checked after an interval.
+                    due = joined + min(interval, credential_interval, _FIRST_CHECK_GRACE)
+            elif server.outage is not None and server.lead is not self:
+                due = float("inf")  # the lead probes the server for everyone; an answer wakes us
+            else:
+                vouched = max(self.verified_at, last_probe)
+                due = vouched + pacer.interval(credential_interval, budget)
+                if failures:
+                    due = min(due, retry_at)
+                elif server.outage is not None:  # the lead, in an outage another member found
+                    due = min(due, last_probe + 1.0)
+                elif server.lead is self:
+                    silent_since = max(server.heard_at, last_probe)
+                    due = min(due, silent_since + pacer.server_interval(interval, budget))
+                if self._suspected:
+                    due = min(due, last_probe + 1.0)  # evidence of trouble: look now, at most once a second
+            if due > now:
+                self._wake.clear()
+                try:
+                    async with asyncio.timeout(None if due == float("inf") else due - now):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+                yielded = True
+                continue
+            if not yielded:  # never a loop that does not yield, whatever the probe does
+                await asyncio.sleep(0)
+                yielded = True
+                continue  # and look again at what is due
+            yielded = False
+            judged = True
+            last_probe = now
+            self._suspected = False
+            self.probes += 1
             try:
                 verdict = await probe(timeout)
             except Exception as error:  # never a probe loop that crashes and leaves the cluster unexplained
                 log.error("cluster %r: the health probe raised %s", self.cluster, type(error).__name__)
                 verdict = (f"the health probe failed on our side ({type(error).__name__})", False)
             if verdict is None:
+                self.verified_at = time.monotonic()
+                server.heard(self.verified_at)
                 self.healthy()
                 failures = 0
-                wait = pacer.interval(interval, budget)
-            else:
-                reason, unreachable = verdict
-                self.unhealthy(reason, unreachable=unreachable)
-                failures += 1
-                wait = min(interval, backoff.delay(failures - 1))
-            remaining = started + wait - loop.time()
-            if remaining <= 0:
-                await asyncio.sleep(0)  # never a loop that does not yield, whatever the probe does
-            else:
-                try:
-                    async with asyncio.timeout(remaining):
-                        await self._suspect.wait()
-                except TimeoutError:
-                    pass
-                else:
-                    # Evidence of trouble: look now, but never more than once a second.
-                    await asyncio.sleep(max(0.0, started + 1.0 - loop.time()))
+                continue
+            reason, unreachable = verdict[0], verdict[1]
+            whole_server = len(verdict) == 3 and bool(verdict[2])
+            self.unhealthy(reason, unreachable=unreachable)
+            if not unreachable:
+                server.heard()  # a bad answer is still an answer
+            elif whole_server:
+                server.unreachable(reason)
+            failures += 1
+            retry_at = last_probe + min(interval, backoff.delay(failures - 1))

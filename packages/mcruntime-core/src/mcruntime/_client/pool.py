@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -31,21 +32,80 @@ if TYPE_CHECKING:
 
 
 REQUESTS_IN_FLIGHT = 64
-"""Requests (watches aside) one shared session sends at once; the rest queue."""
+"""Requests (watches aside) one shared session sends at once by default; the rest queue
+(``ClusterOptions.server_requests_in_flight``)."""
 
 
 class Turns:
-    """The requests one shared session has in flight, and when its server last answered one.
+    """The requests one shared session has in flight, who waits next, and when its server last answered.
 
-    ``answered_at`` (event loop time) tells a request that has waited long for
-    its turn whether the queue is moving: a server that answers others is
-    busy, not hung, which is what a health probe must not confuse.
+    At most ``limit`` requests go out at once; the rest wait, and a freed
+    place goes to the clusters waiting *in turn*, one request of each, so a
+    cluster with a thousand requests queued delays another cluster of the
+    same server by at most one request per waiting cluster, not by its whole
+    queue. ``answered_at`` (event loop time) tells a request that has waited
+    long for its turn whether the queue is moving: a server that answers
+    others is busy, not hung, which is what a health probe must not confuse.
     """
 
     def __init__(self, limit: int = REQUESTS_IN_FLIGHT) -> None:
+        if limit < 1:
+            raise ValueError(f"server_requests_in_flight must be at least 1, got {limit!r}")
         self.limit = limit
-        self.semaphore = asyncio.Semaphore(limit)
+        self.in_flight = 0
         self.answered_at = float("-inf")
+        # Waiting requests by cluster; the dict's order is the round: the next place goes
+        # to the first cluster, which then moves to the back if it has more waiting.
+        self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
+
+    @property
+    def free(self) -> bool:
+        """Whether a request may go out at once (a free place and nobody waiting for one)."""
+        return self.in_flight < self.limit and not self._waiting
+
+    def waiting(self, cluster: str | None = None) -> int:
+        """Requests waiting for a place (of ``cluster``, or of all)."""
+        if cluster is not None:
+            return len(self._waiting.get(cluster, ()))
+        return sum(len(queue) for queue in self._waiting.values())
+
+    def take(self) -> None:
+        """Take a free place at once (check :attr:`free` first); give it back with :meth:`release`."""
+        assert self.free
+        self.in_flight += 1
+
+    async def acquire(self, cluster: str) -> None:
+        """Wait for a place in ``cluster``'s turn; give it back with :meth:`release`."""
+        if self.free:
+            self.in_flight += 1
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(cluster, deque()).append(granted)
+        try:
+            await granted
+        except BaseException:
+            if granted.done() and not granted.cancelled():
+                self.release()  # the place came as we gave up: hand it on
+            else:
+                queue = self._waiting.get(cluster)
+                if queue is not None and granted in queue:
+                    queue.remove(granted)
+                    if not queue:
+                        del self._waiting[cluster]
+            raise
+
+    def release(self) -> None:
+        """Give a place back: to the next cluster in the round, or free."""
+        while self._waiting:
+            cluster = next(iter(self._waiting))
+            queue = self._waiting.pop(cluster)
+            granted = queue.popleft()
+            if queue:
+                self._waiting[cluster] = queue  # to the back of the round
+            if not granted.done():
+                granted.set_result(None)  # the place passes on: in_flight unchanged
+                return
+        self.in_flight -= 1
 
     def answered(self) -> None:
         self.answered_at = asyncio.get_running_loop().time()
@@ -54,8 +114,8 @@ class Turns:
         """Whether the server answered a request of this session in the last ``within`` seconds."""
         return asyncio.get_running_loop().time() - self.answered_at < within
 
-    async def take(self, timeout: float, patient: bool) -> float | None:
-        """Wait for a place among the requests in flight; the seconds of ``timeout`` that remain.
+    async def wait_turn(self, cluster: str, timeout: float, patient: bool) -> float | None:
+        """Wait for ``cluster``'s place among the requests in flight; the seconds of ``timeout`` left.
 
         ``None`` when a place was free at once (no wait, no task). The wait
         counts against the request's own ``timeout``, so a queue behind a hung
@@ -66,12 +126,12 @@ class Turns:
         Raises:
             NoTurn: no place came free in time (and, if patient, the queue stood still).
         """
-        if not self.semaphore.locked():
-            await self.semaphore.acquire()
+        if self.free:
+            self.take()
             return None
         loop = asyncio.get_running_loop()
         began = loop.time()
-        acquiring = asyncio.ensure_future(self.semaphore.acquire())
+        acquiring = asyncio.ensure_future(self.acquire(cluster))
         try:
             while True:
                 await asyncio.wait({acquiring}, timeout=timeout)
@@ -84,9 +144,9 @@ class Turns:
                     )
         except BaseException:
             if acquiring.done() and not acquiring.cancelled() and acquiring.exception() is None:
-                self.semaphore.release()  # it came through as we gave up: hand it back
+                self.release()  # it came through as we gave up: hand it back
             else:
-                acquiring.cancel()
+                acquiring.cancel()  # a place granted meanwhile is handed on by acquire()
             raise
         return timeout if patient else max(0.001, timeout - (loop.time() - began))
 
@@ -116,12 +176,18 @@ class SessionPool:
         entry.users += 1
         return entry.session
 
-    def lease(self, key: str, make: Callable[[], aiohttp.ClientSession]) -> aiohttp.ClientSession:
-        """The session of ``key``, made with ``make()`` if there is none; release it when done."""
+    def lease(
+        self, key: str, make: Callable[[], aiohttp.ClientSession], limit: int = REQUESTS_IN_FLIGHT
+    ) -> aiohttp.ClientSession:
+        """The session of ``key``, made with ``make()`` if there is none; release it when done.
+
+        ``limit`` bounds the requests in flight of a new session; the cluster
+        that opens the session decides it for every cluster that shares it.
+        """
         found = self.existing(key)
         if found is not None:
             return found
-        entry = self._shared[key] = _Shared(make(), 1, Turns())
+        entry = self._shared[key] = _Shared(make(), 1, Turns(limit))
         return entry.session
 
     def turns(self, key: str) -> Turns | None:

@@ -1,341 +1,36 @@
-"""An authenticated HTTP connection to one API server.
-
-This is the seam between mcruntime and the HTTP stack: it turns a
-:class:`ClusterConfig` into an aiohttp session with the right TLS context and an
-``Authorization`` header that stays fresh (token files are re-read when they
-change, exec plugins re-run before expiry and after a 401). Everything above it
-speaks paths and bytes, so swapping the base client later stays a local change.
+"""Sending requests to one API server: retries, the circuit, the shared session's turns.
 
 Retries are decided here because only here is it known whether a request
 reached the server: idempotent requests retry 429 (honouring Retry-After), 5xx
 and connection failures with the backoff of ``retry.py``; other requests retry
-only what provably never reached the server. TLS material is ``tls.py``'s.
+only what provably never reached the server. The session and identity it sends
+with are ``connection.py``'s; TLS material is ``tls.py``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import logging
 import ssl
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from .._base.errors import Unreachable
-from .._config.credentials import ClusterCredentials
-from .._config.exec import ExecLimits
-from .._config.kubeconfig import ClusterConfig, redacted_url
-from .._config.material import MaterialFiles
-from .health import HealthRecord
-from .pool import NoTurn, Turns, session_pool
+from .connection import Connection
+from .health import ProbeResult
+from .pool import NoTurn, Turns
 from .retry import RETRY_STATUSES, retry_after_seconds
 from .retry import RetryPolicy as RetryPolicy  # a transport option, importable here too
-from .tls import MaterialPaths, certificate_of, tune_tls_read_buffer
 from .wording import NoAnswer, Unsendable, describe_connection_error, unexpected
 
-if TYPE_CHECKING:
-    # Imported where used: kubernetes-asyncio's generated models take ~0.3 s and
-    # ~35 MiB to import, and only typed-API users need them.
-    from kubernetes_asyncio import client as k8s_client
 
-_KEEPALIVE_SECONDS = 75.0
-"""How long an idle pooled connection is kept (aiohttp's default is 15 s)."""
-# Aborted TLS connections leaked in CPython until gh-118960 (3.12.8, 3.13.1); aiohttp's
-# workaround for that is deprecated where the fix is in (a DeprecationWarning on every
-# session, an error under -W error), so it is asked for only where it is still needed.
-_CLEANUP_CLOSED = sys.version_info < (3, 12, 8) or (3, 13, 0) <= sys.version_info < (3, 13, 1)
+class Transport(Connection):
+    """One API server's HTTP session, credentials and health, and the requests sent over it.
 
-log = logging.getLogger("mcruntime.transport")
-
-_CONNECT_TIMEOUT = 5.0
-
-
-class Transport:
-    """One API server's HTTP session, credentials and health; open, then close once."""
-
-    def __init__(
-        self,
-        config: ClusterConfig,
-        cluster: str,
-        *,
-        request_timeout: float = 30.0,
-        retry: RetryPolicy | None = None,
-        connect_timeout: float = _CONNECT_TIMEOUT,
-        share_connections: bool = True,
-        exec_limits: ExecLimits | None = None,
-    ) -> None:
-        self.config: ClusterConfig = config
-        self._exec_limits = exec_limits or ExecLimits()
-        self.cluster = cluster
-        self.health: HealthRecord = HealthRecord(cluster)
-        self.health.open_listeners.append(self._interrupt)
-        self._request_timeout = request_timeout
-        self._connect_timeout = connect_timeout
-        # Requests waiting on the server and open watches, interrupted when the circuit opens.
-        self._waiting: set[asyncio.Timeout] = set()
-        self._streams: set[aiohttp.ClientResponse] = set()
-        self._retry = retry or RetryPolicy()
-        self._material: MaterialFiles | None = None
-        self._session: aiohttp.ClientSession | None = None
-        # The sharing key of self._session when it is a pooled one (see pool.py), else None.
-        self._lease: str | None = None
-        # The shared session's requests in flight (see pool.py); None when unshared.
-        self._turns: Turns | None = None
-        self._share = share_connections
-        # Sessions replaced by a certificate rotation, with their sharing keys: their
-        # open watches keep running on the old identity until they reconnect; closed
-        # (or given back) with the transport.
-        self._retired: list[tuple[str | None, aiohttp.ClientSession]] = []
-        self._credentials: ClusterCredentials | None = None
-        self._closing: set[asyncio.Task[None]] = set()
-        self._paths: MaterialPaths | None = None
-        self._open_lock = asyncio.Lock()
-        self._closed = False
-
-    def __repr__(self) -> str:
-        return f"<Transport cluster={self.cluster!r} server={redacted_url(self.config.server)}>"
-
-    @property
-    def server(self) -> str:
-        return self.config.server
-
-    # --- lifetime --------------------------------------------------------------
-
-    async def open(self) -> None:
-        """Load the key material into memory, build the TLS context and the HTTP session."""
-        async with self._open_lock:
-            if self._closed:
-                raise Unreachable("the cluster was stopped", cluster=self.cluster)
-            if self._session is not None:
-                return
-            tune_tls_read_buffer()
-            material = MaterialFiles()
-            self._material = material
-            self._paths = MaterialPaths(material)
-            self._credentials = self._new_credentials(self.config)
-            key = self._sharing_key()
-            if key is not None:
-                shared = session_pool().existing(key)
-                if shared is not None:  # same server, same trust, identity per request: no handshake
-                    self._session, self._lease = shared, key
-                    self._turns = session_pool().turns(key)
-                    return
-            try:
-                context = await asyncio.to_thread(self._ssl_context)
-            except BaseException as error:
-                self._discard_material(material)
-                if isinstance(error, Exception) and self.closed:
-                    raise Unreachable("the cluster was stopped", cluster=self.cluster) from None
-                if isinstance(error, ssl.SSLError | OSError | ValueError):  # a CA that is no certificate, say
-                    message = f"unusable TLS configuration: {describe_connection_error(error)}"
-                    raise Unreachable(message, cluster=self.cluster) from None
-                raise
-            if self.closed:  # closed while the TLS context was being built: open nothing
-                self._discard_material(material)
-                raise Unreachable("the cluster was stopped", cluster=self.cluster)
-            if key is None:
-                self._session = self._new_session(context)
-            else:
-                self._session = session_pool().lease(key, lambda: self._new_session(context))
-                self._lease = key
-                self._turns = session_pool().turns(key)
-
-    def _sharing_key(self) -> str | None:
-        """The key this transport's session is shared under, or ``None`` if it keeps its own.
-
-        The endpoint decides, and so does the identity when it is part of the
-        TLS handshake: clusters with a client certificate share only with
-        clusters whose user entry is the very same (a certificate from an exec
-        plugin moves to a session of its own when it arrives).
-        """
-        if not self._share:
-            return None
-        endpoint = self.config.endpoint_fingerprint()
-        if certificate_of(self.config.user) == (None, None):
-            return endpoint  # the identity travels per request, in a header
-        return f"{endpoint}/{self.config.credential_fingerprint()}"
-
-    @property
-    def shared(self) -> bool:
-        """Whether this transport's connections are pooled with other clusters' (same server and trust)."""
-        return self._lease is not None
-
-    def _new_session(self, context: ssl.SSLContext) -> aiohttp.ClientSession:
-        # Idle connections stay open longer than the slowest paced probe interval of a
-        # large fleet (20 s at 1,000 clusters), so a probe reuses one instead of paying a
-        # TLS handshake, which costs ten times the request itself.
-        connector = aiohttp.TCPConnector(
-            ssl=context, limit=0, enable_cleanup_closed=_CLEANUP_CLOSED, keepalive_timeout=_KEEPALIVE_SECONDS
-        )
-        return aiohttp.ClientSession(
-            connector=connector,
-            trust_env=False,  # a cluster's proxy comes from its kubeconfig, not the environment
-            skip_auto_headers=("User-Agent",),
-            headers={"User-Agent": "mcruntime"},
-        )
-
-    def _new_credentials(
-        self, config: ClusterConfig, prepare: Callable[[], Awaitable[None]] | None = None
-    ) -> ClusterCredentials:
-        return ClusterCredentials(
-            config,
-            self.cluster,
-            use_certificate=self._use_certificate,
-            prepare=prepare,
-            exec_limits=self._exec_limits,
-            waiting=self.health.waiting,
-        )
-
-    async def close(self) -> None:
-        """Close every connection (watches included), kill exec plugins, drop key material.
-
-        A closed transport stays closed: later requests fail with :class:`Unreachable`
-        instead of quietly opening a session nobody would close.
-        """
-        self._closed = True
-        credentials = self._credentials
-        if credentials is not None:
-            await credentials.close()
-        for closing in list(self._closing):
-            await closing
-        self._interrupt("the cluster was stopped")  # a pooled session outlives this transport
-        session, self._session = self._session, None
-        lease, self._lease = self._lease, None
-        self._turns = None
-        retired, self._retired = self._retired, []
-        for key, old in [*retired, (lease, session)]:
-            if old is None:
-                continue
-            if key is None:
-                await old.close()
-            else:
-                await session_pool().release(key, old)
-        if self._material is not None:
-            self._discard_material(self._material)
-
-    def _discard_material(self, material: MaterialFiles) -> None:
-        """Drop the in-memory files of a closed, failed or abandoned ``open``."""
-        material.close()
-        if self._material is material:
-            self._material = None
-            self._paths = None
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def _ssl_context(self, user: Mapping[str, Any] | None = None) -> ssl.SSLContext:
-        assert self._paths is not None
-        user = self.config.user if user is None else user
-        return self._paths.ssl_context(self.cluster, self.config.cluster, user)
-
-    async def _use_certificate(self, certificate: bytes, key: bytes) -> None:
-        """Present a new client certificate on new connections (an exec plugin's, say)."""
-        assert self._material is not None
-        user = {
-            "client-certificate-data": base64.b64encode(certificate).decode(),
-            "client-key-data": base64.b64encode(key).decode(),
-        }
-        await self._swap_context(user)
-
-    async def _swap_context(self, user: Mapping[str, Any]) -> None:
-        """A new TLS context and session for ``user``'s certificate; caches above are untouched.
-
-        A fresh session rather than ``load_cert_chain`` on the shared context:
-        pooled keep-alive connections would otherwise go on authenticating as
-        the old identity. Open watches keep their connection until they
-        reconnect (through the new session); the old session closes with the
-        transport.
-        """
-        try:
-            context = await asyncio.to_thread(self._ssl_context, user)
-        except (ssl.SSLError, OSError, ValueError) as error:
-            message = f"unusable client certificate: {describe_connection_error(error)}"
-            self.health.failure(message)
-            raise Unreachable(message, cluster=self.cluster) from None
-        if self._closed or self._session is None:
-            return
-        old, self._session = self._session, self._new_session(context)
-        old_lease, self._lease = self._lease, None  # a certificate identity never shares
-        self._turns = None
-        self._retired.append((old_lease, old))
-        while len(self._retired) > 2:  # bound them: a watch this old has reconnected long since
-            key, oldest = self._retired.pop(0)
-            if key is None:
-                await oldest.close()
-            else:
-                await session_pool().release(key, oldest)
-
-    async def kubernetes_configuration(self) -> k8s_client.Configuration:
-        """An isolated kubernetes-asyncio ``Configuration`` for typed API calls.
-
-        For code that wants the generated API classes; its certificate and key
-        paths are this transport's in-memory files (``/proc/self/fd/N``), valid
-        in this process until the transport closes. The Authorization header is
-        a snapshot: prefer the mcruntime client.
-        """
-        if self._material is None:
-            raise RuntimeError(f"cluster {self.cluster!r}: the transport is not open")
-        assert self._credentials is not None and self._paths is not None
-        return self._paths.kubernetes_configuration(self.server, self.config, await self.authorization())
-
-    def replace_credentials(self, config: ClusterConfig) -> None:
-        """Use ``config``'s user from the next request on (same endpoint, new credential).
-
-        A changed client certificate or key gets a new TLS context before the
-        next request (new connections present it); a running exec plugin of the
-        old user is killed.
-        """
-        old_config, self.config = self.config, config
-        old = self._credentials
-        if self._material is None:
-            return  # not open: open() builds everything from the new config
-        prepare = None
-        if certificate_of(config.user) != certificate_of(old_config.user) and (
-            certificate_of(config.user) != (None, None)
-        ):
-            user = config.user
-
-            async def prepare() -> None:
-                await self._swap_context(user)
-
-        self._credentials = self._new_credentials(config, prepare)
-        if old is not None and old.plugin is not None:
-            # Kill the old user's plugin run, if any; held here until done so it is not collected.
-            closing = asyncio.get_running_loop().create_task(
-                old.close(), name=f"credentials-close:{self.cluster}"
-            )
-            self._closing.add(closing)
-            closing.add_done_callback(self._closing.discard)
-
-    async def authorization(self) -> str | None:
-        """The current Authorization header value (for interop; never log it)."""
-        assert self._credentials is not None
-        return await self._credentials.header()
-
-    # --- requests ----------------------------------------------------------------
-
-    async def _headers(self, accept: str, content_type: str | None) -> dict[str, str]:
-        headers = {"Accept": accept}
-        if content_type:
-            headers["Content-Type"] = content_type
-        assert self._credentials is not None
-        authorization = await self._credentials.header()
-        if authorization:
-            headers["Authorization"] = authorization
-        return headers
-
-    def _request_options(self) -> dict[str, Any]:
-        options: dict[str, Any] = {}
-        if self.config.cluster.get("proxy-url"):
-            options["proxy"] = self.config.cluster["proxy-url"]
-        if self.config.cluster.get("tls-server-name"):
-            options["server_hostname"] = self.config.cluster["tls-server-name"]
-        return options
+    Everything above it speaks paths and bytes, so swapping the base client
+    later stays a local change.
+    """
 
     async def request(
         self,
@@ -357,16 +52,40 @@ class Transport:
         known to be unreachable (its health probe gets no answer): a request to
         a hung server must not hold a worker for its whole timeout.
         """
-        self._fail_fast(method, path)
+        trial = self._fail_fast(method, path, trial=True)
+        try:
+            return await self._request(
+                method, path, params, body, content_type, accept, idempotent, timeout, trial
+            )
+        finally:
+            if trial:
+                self.health.end_trial(answered=not self.health.unreachable)
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None,
+        body: bytes | None,
+        content_type: str | None,
+        accept: str,
+        idempotent: bool | None,
+        timeout: float | None,
+        trial: bool,
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """:meth:`request`'s attempts; a ``trial`` through the open circuit gets one (the probe's timeout)."""
         await self.open()
         assert self._credentials is not None
         safe = idempotent if idempotent is not None else method in ("GET", "HEAD", "PUT", "DELETE")
+        timeout = timeout or self._request_timeout
+        if trial:
+            timeout = min(timeout, self.health.trial_timeout)
         reauthenticated = False
         attempt = 0
         while True:
             try:
                 status, response_headers, payload = await self._send(
-                    method, path, params, body, content_type, accept, timeout or self._request_timeout
+                    method, path, params, body, content_type, accept, timeout
                 )
             except Unsendable as failure:
                 self.health.failure(failure.message)
@@ -374,7 +93,11 @@ class Transport:
             except NoAnswer as failure:
                 if self._closed:  # cut by close(): the cluster stopped, the server did nothing wrong
                     raise Unreachable("the cluster was stopped", cluster=self.cluster) from None
-                self.health.failure(failure.message)
+                self.health.failure(failure.message, suspect=not trial)  # a failed trial: the circuit is open
+                if trial:
+                    raise Unreachable(
+                        f"{failure.message} (a trial through the open circuit)", cluster=self.cluster
+                    ) from None
                 if (safe or failure.never_sent) and attempt + 1 < self._retry.attempts:
                     await asyncio.sleep(self._retry.delay(attempt))
                     attempt += 1
@@ -400,11 +123,13 @@ class Transport:
                 self.health.failure(f"HTTP {status} on {method} {path}")
             return status, response_headers, payload
 
-    async def probe(self, timeout: float) -> tuple[str, bool] | None:
+    async def probe(self, timeout: float) -> ProbeResult:
         """One ``GET /version`` for the health probe: ``None`` if it answered 200.
 
         Otherwise returns what failed, worded for a person, and whether the
-        server gave no answer at all (which opens the circuit). It bypasses the
+        server gave no answer at all (which opens the circuit), and whether that
+        silence is the server's own (a timeout or a refused connection, which
+        opens the circuit of every cluster of the server). It bypasses the
         circuit (it is what closes it) and does not retry: the probe's cadence
         is its retry. A 401 is retried once with a fresh credential, as every
         request is, so a rotated token file does not count as a rejection.
@@ -421,8 +146,8 @@ class Transport:
                 )
             except NoAnswer as failure:
                 if failure.timed_out:
-                    return f"no answer to GET /version in {timeout:g}s", True
-                return f"GET /version failed: {failure.message}", True
+                    return f"no answer to GET /version in {timeout:g}s", True, failure.whole_server
+                return f"GET /version failed: {failure.message}", True, failure.whole_server
             except Unsendable as error:  # our side cannot send it: the server may be fine
                 return error.message, False
             except Unreachable as error:  # unusable TLS material, or the cluster was stopped
@@ -438,12 +163,20 @@ class Transport:
             return f"GET /version answered {status}", False
         return "credentials rejected: GET /version answered 401 Unauthorized", False
 
-    def _fail_fast(self, method: str, path: str) -> None:
-        if self.health.unreachable:
-            raise Unreachable(
-                f"{self.health.reason}; not sending {method} {path} until the server answers again",
-                cluster=self.cluster,
-            )
+    def _fail_fast(self, method: str, path: str, *, trial: bool = False) -> bool:
+        """Refuse while the circuit is open; ``True`` when this request is its half-open trial.
+
+        With ``trial`` the request may be the one let through the open circuit
+        (see :meth:`HealthRecord.take_trial`); its caller must end the trial.
+        """
+        if not self.health.unreachable:
+            return False
+        if trial and self.health.take_trial():
+            return True
+        raise Unreachable(
+            f"{self.health.reason}; not sending {method} {path} until the server answers again",
+            cluster=self.cluster,
+        )
 
     async def _send(
         self,
@@ -475,10 +208,9 @@ class Transport:
         session = self._session
         if session is None:
             raise Unreachable("the cluster was stopped", cluster=self.cluster)
-        client_timeout = aiohttp.ClientTimeout(
-            total=timeout, connect=self._connect_timeout, sock_connect=self._connect_timeout
-        )
+        client_timeout = self._timeout(timeout)
         interrupted = False
+        status = 0
         turns = self._turns
         try:
             async with asyncio.timeout(None) as waiting:
@@ -490,7 +222,7 @@ class Transport:
                         async with session.request(
                             method,
                             self.server + path,
-                            params=params,
+                            params=params or None,
                             data=body,
                             headers=headers,
                             timeout=client_timeout,
@@ -498,12 +230,12 @@ class Transport:
                         ) as response:
                             payload = await response.read()
                             status = response.status
-                            response_headers = dict(response.headers)
+                            response_headers: Mapping[str, str] = response.headers  # immutable, kept as is
                         if turns is not None:
                             turns.answered()
                     finally:
                         if turns is not None:
-                            turns.semaphore.release()
+                            turns.release()
                 finally:
                     self._waiting.discard(waiting)
                     interrupted = waiting.expired()
@@ -514,35 +246,26 @@ class Transport:
                 raise NoAnswer(f"{self.health.reason}; the request was interrupted", False, False) from None
             never_sent = isinstance(error, aiohttp.ClientConnectorError)
             timed_out = isinstance(error, TimeoutError)
-            raise NoAnswer(describe_connection_error(error), never_sent, timed_out) from None
+            # The server's own silence, not this cluster's TLS identity refused: all its clusters are cut off.
+            whole_server = timed_out or (never_sent and not isinstance(error, aiohttp.ClientSSLError))
+            raise NoAnswer(describe_connection_error(error), never_sent, timed_out, whole_server) from None
         except Exception as error:
             # aiohttp's ValueError for a header it will not send, say: the same on every
             # attempt, so no retry; the cluster's health says what it was.
             raise Unsendable(unexpected(error, "sending", method, path), self.cluster) from None
-        self.health.contact()
+        self.health.contact(status)
         return status, response_headers, payload
 
     async def _take_turn(self, turns: Turns, timeout: float, patient: bool) -> aiohttp.ClientTimeout:
-        """A place among the shared session's requests (see :meth:`Turns.take`); the timeout left."""
+        """A place among the shared session's requests (see :meth:`Turns.wait_turn`); the timeout left."""
         try:
-            remaining = await turns.take(timeout, patient)
+            remaining = await turns.wait_turn(self.cluster, timeout, patient)
         except NoTurn as failure:
-            raise NoAnswer(str(failure), True, True) from None
+            raise NoAnswer(str(failure), True, True, True) from None
         if remaining is None:
-            return aiohttp.ClientTimeout(
-                total=timeout, connect=self._connect_timeout, sock_connect=self._connect_timeout
-            )
+            return self._timeout(timeout)
         connect = min(remaining, self._connect_timeout)
         return aiohttp.ClientTimeout(total=remaining, connect=connect, sock_connect=connect)
-
-    def _interrupt(self, reason: str) -> None:
-        """The circuit opened: end every request waiting on the server and every watch."""
-        if self._waiting:
-            now = asyncio.get_running_loop().time()
-            for waiting in list(self._waiting):
-                waiting.reschedule(now)
-        for response in list(self._streams):
-            response.close()
 
     @asynccontextmanager
     async def stream(
@@ -577,7 +300,7 @@ class Transport:
             async with session.get(
                 self.server + path, params=params, headers=headers, timeout=timeout, **self._request_options()
             ) as response:
-                self.health.contact()
+                self.health.contact(response.status)
                 if response.status == 401:
                     self._credentials.invalidate()
                 self._streams.add(response)

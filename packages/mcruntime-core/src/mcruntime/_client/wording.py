@@ -90,10 +90,16 @@ class Unsendable(Unreachable):
 
 
 class NoAnswer(Exception):
-    """One attempt got no response: why, whether it surely never reached the server, whether it timed out."""
+    """One attempt got no response, and why.
 
-    def __init__(self, message: str, never_sent: bool, timed_out: bool) -> None:
+    Whether it surely never reached the server, whether it timed out, and
+    whether the server itself is silent (rather than this cluster's TLS
+    identity refused).
+    """
+
+    def __init__(self, message: str, never_sent: bool, timed_out: bool, whole_server: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.never_sent = never_sent
         self.timed_out = timed_out
+        self.whole_server = whole_server

@@ -7,11 +7,18 @@ never by comparing the holder's timestamps with our clock, so clock skew
 between replicas cannot make two of them lead. A leader that cannot renew
 within ``renew_deadline`` steps down before its Lease can expire elsewhere; a
 graceful shutdown releases the Lease so a standby takes over at once.
+
+A leader renews from a thread of its own, with its own connection to the
+cluster (see heartbeat.py), as sharding does: a busy event loop (a cold start
+of many clusters, a reconciler computing too long) must not cost a working
+leader its Lease. The thread renews only while the event loop keeps turning,
+and the loop steps down when no renewal landed within the deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -19,9 +26,11 @@ from typing import TYPE_CHECKING
 
 from .._base.backoff import DEFAULT_BACKOFF, Backoff
 from .._base.errors import AlreadyExists, APIError, Conflict, NotFound, Unreachable
+from .heartbeat import Connect, Heartbeat, own_connection
 from .lease import LEASE, default_identity, lease_object, released, spec_of, take, transitions_of
 
 if TYPE_CHECKING:
+    from .._client.client import Client
     from .._fleet.cluster import Cluster
 
 __all__ = ["LEASE", "LeaderElectionConfig", "LeaderElector", "default_identity"]
@@ -69,6 +78,15 @@ class LeaderElector:
         self.last_reason: str | None = None
         self.failures: int = 0
         """Consecutive unexpected failures of the campaign (0 once an attempt got an answer)."""
+        self.renewals: int = 0
+        """Renewals of the Lease while leading (on the heartbeat's thread)."""
+        self._renewed_at = 0.0  # time.monotonic() of the last renewal; written by the heartbeat's thread
+        # How the heartbeat's thread reaches the cluster; None: a connection of its own from
+        # the cluster's kubeconfig. Tests put a breakable client here.
+        self._liveness: Connect | None = None
+        # A request may take longer than a retry period on a busy server; half the renew
+        # deadline still leaves a second attempt before the leader steps down.
+        self._request_timeout = max(config.retry_period, config.renew_deadline / 2)
 
     @property
     def identity(self) -> str:
@@ -103,7 +121,7 @@ class LeaderElector:
             while True:
                 try:
                     await self._acquire()
-                    await self._renew_until_lost()
+                    await self._lead(cluster)
                 except Exception as error:  # the campaign must outlive any failure
                     self._failed(error)
                     self._step_down(f"the campaign failed: {self.last_reason}")
@@ -128,7 +146,8 @@ class LeaderElector:
     async def _acquire(self) -> None:
         while True:
             try:
-                won = await self._try_acquire_or_renew()
+                assert self._cluster is not None
+                won = await self._try_acquire_or_renew(self._cluster.client)
             except (APIError, OSError, TimeoutError) as error:
                 log.debug("leader election: %s", error)
                 self.failures = 0
@@ -150,29 +169,60 @@ class LeaderElector:
                     return
             await asyncio.sleep(self.config.retry_period)
 
-    async def _renew_until_lost(self) -> None:
-        last_renewal = time.monotonic()
-        while True:
-            await asyncio.sleep(self.config.retry_period)
-            try:
-                async with asyncio.timeout(self.config.renew_deadline):
-                    renewed = await self._try_acquire_or_renew()
-            except (APIError, OSError, TimeoutError) as error:
-                renewed = False
-                self.last_reason = str(error) or type(error).__name__
-            except Exception as error:  # a failed renewal, whatever the cause
-                renewed = False
-                self._failed(error)
-            if renewed:
-                self.failures = 0
-                last_renewal = time.monotonic()
-                continue
-            if time.monotonic() - last_renewal >= self.config.renew_deadline - self.config.retry_period:
-                self._step_down(
-                    f"could not renew the lease within {self.config.renew_deadline:.0f}s"
-                    f"{f' ({self.last_reason})' if self.last_reason else ''}"
-                )
-                return
+    async def _lead(self, cluster: Cluster) -> None:
+        """Renew from the heartbeat's thread while leading; step down when renewals stop landing.
+
+        This loop ticks the heartbeat (it renews only while the loop turns),
+        restarts its thread if it died, and steps down once no renewal landed
+        for ``renew_deadline - retry_period``, before the Lease can expire for
+        the others.
+        """
+        self._renewed_at = time.monotonic()  # the acquisition just now was a renewal
+        heartbeat = Heartbeat(
+            f"leader election {self.config.namespace}/{self.config.name}",
+            self._liveness or functools.partial(own_connection, cluster.config, self._request_timeout),
+            self._beat,
+            stall_limit=self.config.renew_deadline,
+            idle=self.config.retry_period,
+        )
+        give_up_after = self.config.renew_deadline - self.config.retry_period
+        heartbeat.start()
+        try:
+            while True:
+                await asyncio.sleep(self.config.retry_period / 2)
+                heartbeat.tick()
+                if time.monotonic() - self._renewed_at >= give_up_after:
+                    self._step_down(
+                        f"could not renew the lease within {self.config.renew_deadline:.0f}s"
+                        f"{f' ({self.last_reason})' if self.last_reason else ''}"
+                    )
+                    return
+                if not heartbeat.running:
+                    log.error("%s: the leader election heartbeat had stopped; restarting it", self.identity)
+                    try:
+                        heartbeat.start()
+                    except RuntimeError as error:  # no thread to be had now: the next tick tries again
+                        log.error("%s: could not restart the heartbeat: %s", self.identity, error)
+        finally:
+            await asyncio.shield(heartbeat.stop(self._request_timeout))
+
+    async def _beat(self, client: Client) -> float:
+        """One renewal, on the heartbeat's thread with its own client; the next is due a retry period on."""
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self._request_timeout):
+                renewed = await self._try_acquire_or_renew(client)
+        except (APIError, OSError, TimeoutError, Unreachable) as error:
+            renewed = False
+            self.last_reason = str(error) or type(error).__name__
+        except Exception as error:  # a failed renewal, whatever the cause
+            renewed = False
+            self._failed(error)
+        if renewed:
+            self.failures = 0
+            self.renewals += 1
+            self._renewed_at = started
+        return self.config.retry_period
 
     def _step_down(self, reason: str) -> None:
         if self.leading.is_set():
@@ -188,9 +238,7 @@ class LeaderElector:
             self._observed_at = now
         return now - self._observed_at > self.config.lease_duration
 
-    async def _try_acquire_or_renew(self) -> bool:
-        assert self._cluster is not None
-        client = self._cluster.client
+    async def _try_acquire_or_renew(self, client: Client) -> bool:
         try:
             lease = await client.get(LEASE, self.config.name, namespace=self.config.namespace)
         except NotFound:

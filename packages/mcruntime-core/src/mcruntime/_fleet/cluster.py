@@ -25,6 +25,7 @@ from .._cache.options import CacheOptions
 from .._client.client import Client
 from .._client.discovery import Discovery
 from .._client.health import ClusterHealth
+from .._client.liveness import server_liveness
 from .._client.transport import RetryPolicy, Transport
 from .._config.exec import DEFAULT_MAX_OUTPUT as DEFAULT_EXEC_MAX_OUTPUT
 from .._config.exec import DEFAULT_TIMEOUT as DEFAULT_EXEC_TIMEOUT
@@ -47,21 +48,34 @@ class ClusterOptions:
     connect_timeout: float = 5.0
     """The most opening a connection (TCP and TLS) may take."""
     health_probe_interval: float = 5.0
-    """Seconds between health probes (``GET /version``), start to start."""
+    """Seconds an API server may be silent before it is probed (``GET /version``).
+
+    Silence is the server's, not the cluster's: any answer to any cluster of
+    the same server (a response, a watch event or bookmark) counts, and one
+    probe covers all of them. A fleet whose watches deliver events is not
+    probed at all."""
     health_probe_timeout: float = 4.0
     """How long a probe waits for an answer; a hung server is unhealthy, and
     its requests fail fast, within ``health_probe_interval + health_probe_timeout``
-    (9 s with the defaults, in fleets of up to 250 clusters; see
-    ``health_probe_budget`` for larger ones)."""
-    health_probe_budget: float | None = 50.0
+    (9 s with the defaults)."""
+    health_credential_interval: float = 60.0
+    """Seconds a cluster's credential may go unused before a probe checks it.
+
+    Whether a token is still accepted is per cluster, and an open watch does
+    not tell (it outlives a revoked token). Any request answered with
+    something other than 401 vouches for it; an idle cluster is checked this
+    often (or less, see ``health_probe_budget``). A request refused with 401
+    after a fresh credential marks the cluster at once whatever this says."""
+    health_probe_budget: float | None = 20.0
     """Routine probes per second for all clusters of the process together.
 
-    A fleet larger than ``budget * interval`` (250 clusters with the defaults)
-    is probed less often per cluster: every ``clusters / budget`` seconds, so
-    20 s at 1,000 clusters. That keeps idle CPU flat as the fleet grows. A
-    failing request still probes its cluster at once, and a failing cluster is
-    re-probed on its backoff, so trouble seen by traffic shows just as fast.
-    ``None`` probes every cluster every ``health_probe_interval``."""
+    A fleet larger than ``budget * health_credential_interval`` (1,200
+    clusters with the defaults) has its idle credentials checked less often:
+    every ``clusters / budget`` seconds, so 500 s at 10,000 clusters. That
+    keeps idle CPU flat as the fleet grows. A failing request still probes its
+    cluster at once, and a failing cluster is re-probed on its backoff, so
+    trouble seen by traffic shows just as fast. ``None`` checks every cluster
+    every ``health_credential_interval``."""
     share_connections: bool = True
     """Pool connections with other clusters that reach the same API server the same way.
 
@@ -71,9 +85,17 @@ class ClusterOptions:
     fleet of token users on a few servers pays a TLS handshake per connection
     it really needs, not per cluster. A client certificate shares only with
     clusters presenting the same certificate. Health, watches and failures
-    stay per cluster. A shared pool sends at most 64 requests at once (watches
-    aside): a burst from many clusters waits its turn on a few dozen
-    connections instead of opening one each."""
+    stay per cluster. A shared pool sends at most ``server_requests_in_flight``
+    requests at once (watches aside): a burst from many clusters waits its turn
+    on a few dozen connections instead of opening one each."""
+    server_requests_in_flight: int = 64
+    """Requests (watches aside) a shared connection pool sends to its server at once.
+
+    The rest wait, and each freed place goes to the waiting clusters in turn,
+    one request each, so a cluster with a long queue does not hold back the
+    others of its server. The wait counts against the request's timeout. The
+    cluster that opens the pool sets the bound for every cluster sharing it;
+    an unshared cluster (``share_connections=False``) has no bound."""
     exec_timeout: float = DEFAULT_EXEC_TIMEOUT
     """Seconds an exec credential plugin may run before it is killed and its run fails.
 
@@ -106,6 +128,11 @@ class ClusterOptions:
     def __post_init__(self) -> None:
         if not self.exec_timeout > 0 or self.exec_max_output < 1:
             raise ValueError("ClusterOptions: exec_timeout and exec_max_output must be positive")
+        if self.server_requests_in_flight < 1:
+            raise ValueError(
+                f"ClusterOptions: server_requests_in_flight must be at least 1, "
+                f"got {self.server_requests_in_flight!r}"
+            )
         if self.cache_namespace is not None and self.cache.namespaces is not None:
             raise ValueError(
                 "ClusterOptions: give cache_namespace or cache=CacheOptions(namespaces=...), not both"
@@ -132,6 +159,7 @@ class Cluster:
             connect_timeout=self.options.connect_timeout,
             share_connections=self.options.share_connections,
             exec_limits=ExecLimits(self.options.exec_timeout, self.options.exec_max_output),
+            requests_in_flight=self.options.server_requests_in_flight,
         )
         self.client: Client = Client(
             self.transport,
@@ -189,7 +217,9 @@ class Cluster:
             interval=self.options.health_probe_interval,
             timeout=self.options.health_probe_timeout,
             budget=self.options.health_probe_budget,
+            credential_interval=self.options.health_credential_interval,
             backoff=self.options.backoff,
+            server=server_liveness(self.config.endpoint_fingerprint()),
         )
 
     def on_stop(self, callback: StopCallback) -> Callable[[], None]:

@@ -1,0 +1,357 @@
+"""The session and identity one cluster uses to reach its API server.
+
+A :class:`Connection` turns a :class:`ClusterConfig` into an aiohttp session
+with the right TLS context and an ``Authorization`` header that stays fresh
+(token files are re-read when they change, exec plugins re-run before expiry
+and after a 401), shares that session with clusters that reach the same server
+the same way (``pool.py``), and swaps it when a client certificate rotates.
+Sending over it, with retries and the circuit, is ``transport.py``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import ssl
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from .._base.errors import Unreachable
+from .._config.credentials import ClusterCredentials
+from .._config.exec import ExecLimits
+from .._config.kubeconfig import ClusterConfig, redacted_url
+from .._config.material import MaterialFiles
+from .health import HealthRecord
+from .pool import REQUESTS_IN_FLIGHT, Turns, session_pool
+from .retry import RetryPolicy
+from .tls import MaterialPaths, certificate_of, tune_tls_read_buffer
+from .wording import describe_connection_error
+
+if TYPE_CHECKING:
+    # Imported where used: kubernetes-asyncio's generated models take ~0.3 s and
+    # ~35 MiB to import, and only typed-API users need them.
+    from kubernetes_asyncio import client as k8s_client
+
+_KEEPALIVE_SECONDS = 75.0
+"""How long an idle pooled connection is kept (aiohttp's default is 15 s)."""
+# Aborted TLS connections leaked in CPython until gh-118960 (3.12.8, 3.13.1); aiohttp's
+# workaround for that is deprecated where the fix is in (a DeprecationWarning on every
+# session, an error under -W error), so it is asked for only where it is still needed.
+_CLEANUP_CLOSED = sys.version_info < (3, 12, 8) or (3, 13, 0) <= sys.version_info < (3, 13, 1)
+
+log = logging.getLogger("mcruntime.transport")
+
+_CONNECT_TIMEOUT = 5.0
+
+
+class Connection:
+    """One cluster's HTTP session, credentials and health; open, then close once."""
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        cluster: str,
+        *,
+        request_timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+        connect_timeout: float = _CONNECT_TIMEOUT,
+        share_connections: bool = True,
+        exec_limits: ExecLimits | None = None,
+        requests_in_flight: int = REQUESTS_IN_FLIGHT,
+    ) -> None:
+        self.config: ClusterConfig = config
+        self._exec_limits = exec_limits or ExecLimits()
+        self.cluster = cluster
+        self.health: HealthRecord = HealthRecord(cluster)
+        self.health.open_listeners.append(self._interrupt)
+        self._request_timeout = request_timeout
+        self._connect_timeout = connect_timeout
+        # Requests waiting on the server and open watches, interrupted when the circuit opens.
+        self._waiting: set[asyncio.Timeout] = set()
+        self._streams: set[aiohttp.ClientResponse] = set()
+        self._retry = retry or RetryPolicy()
+        self._material: MaterialFiles | None = None
+        self._session: aiohttp.ClientSession | None = None
+        # The sharing key of self._session when it is a pooled one (see pool.py), else None.
+        self._lease: str | None = None
+        # The shared session's requests in flight (see pool.py); None when unshared.
+        self._turns: Turns | None = None
+        self._share = share_connections
+        self._requests_in_flight = requests_in_flight
+        # Sessions replaced by a certificate rotation, with their sharing keys: their
+        # open watches keep running on the old identity until they reconnect; closed
+        # (or given back) with the transport.
+        self._retired: list[tuple[str | None, aiohttp.ClientSession]] = []
+        self._credentials: ClusterCredentials | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+        self._paths: MaterialPaths | None = None
+        self._open_lock = asyncio.Lock()
+        self._closed = False
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+
+    def __repr__(self) -> str:
+        return f"<Transport cluster={self.cluster!r} server={redacted_url(self.config.server)}>"
+
+    @property
+    def server(self) -> str:
+        return self.config.server
+
+    # --- lifetime --------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Load the key material into memory, build the TLS context and the HTTP session."""
+        async with self._open_lock:
+            if self._closed:
+                raise Unreachable("the cluster was stopped", cluster=self.cluster)
+            if self._session is not None:
+                return
+            tune_tls_read_buffer()
+            material = MaterialFiles()
+            self._material = material
+            self._paths = MaterialPaths(material)
+            self._credentials = self._new_credentials(self.config)
+            key = self._sharing_key()
+            if key is not None:
+                shared = session_pool().existing(key)
+                if shared is not None:  # same server, same trust, identity per request: no handshake
+                    self._session, self._lease = shared, key
+                    self._turns = session_pool().turns(key)
+                    return
+            try:
+                context = await asyncio.to_thread(self._ssl_context)
+            except BaseException as error:
+                self._discard_material(material)
+                if isinstance(error, Exception) and self.closed:
+                    raise Unreachable("the cluster was stopped", cluster=self.cluster) from None
+                if isinstance(error, ssl.SSLError | OSError | ValueError):  # a CA that is no certificate, say
+                    message = f"unusable TLS configuration: {describe_connection_error(error)}"
+                    raise Unreachable(message, cluster=self.cluster) from None
+                raise
+            if self.closed:  # closed while the TLS context was being built: open nothing
+                self._discard_material(material)
+                raise Unreachable("the cluster was stopped", cluster=self.cluster)
+            if key is None:
+                self._session = self._new_session(context)
+            else:
+                self._session = session_pool().lease(
+                    key, lambda: self._new_session(context), self._requests_in_flight
+                )
+                self._lease = key
+                self._turns = session_pool().turns(key)
+
+    def _sharing_key(self) -> str | None:
+        """The key this transport's session is shared under, or ``None`` if it keeps its own.
+
+        The endpoint decides, and so does the identity when it is part of the
+        TLS handshake: clusters with a client certificate share only with
+        clusters whose user entry is the very same (a certificate from an exec
+        plugin moves to a session of its own when it arrives).
+        """
+        if not self._share:
+            return None
+        endpoint = self.config.endpoint_fingerprint()
+        if certificate_of(self.config.user) == (None, None):
+            return endpoint  # the identity travels per request, in a header
+        return f"{endpoint}/{self.config.credential_fingerprint()}"
+
+    @property
+    def shared(self) -> bool:
+        """Whether this transport's connections are pooled with other clusters' (same server and trust)."""
+        return self._lease is not None
+
+    def _new_session(self, context: ssl.SSLContext) -> aiohttp.ClientSession:
+        # Idle connections stay open longer than the slowest paced probe interval of a
+        # large fleet (20 s at 1,000 clusters), so a probe reuses one instead of paying a
+        # TLS handshake, which costs ten times the request itself.
+        connector = aiohttp.TCPConnector(
+            ssl=context, limit=0, enable_cleanup_closed=_CLEANUP_CLOSED, keepalive_timeout=_KEEPALIVE_SECONDS
+        )
+        return aiohttp.ClientSession(
+            connector=connector,
+            trust_env=False,  # a cluster's proxy comes from its kubeconfig, not the environment
+            skip_auto_headers=("User-Agent",),
+            headers={"User-Agent": "mcruntime"},
+        )
+
+    def _new_credentials(
+        self, config: ClusterConfig, prepare: Callable[[], Awaitable[None]] | None = None
+    ) -> ClusterCredentials:
+        return ClusterCredentials(
+            config,
+            self.cluster,
+            use_certificate=self._use_certificate,
+            prepare=prepare,
+            exec_limits=self._exec_limits,
+            waiting=self.health.waiting,
+        )
+
+    async def close(self) -> None:
+        """Close every connection (watches included), kill exec plugins, drop key material.
+
+        A closed transport stays closed: later requests fail with :class:`Unreachable`
+        instead of quietly opening a session nobody would close.
+        """
+        self._closed = True
+        credentials = self._credentials
+        if credentials is not None:
+            await credentials.close()
+        for closing in list(self._closing):
+            await closing
+        self._interrupt("the cluster was stopped")  # a pooled session outlives this transport
+        session, self._session = self._session, None
+        lease, self._lease = self._lease, None
+        self._turns = None
+        retired, self._retired = self._retired, []
+        for key, old in [*retired, (lease, session)]:
+            if old is None:
+                continue
+            if key is None:
+                await old.close()
+            else:
+                await session_pool().release(key, old)
+        if self._material is not None:
+            self._discard_material(self._material)
+
+    def _discard_material(self, material: MaterialFiles) -> None:
+        """Drop the in-memory files of a closed, failed or abandoned ``open``."""
+        material.close()
+        if self._material is material:
+            self._material = None
+            self._paths = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _ssl_context(self, user: Mapping[str, Any] | None = None) -> ssl.SSLContext:
+        assert self._paths is not None
+        user = self.config.user if user is None else user
+        return self._paths.ssl_context(self.cluster, self.config.cluster, user)
+
+    async def _use_certificate(self, certificate: bytes, key: bytes) -> None:
+        """Present a new client certificate on new connections (an exec plugin's, say)."""
+        assert self._material is not None
+        user = {
+            "client-certificate-data": base64.b64encode(certificate).decode(),
+            "client-key-data": base64.b64encode(key).decode(),
+        }
+        await self._swap_context(user)
+
+    async def _swap_context(self, user: Mapping[str, Any]) -> None:
+        """A new TLS context and session for ``user``'s certificate; caches above are untouched.
+
+        A fresh session rather than ``load_cert_chain`` on the shared context:
+        pooled keep-alive connections would otherwise go on authenticating as
+        the old identity. Open watches keep their connection until they
+        reconnect (through the new session); the old session closes with the
+        transport.
+        """
+        try:
+            context = await asyncio.to_thread(self._ssl_context, user)
+        except (ssl.SSLError, OSError, ValueError) as error:
+            message = f"unusable client certificate: {describe_connection_error(error)}"
+            self.health.failure(message)
+            raise Unreachable(message, cluster=self.cluster) from None
+        if self._closed or self._session is None:
+            return
+        old, self._session = self._session, self._new_session(context)
+        old_lease, self._lease = self._lease, None  # a certificate identity never shares
+        self._turns = None
+        self._retired.append((old_lease, old))
+        while len(self._retired) > 2:  # bound them: a watch this old has reconnected long since
+            key, oldest = self._retired.pop(0)
+            if key is None:
+                await oldest.close()
+            else:
+                await session_pool().release(key, oldest)
+
+    async def kubernetes_configuration(self) -> k8s_client.Configuration:
+        """An isolated kubernetes-asyncio ``Configuration`` for typed API calls.
+
+        For code that wants the generated API classes; its certificate and key
+        paths are this transport's in-memory files (``/proc/self/fd/N``), valid
+        in this process until the transport closes. The Authorization header is
+        a snapshot: prefer the mcruntime client.
+        """
+        if self._material is None:
+            raise RuntimeError(f"cluster {self.cluster!r}: the transport is not open")
+        assert self._credentials is not None and self._paths is not None
+        return self._paths.kubernetes_configuration(self.server, self.config, await self.authorization())
+
+    def replace_credentials(self, config: ClusterConfig) -> None:
+        """Use ``config``'s user from the next request on (same endpoint, new credential).
+
+        A changed client certificate or key gets a new TLS context before the
+        next request (new connections present it); a running exec plugin of the
+        old user is killed.
+        """
+        old_config, self.config = self.config, config
+        old = self._credentials
+        if self._material is None:
+            return  # not open: open() builds everything from the new config
+        prepare = None
+        if certificate_of(config.user) != certificate_of(old_config.user) and (
+            certificate_of(config.user) != (None, None)
+        ):
+            user = config.user
+
+            async def prepare() -> None:
+                await self._swap_context(user)
+
+        self._credentials = self._new_credentials(config, prepare)
+        if old is not None and old.plugin is not None:
+            # Kill the old user's plugin run, if any; held here until done so it is not collected.
+            closing = asyncio.get_running_loop().create_task(
+                old.close(), name=f"credentials-close:{self.cluster}"
+            )
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+
+    async def authorization(self) -> str | None:
+        """The current Authorization header value (for interop; never log it)."""
+        assert self._credentials is not None
+        return await self._credentials.header()
+
+    # --- requests ----------------------------------------------------------------
+
+    async def _headers(self, accept: str, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": accept}
+        if content_type:
+            headers["Content-Type"] = content_type
+        assert self._credentials is not None
+        authorization = await self._credentials.header()
+        if authorization:
+            headers["Authorization"] = authorization
+        return headers
+
+    def _request_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        if self.config.cluster.get("proxy-url"):
+            options["proxy"] = self.config.cluster["proxy-url"]
+        if self.config.cluster.get("tls-server-name"):
+            options["server_hostname"] = self.config.cluster["tls-server-name"]
+        return options
+
+    def _timeout(self, total: float) -> aiohttp.ClientTimeout:
+        """The aiohttp timeout of one request; one object per distinct total, made once."""
+        found = self._timeouts.get(total)
+        if found is None:
+            if len(self._timeouts) > 16:  # totals shrunk by a wait for a turn vary: keep few
+                self._timeouts.clear()
+            found = self._timeouts[total] = aiohttp.ClientTimeout(
+                total=total, connect=self._connect_timeout, sock_connect=self._connect_timeout
+            )
+        return found
+
+    def _interrupt(self, reason: str) -> None:
+        """The circuit opened: end every request waiting on the server and every watch."""
+        if self._waiting:
+            now = asyncio.get_running_loop().time()
+            for waiting in list(self._waiting):
+                waiting.reschedule(now)
+        for response in list(self._streams):
+            response.close()

@@ -1,0 +1,249 @@
+"""Health that costs nothing while all is well, on a real control plane.
+
+Traffic is evidence: a server whose watches deliver events is not probed, the
+clusters of one server share one reachability probe, and an open circuit lets
+a trial request through, so a server that answers again is used at once.
+Everything here counts probes and requests; nothing is timed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import AsyncExitStack, contextmanager
+from functools import partial
+
+import pytest
+from kube_helpers import CONFIGMAP, configmap, unique
+
+import mcruntime as mcr
+from mcruntime._client.health import ProbeResult
+from mcruntime._client.liveness import ServerLiveness
+from mcruntime.cache import Informer
+from mcruntime.testing import ControlPlane, wait_until
+
+
+def _config(plane: ControlPlane, user: object = None) -> mcr.ClusterConfig:
+    return mcr.kubeconfig_from_dict(plane.kubeconfig(user))  # type: ignore[arg-type]
+
+
+@contextmanager
+def _hung(plane: ControlPlane) -> Iterator[None]:
+    """The plane's kube-apiserver stopped (not killed) for the block: it hangs, it does not refuse."""
+    process = plane.apiserver.process
+    assert process is not None and process.pid is not None
+    os.kill(process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+
+
+_NO_RETRY_SOON = mcr.Backoff(base=3600.0, cap=3600.0)
+"""After a failed probe, the next is an hour away: whatever closes the circuit, a probe does not."""
+
+
+def _server(cluster: mcr.Cluster) -> ServerLiveness:
+    server = cluster.transport.health.server
+    assert server is not None, "the probe loop has not joined its server yet"
+    return server
+
+
+async def test_clusters_of_one_server_share_its_reachability_probe(fresh_cluster: ControlPlane) -> None:
+    """Eight idle token users of one server: one of them probes the server, the others never."""
+    plane = fresh_cluster
+    users = [plane.add_token_user(unique("idle")) for _ in range(8)]
+    options = mcr.ClusterOptions(health_probe_interval=0.2, health_credential_interval=3600.0)
+    async with AsyncExitStack() as stack:
+        clusters = [
+            await stack.enter_async_context(mcr.Cluster(f"idle-{i}", _config(plane, user), options))
+            for i, user in enumerate(users)
+        ]
+        await wait_until(lambda: all(cluster.health.healthy for cluster in clusters), timeout=30)
+        assert len({id(_server(cluster)) for cluster in clusters}) == 1
+        lead = _server(clusters[0]).lead
+        first = {cluster.name: cluster.transport.health.probes for cluster in clusters}
+        leader = next(cluster for cluster in clusters if cluster.transport.health is lead)
+        # Each cluster's credential is checked once at start; only the lead probes again.
+        assert {probes for name, probes in first.items() if name != leader.name} == {1}
+        await wait_until(lambda: leader.transport.health.probes >= 6, timeout=30)
+        for cluster in clusters:
+            if cluster is not leader:
+                assert cluster.transport.health.probes == 1, cluster.name
+        # The lead leaving hands the duty on: another member probes the silent server.
+        await leader.stop()
+        heir = next(cluster for cluster in clusters if cluster.transport.health is _server(clusters[-1]).lead)
+        await wait_until(lambda: heir.transport.health.probes >= 3, timeout=30)
+        assert (
+            sum(cluster.transport.health.probes for cluster in clusters if cluster not in (leader, heir)) == 6
+        )
+
+
+async def test_a_server_whose_watch_delivers_is_probed_only_after_silence(
+    fresh_cluster: ControlPlane,
+) -> None:
+    """Every probe that runs follows a whole interval in which nothing came from the server."""
+    interval = 1.0
+    options = mcr.ClusterOptions(health_probe_interval=interval, health_credential_interval=3600.0)
+    silences: list[float] = []
+    cluster = mcr.Cluster("watched", _config(fresh_cluster), options)
+    server_of: list[ServerLiveness] = []
+    real_probe = cluster.transport.probe
+
+    async def noting(timeout: float) -> ProbeResult:
+        if server_of:
+            silences.append(time.monotonic() - server_of[0].heard_at)
+        return await real_probe(timeout)
+
+    cluster.transport.probe = noting  # type: ignore[method-assign]
+    async with cluster:
+        await wait_until(lambda: cluster.health.healthy, timeout=30)
+        server_of.append(_server(cluster))
+        seen: list[str] = []
+        informer = Informer(cluster.client, CONFIGMAP, namespace="default")
+        informer.add_handler(
+            mcr.ResourceEventHandler(on_add=lambda obj, _i: seen.append(obj["metadata"]["name"]))
+        )
+        watching = asyncio.create_task(informer.run())
+        try:
+            assert await informer.wait_for_sync(30)
+            for _ in range(10):
+                name = unique("event")
+                await cluster.client.create(configmap(name, "default"))
+                await wait_until(partial(operator.contains, seen, name), timeout=30)
+            # Now silence: the server gets probed again, and only then.
+            probes = cluster.transport.health.probes
+            await wait_until(lambda: cluster.transport.health.probes > probes + 1, timeout=30)
+        finally:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+    assert silences, "the silent server was never probed"
+    assert all(silence >= interval for silence in silences), silences
+
+
+async def _until_trial_ready(cluster: mcr.Cluster) -> None:
+    health = cluster.transport.health
+    await wait_until(lambda: health.unreachable, timeout=30)
+    await wait_until(lambda: health.trial_ready, timeout=30)
+
+
+async def test_a_write_right_after_a_hung_server_answers_again_goes_through(
+    fresh_cluster: ControlPlane,
+) -> None:
+    """The open circuit is half-open: the first write after SIGCONT is the trial, and closes it."""
+    namespace = "default"
+    options = mcr.ClusterOptions(
+        health_probe_interval=3600.0, health_credential_interval=3600.0, backoff=_NO_RETRY_SOON
+    )
+    async with mcr.Cluster("resumed", _config(fresh_cluster), options) as cluster:
+        await wait_until(lambda: cluster.health.healthy, timeout=30)
+        health = cluster.transport.health
+        with _hung(fresh_cluster):
+            health.suspect()  # as a failed request would: the probe looks at once and finds no answer
+            await _until_trial_ready(cluster)
+            probes = health.probes  # the probe that found no answer is the last for an hour
+        # Answering again, and no probe will tell: the write itself finds out.
+        created = await cluster.client.create(configmap(unique("after"), namespace))
+        assert created["metadata"]["resourceVersion"]
+        assert not health.unreachable and cluster.health.healthy
+        assert health.probes == probes
+
+
+async def test_an_open_circuit_lets_one_trial_through_and_refuses_the_rest(
+    fresh_cluster: ControlPlane,
+) -> None:
+    options = mcr.ClusterOptions(
+        health_probe_interval=3600.0, health_credential_interval=3600.0, backoff=_NO_RETRY_SOON
+    )
+    async with mcr.Cluster("trial", _config(fresh_cluster), options) as cluster:
+        await wait_until(lambda: cluster.health.healthy, timeout=30)
+        await cluster.client.get(mcr.Kind("v1", "Namespace"), "default")  # discovery known: one request each
+        health = cluster.transport.health
+        with _hung(fresh_cluster):
+            health.suspect()
+            await _until_trial_ready(cluster)
+            trial = asyncio.create_task(cluster.client.get(mcr.Kind("v1", "Namespace"), "default"))
+            await wait_until(lambda: not health.trial_ready)  # the trial is out, waiting on the server
+            with pytest.raises(mcr.Unreachable, match="not sending GET"):
+                await cluster.client.get(mcr.Kind("v1", "Namespace"), "kube-system")
+            with pytest.raises(mcr.Unreachable, match="a trial through the open circuit"):
+                await trial  # no answer within the probe's timeout: the circuit stays open
+            assert health.unreachable
+        await _until_trial_ready(cluster)
+        assert await cluster.client.get(mcr.Kind("v1", "Namespace"), "kube-system") is not None
+        assert not health.unreachable
+
+
+async def test_a_hung_server_opens_every_circuit_of_it_and_one_answer_closes_them(
+    fresh_cluster: ControlPlane,
+) -> None:
+    """Clusters of one server: one probe finds it hung for all; a write of any one of them reopens all."""
+    plane = fresh_cluster
+    users = [plane.add_token_user(unique("member")) for _ in range(4)]
+    options = mcr.ClusterOptions(health_probe_interval=3600.0, health_credential_interval=3600.0)
+    async with AsyncExitStack() as stack:
+        clusters = [
+            await stack.enter_async_context(mcr.Cluster(f"member-{i}", _config(plane, user), options))
+            for i, user in enumerate(users)
+        ]
+        await wait_until(lambda: all(cluster.health.healthy for cluster in clusters), timeout=30)
+        before = {cluster.name: cluster.transport.health.probes for cluster in clusters}
+        with _hung(plane):
+            clusters[-1].transport.health.suspect()
+            await wait_until(lambda: all(cluster.health.unreachable for cluster in clusters), timeout=30)
+            for cluster in clusters[:-1]:
+                if cluster.transport.health is not _server(cluster).lead:
+                    assert cluster.transport.health.probes == before[cluster.name], cluster.name
+            await _until_trial_ready(clusters[1])
+        await clusters[1].client.create(configmap(unique("reopened"), "default"))
+        assert not any(cluster.health.unreachable for cluster in clusters)
+        assert all(cluster.health.healthy for cluster in clusters)
+
+
+async def test_suspicion_during_an_outage_costs_no_probe_but_the_leads(fresh_cluster: ControlPlane) -> None:
+    """During a server outage only the lead probes, however many members' requests failed."""
+    plane = fresh_cluster
+    users = [plane.add_token_user(unique("quiet")) for _ in range(3)]
+    options = mcr.ClusterOptions(health_probe_interval=3600.0, health_credential_interval=3600.0)
+    async with AsyncExitStack() as stack:
+        clusters = [
+            await stack.enter_async_context(mcr.Cluster(f"quiet-{i}", _config(plane, user), options))
+            for i, user in enumerate(users)
+        ]
+        await wait_until(lambda: all(cluster.health.healthy for cluster in clusters), timeout=30)
+        lead = _server(clusters[0]).lead
+        leader = next(cluster for cluster in clusters if cluster.transport.health is lead)
+        others = [cluster for cluster in clusters if cluster is not leader]
+        with _hung(plane):
+            leader.transport.health.suspect()
+            await wait_until(lambda: all(cluster.health.unreachable for cluster in clusters), timeout=30)
+            counts = [cluster.transport.health.probes for cluster in others]
+            for cluster in others:
+                cluster.transport.health.suspect()
+            probes = leader.transport.health.probes
+            await wait_until(lambda: leader.transport.health.probes >= probes + 2, timeout=60)
+            assert [cluster.transport.health.probes for cluster in others] == counts
+        await wait_until(lambda: all(cluster.health.healthy for cluster in clusters), timeout=60)
+
+
+async def test_a_cold_start_of_many_clusters_of_one_server_sends_one_probe_not_one_each(
+    fresh_cluster: ControlPlane,
+) -> None:
+    """Their first requests vouch for them: only the lead's probe asks the server."""
+    options = mcr.ClusterOptions(health_probe_interval=3600.0, health_credential_interval=3600.0)
+    async with AsyncExitStack() as stack:
+        clusters = [
+            await stack.enter_async_context(mcr.Cluster(f"cold-{i}", _config(fresh_cluster), options))
+            for i in range(20)
+        ]
+        await asyncio.gather(*(cluster.client.list(CONFIGMAP, namespace="default") for cluster in clusters))
+        await wait_until(lambda: all(cluster.health.healthy for cluster in clusters), timeout=30)
+        probes = [cluster.transport.health.probes for cluster in clusters]
+        print(f"probes at a cold start of {len(clusters)} clusters of one server: {sum(probes)}")
+        lead = _server(clusters[0]).lead
+        assert lead is not None and lead.probes == 1  # the lead's, for the server
+        assert sum(probes) < len(clusters), probes
