@@ -92,6 +92,7 @@ class Connection:
         self._open_lock = asyncio.Lock()
         self._closed = False
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+        self.interrupted_by = "the circuit opened"
 
     def __repr__(self) -> str:
         return f"<Transport cluster={self.cluster!r} server={redacted_url(self.config.server)}>"
@@ -349,6 +350,9 @@ class Connection:
 
     def _interrupt(self, reason: str) -> None:
         """The circuit opened: end every request waiting on the server and every watch."""
+        # Kept for the interrupted requests' errors: by the time they run, a probe may
+        # already have closed the circuit again and cleared the health's reason.
+        self.interrupted_by = reason
         if self._waiting:
             now = asyncio.get_running_loop().time()
             for waiting in list(self._waiting):

@@ -243,7 +243,7 @@ class Transport(Connection):
             raise
         except (aiohttp.ClientError, TimeoutError, ssl.SSLError) as error:
             if interrupted:
-                raise NoAnswer(f"{self.health.reason}; the request was interrupted", False, False) from None
+                raise NoAnswer(f"{self.interrupted_by}; the request was interrupted", False, False) from None
             never_sent = isinstance(error, aiohttp.ClientConnectorError)
             timed_out = isinstance(error, TimeoutError)
             # The server's own silence, not this cluster's TLS identity refused: all its clusters are cut off.
