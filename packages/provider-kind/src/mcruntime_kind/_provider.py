@@ -122,7 +122,7 @@ class KindProvider(ClusterSetProvider):
         )
         self._owner = "kind clusters"
         super().__init__(self._owner, options=options, probe_interval=probe_interval)
-        self._last_good: dict[str, mcr.ClusterConfig] = {}
+        self._last_good: mcrp.LastGood[mcr.ClusterConfig] = mcrp.LastGood()
         self._retries: dict[str, _Retry] = {}
         self._last_error: str | None = None
         self._listed: tuple[str, ...] = ()
@@ -266,8 +266,7 @@ class KindProvider(ClusterSetProvider):
     async def _poll(self) -> None:
         """List, fetch every listed kubeconfig that is due, and make the set match."""
         listed = tuple(name for name in await self._cli.clusters() if self._wanted(name))
-        for name in [name for name in self._last_good if name not in listed]:
-            del self._last_good[name]  # no longer listed: the one authoritative "gone"
+        self._last_good.retain(listed)  # no longer listed: the one authoritative "gone"
         for name in [name for name in self._retries if name not in listed]:
             del self._retries[name]
         self._listed = listed
@@ -282,7 +281,7 @@ class KindProvider(ClusterSetProvider):
                 await self._fetch(name)
 
         await asyncio.gather(*(fetch(name) for name in due))
-        desired = {name: self._last_good[name] for name in listed if name in self._last_good}
+        desired = {name: config for name in listed if (config := self._last_good.get(name)) is not None}
         await self._sync(desired)
 
     async def _sync(self, desired: Mapping[str, mcr.ClusterConfig]) -> None:
@@ -310,7 +309,7 @@ class KindProvider(ClusterSetProvider):
         except (KindCommandError, mcr.KubeconfigError) as error:
             self._failed(name, str(error))
             return
-        self._last_good[name] = config
+        self._last_good.keep(name, config)
         if self._retries.pop(name, None) is not None:
             log.info("%s: cluster %r: kubeconfig readable again", self._owner, name)
 
@@ -334,5 +333,5 @@ class KindProvider(ClusterSetProvider):
         delay = min(self._backoff(failures), _CLUSTER_RETRY_POLLS * self.settings.poll_interval)
         self._retries[name] = _Retry(error, failures, asyncio.get_running_loop().time() + delay)
         if previous is None or previous.error != error:
-            keeping = "keeping its last good kubeconfig" if name in self._last_good else "not engaged yet"
+            keeping = self._last_good.keeping(name, "kubeconfig")
             log.warning("%s: cluster %r: %s (%s; retrying)", self._owner, name, error, keeping)

@@ -20,7 +20,7 @@ from .._cache.informer import IndexFunc, Informer
 from .._config.kubeconfig import ClusterConfig
 from .cluster import Cluster, ClusterOptions
 from .clusterset import ClusterSet
-from .follow import Watcher, follow_informers, wait_for_kind
+from .follow import KindNotInstalled, Watcher, follow_informers, wait_for_kind
 from .protocols import Aware
 from .status import ClusterPhase, ClusterStatus, SourceStatus
 
@@ -66,20 +66,37 @@ class ClusterSetProvider:
         return self._waiting.error if self._waiting is not None else None
 
     async def wait_for_kind(
-        self, hub: Cluster, candidates: Sequence[Kind], *, what: str, crd: str, backoff: Backoff | None = None
+        self,
+        hub: Cluster,
+        candidates: Sequence[Kind],
+        *,
+        what: str,
+        crd: str,
+        backoff: Backoff | None = None,
+        wait: bool = True,
+        not_installed: type[KindNotInstalled] = KindNotInstalled,
     ) -> Kind:
         """:func:`wait_for_kind`, with the wait reported as :attr:`waiting` and as the source ``crd``.
 
         ``crd`` names the CustomResourceDefinition the operator should install
         (``"clusters.cluster.x-k8s.io"``); ``what`` names the product in messages.
+        With ``wait=False`` a hub serving no candidate raises ``not_installed`` at once.
         """
 
         def report(problem: str | None) -> None:
             missing = SourceStatus("CustomResourceDefinition", crd, error=problem)
             self._waiting = None if problem is None else missing
 
-        owner = self.owner
-        return await wait_for_kind(hub, candidates, owner=owner, what=what, report=report, backoff=backoff)
+        return await wait_for_kind(
+            hub,
+            candidates,
+            owner=self.owner,
+            what=what,
+            report=report,
+            backoff=backoff,
+            wait=wait,
+            not_installed=not_installed,
+        )
 
     async def follow(
         self,

@@ -34,7 +34,9 @@ from .._config.kubeconfig import ClusterConfig, TrustPolicy, kubeconfig_from_dic
 from .cluster import Cluster, ClusterOptions
 from .clusterset_provider import ClusterSetProvider
 from .follow import hub_connection
+from .lastgood import LastGood
 from .protocols import Aware
+from .slim import resource_version
 from .status import SourceStatus
 
 log = logging.getLogger("mcruntime.providers.secrets")
@@ -118,7 +120,7 @@ class KubeconfigSecretProvider(ClusterSetProvider):
         self._owner = f"kubeconfig secrets in {namespace!r}"
         super().__init__(self._owner, options=options, probe_interval=probe_interval)
         self._versions: dict[str, _Version] = {}  # by "namespace/name": the latest version read
-        self._last_good: dict[str, tuple[str, ClusterConfig]] = {}  # by Secret: last name and config
+        self._last_good: LastGood[tuple[str, ClusterConfig]] = LastGood()  # by Secret: name and config
         self._holders: dict[str, str] = {}  # cluster name -> the Secret providing it
 
     def __repr__(self) -> str:
@@ -176,7 +178,7 @@ class KubeconfigSecretProvider(ClusterSetProvider):
         changed = {
             key: secret
             for key, secret in secrets.items()
-            if key not in self._versions or self._versions[key].resource_version != _resource_version(secret)
+            if key not in self._versions or self._versions[key].resource_version != resource_version(secret)
         }
         if not changed:
             return {}
@@ -198,20 +200,20 @@ class KubeconfigSecretProvider(ClusterSetProvider):
         }
         for key in [key for key in self._versions if key not in live]:
             del self._versions[key]
-            self._last_good.pop(key, None)
+            self._last_good.forget(key)
         claims: dict[str, list[str]] = {}
         for key, secret in sorted(live.items()):
             version = self._versions.get(key)
-            if version is None or version.resource_version != _resource_version(secret):
+            if version is None or version.resource_version != resource_version(secret):
                 version = read.get(key)
-                if version is None or version.resource_version != _resource_version(secret):
+                if version is None or version.resource_version != resource_version(secret):
                     version = self._read(key, secret)
                 self._versions[key] = version
                 if version.cluster is not None and version.config is not None:
-                    self._last_good[key] = (version.cluster, version.config)
+                    self._last_good.keep(key, (version.cluster, version.config))
                 elif version.error is not None:
-                    keeping = "; keeping its last good kubeconfig" if key in self._last_good else ""
-                    log.warning("%s: %s%s", self._owner, version.error, keeping)
+                    keeping = self._last_good.keeping(key, "kubeconfig")
+                    log.warning("%s: %s (%s)", self._owner, version.error, keeping)
             usable = self._usable(key)
             if usable is not None:
                 claims.setdefault(usable[0], []).append(key)
@@ -276,10 +278,10 @@ class KubeconfigSecretProvider(ClusterSetProvider):
         not what, and kubeconfig errors are secret-free by construction.
         """
         metadata = secret.get("metadata") or {}
-        resource_version, created = _resource_version(secret), str(metadata.get("creationTimestamp", ""))
+        rv, created = resource_version(secret), str(metadata.get("creationTimestamp", ""))
 
         def failed(message: str, cluster: str | None = None) -> _Version:
-            return _Version(resource_version, created, cluster, None, f"Secret {key}: {message}")
+            return _Version(rv, created, cluster, None, f"Secret {key}: {message}")
 
         try:
             cluster = self._name_from(secret)
@@ -309,15 +311,11 @@ class KubeconfigSecretProvider(ClusterSetProvider):
                 document, trust=self._trust, origin=f"Secret {key} key {self.key!r}"
             )
         except KubeconfigError as error:  # includes TrustPolicyError; secret-free messages
-            return _Version(resource_version, created, cluster, None, str(error))
+            return _Version(rv, created, cluster, None, str(error))
         except Exception as error:  # a shape no check foresaw: name the type, quote nothing
             return failed(
                 f"data key {self.key!r} is not a usable kubeconfig ({type(error).__name__})", cluster
             )
-        return _Version(resource_version, created, cluster, config, None)
+        return _Version(rv, created, cluster, config, None)
 
     # --8<-- [end:read]
-
-
-def _resource_version(secret: Mapping[str, Any]) -> str:
-    return str((secret.get("metadata") or {}).get("resourceVersion", ""))
