@@ -182,6 +182,7 @@ PROVIDER = [
     "hub_connection",
     "resource_version",
     "secret_key_only",
+    "secret_kubeconfig",
     "wait_for_kind",
 ]
 

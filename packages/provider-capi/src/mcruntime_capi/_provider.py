@@ -17,8 +17,6 @@ control: each version is parsed once, in a thread, and refused above a size.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,8 +24,14 @@ from typing import Any
 import mcruntime as mcr
 import mcruntime.provider as mcrp
 from mcruntime.cache import Informer
-from mcruntime.kubeconfig import parse_kubeconfig
-from mcruntime.provider import HubProvider, KindNotInstalled, SourceStatus, resource_version, secret_key_only
+from mcruntime.provider import (
+    HubProvider,
+    KindNotInstalled,
+    SourceStatus,
+    resource_version,
+    secret_key_only,
+    secret_kubeconfig,
+)
 
 log = logging.getLogger("mcruntime_capi")
 
@@ -258,29 +262,5 @@ class ClusterAPIProvider(HubProvider):
         encoded = (secret.get("data") or {}).get("value")
         if not encoded:
             return None, f"Secret {secret_key} has no key 'value'"
-        limit = self.max_kubeconfig_bytes
-        if len(encoded) // 4 * 3 > limit + 2:  # decoded size, known before decoding anything
-            return None, (
-                f"Secret {secret_key} key 'value' is larger than the limit of {limit} bytes; not parsed"
-            )
-        try:
-            raw = base64.b64decode(encoded, validate=True)
-            if len(raw) > limit:
-                return None, (
-                    f"Secret {secret_key} key 'value' is {len(raw)} bytes, more than the limit "
-                    f"of {limit}; not parsed"
-                )
-            text = raw.decode("utf-8")
-        except (binascii.Error, ValueError):
-            return None, f"Secret {secret_key} key 'value' is not base64-encoded UTF-8 text"
-        try:
-            document = parse_kubeconfig(text, origin=f"Secret {secret_key} key 'value'", max_bytes=limit)
-        except mcr.KubeconfigError as error:  # no aliases, bounded depth and size; secret-free
-            return None, str(error)
-        try:
-            return mcr.kubeconfig_from_dict(document, trust=self._trust, origin=f"Secret {secret_key}"), None
-        except mcr.KubeconfigError as error:
-            return None, str(error)
-        except Exception as error:  # a shape no check foresaw: name the type, quote nothing
-            kind = type(error).__name__
-            return None, f"Secret {secret_key} key 'value' is not a usable kubeconfig ({kind})"
+        where = f"Secret {secret_key} key 'value'"
+        return secret_kubeconfig(encoded, where=where, trust=self._trust, max_bytes=self.max_kubeconfig_bytes)

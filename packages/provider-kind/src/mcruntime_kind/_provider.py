@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,7 +117,7 @@ class KindProvider(ClusterSetProvider):
         self._cli = KindCLI(self.settings.binary, self.settings.command_timeout)
         self._trust = trust or mcr.TrustPolicy.untrusted()
         # The core's one backoff: poll_interval doubling up to max_backoff, overflow-safe.
-        self._retry_backoff = backoff or mcr.Backoff(
+        self._poll_backoff = backoff or mcr.Backoff(
             base=self.settings.poll_interval, cap=max(max_backoff, self.settings.poll_interval), jitter=0.2
         )
         self._owner = "kind clusters"
@@ -146,13 +146,9 @@ class KindProvider(ClusterSetProvider):
             mcruntime.SettingsError: a variable is invalid; the message names it.
         """
         values = settings or KindSettings.load()
+        # Every setting is a constructor argument of the same name: none can be left behind.
         return cls(
-            binary=values.binary,
-            poll_interval=values.poll_interval,
-            prefix=values.prefix,
-            clusters=values.clusters,
-            internal=values.internal,
-            command_timeout=values.command_timeout,
+            **values.model_dump(),
             trust=trust,
             options=options,
             probe_interval=probe_interval,
@@ -261,7 +257,7 @@ class KindProvider(ClusterSetProvider):
         self._last_error = error
 
     def _backoff(self, failures: int) -> float:
-        return self._retry_backoff.delay(failures)
+        return self._poll_backoff.delay(failures)
 
     async def _poll(self) -> None:
         """List, fetch every listed kubeconfig that is due, and make the set match."""
@@ -282,16 +278,7 @@ class KindProvider(ClusterSetProvider):
 
         await asyncio.gather(*(fetch(name) for name in due))
         desired = {name: config for name in listed if (config := self._last_good.get(name)) is not None}
-        await self._sync(desired)
-
-    async def _sync(self, desired: Mapping[str, mcr.ClusterConfig]) -> None:
-        sync = asyncio.ensure_future(self.clusters.sync(desired))
-        try:
-            await asyncio.shield(sync)
-        except asyncio.CancelledError:
-            # Let a replacement that started finish, or its old cluster would leak.
-            await asyncio.gather(sync, return_exceptions=True)
-            raise
+        await self.clusters.sync(desired)  # finishes even if cancelled: a started replacement must end
 
     def _wanted(self, name: str) -> bool:
         allowed = self.settings.clusters

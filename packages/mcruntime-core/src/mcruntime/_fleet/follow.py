@@ -143,12 +143,7 @@ async def _apply_changes(
             wanted = desired()
             if inspect.isawaitable(wanted):
                 wanted = await wanted
-            sync = asyncio.ensure_future(clusters.sync(wanted))
-            try:
-                await asyncio.shield(sync)
-            except asyncio.CancelledError:
-                await asyncio.gather(sync, return_exceptions=True)
-                raise
+            await clusters.sync(wanted)  # finishes even if cancelled: a started replacement must end
             if applied is not None:
                 applied()
             failures, logged = 0, None

@@ -11,18 +11,16 @@ informers and what it makes of the objects.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import ClassVar
 
 from .._base.backoff import Backoff
 from .._base.kind import Kind
-from .._cache.informer import Informer
 from .._config.kubeconfig import ClusterConfig
 from .cluster import Cluster, ClusterOptions
-from .clusterset_provider import Answer, ClusterSetProvider
-from .follow import KindNotInstalled, Watcher, hub_connection
-from .protocols import Aware
+from .clusterset_provider import ClusterSetProvider
+from .follow import KindNotInstalled, hub_connection
 
 
 class HubProvider(ClusterSetProvider):
@@ -44,7 +42,7 @@ class HubProvider(ClusterSetProvider):
 
     A subclass sets :attr:`not_installed` to its own :class:`KindNotInstalled`
     subclass, and from its ``run`` calls :meth:`connect`, :meth:`served_kind`
-    and :meth:`follow`.
+    and :meth:`~ClusterSetProvider.follow` (which retries after ``retry_backoff``).
     """
 
     not_installed: ClassVar[type[KindNotInstalled]] = KindNotInstalled
@@ -61,12 +59,11 @@ class HubProvider(ClusterSetProvider):
         crd_backoff: Backoff | None = None,
         retry_backoff: Backoff | None = None,
     ) -> None:
-        super().__init__(owner, options=options, probe_interval=probe_interval)
+        super().__init__(owner, options=options, probe_interval=probe_interval, retry_backoff=retry_backoff)
         self.wait_for_crd = wait_for_crd
         self._hub = hub
         self._options = options
         self._crd_backoff = crd_backoff
-        self._retry_backoff = retry_backoff
 
     def connect(self) -> AbstractAsyncContextManager[Cluster]:
         """The hub connection (see :func:`hub_connection`): the provider's own, or the caller's cluster."""
@@ -87,16 +84,3 @@ class HubProvider(ClusterSetProvider):
             wait=self.wait_for_crd,
             not_installed=self.not_installed,
         )
-
-    async def follow(
-        self,
-        aware: Aware,
-        informers: Sequence[Informer],
-        answer: Callable[[], Answer | Awaitable[Answer]],
-        *,
-        backoff: Backoff | None = None,
-        watchers: Sequence[Watcher] = (),
-    ) -> None:
-        """:meth:`ClusterSetProvider.follow`, retrying failed passes after ``retry_backoff`` by default."""
-        retry = self._retry_backoff if backoff is None else backoff
-        await super().follow(aware, informers, answer, backoff=retry, watchers=watchers)

@@ -19,23 +19,21 @@ and this file identical. Everything it uses is public API of ``mcruntime``.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._base.errors import KubeconfigError
 from .._base.kind import Kind
 from .._base.permissions import READ, Permission
 from .._cache.informer import Informer
-from .._config.kubeconfig import ClusterConfig, TrustPolicy, kubeconfig_from_dict, parse_kubeconfig
+from .._config.kubeconfig import ClusterConfig, TrustPolicy
 from .cluster import Cluster, ClusterOptions
 from .clusterset_provider import ClusterSetProvider
 from .follow import hub_connection
 from .lastgood import LastGood
 from .protocols import Aware
+from .secret_kubeconfig import secret_kubeconfig
 from .slim import resource_version
 from .status import SourceStatus
 
@@ -292,30 +290,8 @@ class KubeconfigSecretProvider(ClusterSetProvider):
         encoded = (secret.get("data") or {}).get(self.key)
         if not encoded:
             return failed(f"has no data key {self.key!r}", cluster)
-        limit = self.max_kubeconfig_bytes
-        too_big = f"data key {self.key!r} is larger than the limit of {limit} bytes; not parsed"
-        if len(encoded) // 4 * 3 > limit + 2:  # the decoded size, known without decoding
-            return failed(too_big, cluster)
-        try:
-            raw = base64.b64decode(encoded, validate=True)
-            if len(raw) > limit:
-                return failed(too_big, cluster)
-            text = raw.decode("utf-8")
-        except (binascii.Error, ValueError):
-            return failed(f"data key {self.key!r} is not base64-encoded UTF-8 text", cluster)
-        try:
-            # Bounded: no YAML aliases, limited depth, size and values (a 1.4 KB alias
-            # bomb in a Secret would otherwise take seconds and gigabytes).
-            document = parse_kubeconfig(text, origin=f"Secret {key} key {self.key!r}")
-            config = kubeconfig_from_dict(
-                document, trust=self._trust, origin=f"Secret {key} key {self.key!r}"
-            )
-        except KubeconfigError as error:  # includes TrustPolicyError; secret-free messages
-            return _Version(rv, created, cluster, None, str(error))
-        except Exception as error:  # a shape no check foresaw: name the type, quote nothing
-            return failed(
-                f"data key {self.key!r} is not a usable kubeconfig ({type(error).__name__})", cluster
-            )
-        return _Version(rv, created, cluster, config, None)
+        where, limit = f"Secret {key} key {self.key!r}", self.max_kubeconfig_bytes
+        config, problem = secret_kubeconfig(encoded, where=where, trust=self._trust, max_bytes=limit)
+        return _Version(rv, created, cluster, config, problem)
 
     # --8<-- [end:read]
