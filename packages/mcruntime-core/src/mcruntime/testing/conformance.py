@@ -146,18 +146,8 @@ class ProviderConformance:
         await driver.add("alpha", Target.of(first))
         async with case.running() as (provider, manager):
             alpha = await case.engaged("alpha")
-            got = await provider.get(case.name("alpha"))
-            expect(
-                got is alpha,
-                CONTRACT,
-                f"provider.get returned {describe(got)}, the manager has {describe(alpha)}",
-            )
-            got = await manager.get_cluster(case.name("alpha"))
-            expect(
-                got is alpha,
-                CONTRACT,
-                f"manager.get_cluster returned {describe(got)}, engaged {describe(alpha)}",
-            )
+            _expect_same(await provider.get(case.name("alpha")), alpha, "provider.get")
+            _expect_same(await manager.get_cluster(case.name("alpha")), alpha, "manager.get_cluster")
             await case.reconciled("alpha", first, "marker")
             await case.phase("alpha", mcr.ClusterPhase.READY)
             if not (
@@ -169,12 +159,7 @@ class ProviderConformance:
                 await provider.get(case.name("beta"))
             await driver.add("beta", Target.of(second))
             beta = await case.engaged("beta")
-            got = await provider.get(case.name("beta"))
-            expect(
-                got is beta,
-                CONTRACT,
-                f"provider.get returned {describe(got)}, the manager has {describe(beta)}",
-            )
+            _expect_same(await provider.get(case.name("beta")), beta, "provider.get")
             await case.reconciled("beta", second, "marker")
             names = case.engaged_names()
             expect(names == {case.name("alpha"), case.name("beta")}, CONTRACT, f"engaged: {sorted(names)}")
@@ -583,3 +568,8 @@ async def _alpha_and_beta(case: _Case, first: ControlPlane, second: ControlPlane
         await case.seeder.configmap(plane, "marker")
         await case.driver.add(source_name, Target.of(plane))
     return others
+
+
+def _expect_same(got: mcr.Cluster, engaged: mcr.Cluster, call: str) -> None:
+    """``call`` answered with the very cluster object the manager has engaged under that name."""
+    expect(got is engaged, CONTRACT, f"{call} returned {describe(got)}, the manager has {describe(engaged)}")
