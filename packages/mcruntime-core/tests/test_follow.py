@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import pytest
 from kube_helpers import CONFIGMAP, unique, widget_crd
 
 import mcruntime as mcr
@@ -91,3 +92,27 @@ async def test_wait_for_kind_reports_the_wait_and_returns_once_the_crd_is_instal
                 await hub.client.delete(CRD, f"widgets.{group}")
     assert found == kinds[1]  # the first candidate served, here the only one
     assert reports[-1] is None
+
+
+class WidgetsNotInstalled(mcrp.KindNotInstalled):
+    """A provider's own error, as each provider that watches a hub has one."""
+
+
+async def test_wait_for_kind_told_not_to_wait_raises_the_providers_error_at_once(fleet: Fleet) -> None:
+    group = f"{unique('nowait')}.example.com"
+    kinds = [mcr.Kind(f"{group}/v1", "Widget")]
+    async with mcr.Cluster("hub", admin_config(fleet["cluster-1"])) as hub:
+        with pytest.raises(WidgetsNotInstalled, match=r"Widgets not installed: the hub \S+ serves no Widget"):
+            await mcrp.wait_for_kind(
+                hub,
+                kinds,
+                owner="no wait test",
+                what="Widgets",
+                wait=False,
+                not_installed=WidgetsNotInstalled,
+            )
+        with pytest.raises(mcrp.KindNotInstalled):  # the kit's base, for whoever catches any provider's
+            await mcrp.wait_for_kind(hub, kinds, owner="no wait test", what="Widgets", wait=False)
+        # Served: the first candidate the hub serves, with no wait at all.
+        found = await mcrp.wait_for_kind(hub, [*kinds, CONFIGMAP], owner="no wait test", what="x", wait=False)
+    assert found == CONFIGMAP

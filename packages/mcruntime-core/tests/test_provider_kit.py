@@ -14,7 +14,7 @@ import types
 import pytest
 
 import mcruntime as mcr
-from mcruntime.provider import ClusterSetProvider, LastGoodConfigs, SourceStatus
+from mcruntime.provider import ClusterSetProvider, LastGood, LastGoodConfigs, SourceStatus
 
 
 def _config(server: str) -> mcr.ClusterConfig:
@@ -91,3 +91,17 @@ def test_last_good_configs_keep_a_cluster_on_its_last_working_version(
     assert "ns/a" not in kept
     chosen, gone = kept.judge("Cluster", "ns/a", None, "bad CA", previous=None)
     assert chosen is None and not gone.engaged and not gone.stale
+
+
+def test_last_good_holds_any_value_through_broken_versions_until_its_source_goes() -> None:
+    """The rule on its own, for what is not one config: a name and a config, an access."""
+    kept: LastGood[tuple[str, str]] = LastGood()
+    assert kept.keep("ns/a", ("east", "v1")) == ("east", "v1")
+    assert kept.keep("ns/a", None) == ("east", "v1")  # a broken version: the last good one serves
+    assert kept.keeping("ns/a", "kubeconfig") == "keeping its last good kubeconfig"
+    assert kept.keep("ns/b", None) is None and kept.keeping("ns/b") == "not engaged"
+    kept.keep("ns/b", ("west", "v1"))
+    kept.retain(["ns/b"])  # ns/a's source is gone
+    assert "ns/a" not in kept and kept.keep("ns/a", None) is None  # and it never comes back
+    kept.forget("ns/b")
+    assert len(kept) == 0 and list(kept) == []

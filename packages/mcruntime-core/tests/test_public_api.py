@@ -172,6 +172,9 @@ PROVIDER = [
     "Answer",
     "ClusterSet",
     "ClusterSetProvider",
+    "HubProvider",
+    "KindNotInstalled",
+    "LastGood",
     "LastGoodConfigs",
     "ProviderRunnable",
     "SourceStatus",
@@ -179,6 +182,7 @@ PROVIDER = [
     "hub_connection",
     "resource_version",
     "secret_key_only",
+    "secret_kubeconfig",
     "wait_for_kind",
 ]
 

@@ -304,7 +304,7 @@ async def test_an_oversized_kubeconfig_is_refused_unparsed_and_the_last_good_one
         padded_rv = await hub.write("big", good + "# padding\n" * 200)  # the same kubeconfig, 2 KB larger
         status = await processed(provider, hub.key("big"), padded_rv)
         assert status.error == (
-            f"Secret {hub.key('big')}: data key 'kubeconfig' is larger than the limit of "
+            f"Secret {hub.key('big')} key 'kubeconfig' is larger than the limit of "
             f"{len(good) + 100} bytes; not parsed"
         )
         assert status.stale and status.engaged

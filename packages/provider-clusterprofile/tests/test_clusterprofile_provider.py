@@ -482,7 +482,7 @@ async def test_a_hub_without_the_crd_is_waited_for_and_the_manager_keeps_running
         handle_signals=False,
     )
     with pytest.raises(
-        ClusterProfileNotInstalled, match=r"ClusterProfile API \(multicluster.x-k8s.io\) is not installed"
+        ClusterProfileNotInstalled, match=r"ClusterProfile API \(multicluster.x-k8s.io\) not installed"
     ):
         await impatient.start()
     provider = ClusterProfileProvider(

@@ -17,8 +17,6 @@ control: each version is parsed once, in a thread, and refused above a size.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,8 +24,14 @@ from typing import Any
 import mcruntime as mcr
 import mcruntime.provider as mcrp
 from mcruntime.cache import Informer
-from mcruntime.kubeconfig import parse_kubeconfig
-from mcruntime.provider import ClusterSetProvider, SourceStatus, resource_version, secret_key_only
+from mcruntime.provider import (
+    HubProvider,
+    KindNotInstalled,
+    SourceStatus,
+    resource_version,
+    secret_key_only,
+    secret_kubeconfig,
+)
 
 log = logging.getLogger("mcruntime_capi")
 
@@ -42,7 +46,7 @@ Readiness = Callable[[Mapping[str, Any], str], bool]
 """``ready(cluster_object, api_version)``: may the workload cluster be engaged?"""
 
 
-class ClusterAPINotInstalled(mcr.MCRuntimeError):
+class ClusterAPINotInstalled(KindNotInstalled):
     """The hub serves no ``cluster.x-k8s.io`` Cluster in v1beta2 or v1beta1.
 
     Raised by :meth:`ClusterAPIProvider.run` only with ``wait_for_crd=False``;
@@ -62,7 +66,7 @@ def control_plane_initialized(obj: Mapping[str, Any], api_version: str) -> bool:
     return bool(status.get("controlPlaneReady"))
 
 
-class ClusterAPIProvider(ClusterSetProvider):
+class ClusterAPIProvider(HubProvider):
     """Engages the workload clusters of a Cluster API management cluster.
 
     Args:
@@ -83,13 +87,15 @@ class ClusterAPIProvider(ClusterSetProvider):
             doubling to 30 s).
         retry_backoff: How long a failed discovery pass waits before the next.
 
-    Reports (from :class:`mcruntime.provider.ClusterSetProvider`): ``sources()``
+    Reports (from :class:`mcruntime.provider.HubProvider`): ``sources()``
     holds one ``SourceStatus`` per Cluster object, by ``namespace/name``
     (``version`` its resourceVersion; ``detail``: ``ready``,
     ``secret_version`` and ``waiting`` while the control plane is not
     initialized, which is not an error), and the CRD while the hub serves no
     Cluster kind (also :attr:`waiting`).
     """
+
+    not_installed = ClusterAPINotInstalled
 
     def __init__(
         self,
@@ -109,17 +115,20 @@ class ClusterAPIProvider(ClusterSetProvider):
         if max_kubeconfig_bytes <= 0:
             raise ValueError(f"max_kubeconfig_bytes must be positive, not {max_kubeconfig_bytes}")
         self.namespace = namespace
-        self.wait_for_crd = wait_for_crd
         self.max_kubeconfig_bytes = max_kubeconfig_bytes
-        self._crd_backoff = crd_backoff
-        self._retry_backoff = retry_backoff
         self.label_selector = label_selector
         self._ready = ready
         self._trust = trust or mcr.TrustPolicy.untrusted()
-        self._hub = hub
-        self._options = options
         self._owner = f"cluster api clusters in {namespace!r}" if namespace else "cluster api clusters"
-        super().__init__(self._owner, options=options, probe_interval=probe_interval)
+        super().__init__(
+            hub,
+            self._owner,
+            options=options,
+            probe_interval=probe_interval,
+            wait_for_crd=wait_for_crd,
+            crd_backoff=crd_backoff,
+            retry_backoff=retry_backoff,
+        )
         self.api_version: str | None = None
         self._kept = mcrp.LastGoodConfigs(self._owner, log)
         # Secret "namespace/name" -> (resourceVersion, config, error): each version is parsed once.
@@ -142,7 +151,7 @@ class ClusterAPIProvider(ClusterSetProvider):
     def __repr__(self) -> str:
         return f"<ClusterAPIProvider {self.api_version or GROUP} clusters={self.clusters.names()}>"
 
-    # Reporting comes from ClusterSetProvider: sources() holds one SourceStatus per
+    # Reporting comes from HubProvider: sources() holds one SourceStatus per
     # Cluster object ("namespace/name"; version is its resourceVersion; detail has
     # "ready", "secret_version" and "waiting" while the control plane is not
     # initialized), and the CRD while the hub serves no Cluster kind (see waiting).
@@ -154,8 +163,9 @@ class ClusterAPIProvider(ClusterSetProvider):
         :attr:`waiting`); with ``wait_for_crd=False``, raises
         :class:`ClusterAPINotInstalled` at once instead.
         """
-        async with mcrp.hub_connection(self._hub, f"{self._owner} (hub)", self._options) as hub:
-            kind = await self._served_kind(hub)
+        async with self.connect() as hub:
+            candidates = [mcr.Kind(f"{GROUP}/{version}", "Cluster") for version in VERSIONS]
+            kind = await self.served_kind(hub, candidates, what="Cluster API", crd=f"clusters.{GROUP}")
             self.api_version = kind.api_version
             read_timeout = hub.options.watch_read_timeout
             clusters = Informer(
@@ -178,24 +188,7 @@ class ClusterAPIProvider(ClusterSetProvider):
                 await self._parse_changed(secrets.view())
                 return self._desired(clusters.view(), secrets.view())
 
-            await self.follow(aware, [clusters, secrets], answer, backoff=self._retry_backoff)
-
-    async def _served_kind(self, hub: mcr.Cluster) -> mcr.Kind:
-        candidates = [mcr.Kind(f"{GROUP}/{version}", "Cluster") for version in VERSIONS]
-        if self.wait_for_crd:
-            return await self.wait_for_kind(
-                hub, candidates, what="Cluster API", crd=f"clusters.{GROUP}", backoff=self._crd_backoff
-            )
-        for kind in candidates:
-            try:
-                await hub.client.resource(kind)
-            except mcr.KindNotFound:
-                continue
-            return kind
-        raise ClusterAPINotInstalled(
-            f"Cluster API not installed: the hub {hub.config.server} serves no Cluster in "
-            f"{', '.join(f'{GROUP}/{v}' for v in VERSIONS)}"
-        )
+            await self.follow(aware, [clusters, secrets], answer)
 
     async def _parse_changed(self, secrets: Mapping[str, Mapping[str, Any]]) -> None:
         """Parse the Secret versions not seen yet, in a thread: the event loop never parses YAML."""
@@ -234,8 +227,8 @@ class ClusterAPIProvider(ClusterSetProvider):
             if not ready:  # waiting, not failing: Cluster API has not initialized it yet
                 detail["waiting"] = "waiting for the control plane to be initialized"
             if secret is not None:
-                detail["secret_version"] = str((secret.get("metadata") or {}).get("resourceVersion", ""))
-            version = str(metadata.get("resourceVersion", ""))
+                detail["secret_version"] = resource_version(secret)
+            version = resource_version(obj)
             chosen, statuses[key] = self._kept.judge(  # not ready is not gone: the last good config stays
                 "Cluster", key, config, error, previous=reported.get(key), version=version, detail=detail
             )
@@ -269,29 +262,5 @@ class ClusterAPIProvider(ClusterSetProvider):
         encoded = (secret.get("data") or {}).get("value")
         if not encoded:
             return None, f"Secret {secret_key} has no key 'value'"
-        limit = self.max_kubeconfig_bytes
-        if len(encoded) // 4 * 3 > limit + 2:  # decoded size, known before decoding anything
-            return None, (
-                f"Secret {secret_key} key 'value' is larger than the limit of {limit} bytes; not parsed"
-            )
-        try:
-            raw = base64.b64decode(encoded, validate=True)
-            if len(raw) > limit:
-                return None, (
-                    f"Secret {secret_key} key 'value' is {len(raw)} bytes, more than the limit "
-                    f"of {limit}; not parsed"
-                )
-            text = raw.decode("utf-8")
-        except (binascii.Error, ValueError):
-            return None, f"Secret {secret_key} key 'value' is not base64-encoded UTF-8 text"
-        try:
-            document = parse_kubeconfig(text, origin=f"Secret {secret_key} key 'value'", max_bytes=limit)
-        except mcr.KubeconfigError as error:  # no aliases, bounded depth and size; secret-free
-            return None, str(error)
-        try:
-            return mcr.kubeconfig_from_dict(document, trust=self._trust, origin=f"Secret {secret_key}"), None
-        except mcr.KubeconfigError as error:
-            return None, str(error)
-        except Exception as error:  # a shape no check foresaw: name the type, quote nothing
-            kind = type(error).__name__
-            return None, f"Secret {secret_key} key 'value' is not a usable kubeconfig ({kind})"
+        where = f"Secret {secret_key} key 'value'"
+        return secret_kubeconfig(encoded, where=where, trust=self._trust, max_bytes=self.max_kubeconfig_bytes)

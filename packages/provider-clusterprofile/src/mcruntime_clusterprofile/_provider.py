@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import mcruntime as mcr
-import mcruntime.provider as mcrp
 from mcruntime.cache import Informer
-from mcruntime.provider import ClusterSetProvider, SourceStatus, resource_version
+from mcruntime.provider import HubProvider, KindNotInstalled, LastGood, SourceStatus, resource_version
 
 from ._access import AccessConfig, AccessConfigError
 from ._profile import (
@@ -59,7 +58,7 @@ ACCESS_POLL_INTERVAL = 2.0
 _KEPT_METADATA = ("name", "namespace", "uid", "resourceVersion", "generation", "deletionTimestamp", "labels")
 
 
-class ClusterProfileNotInstalled(mcr.MCRuntimeError):
+class ClusterProfileNotInstalled(KindNotInstalled):
     """The hub serves no ``multicluster.x-k8s.io/v1alpha1`` ClusterProfile.
 
     Raised by :meth:`ClusterProfileProvider.run` only with ``wait_for_crd=False``;
@@ -78,7 +77,7 @@ class _Version:
     read_with: AccessConfig | None = None
 
 
-class ClusterProfileProvider(ClusterSetProvider):
+class ClusterProfileProvider(HubProvider):
     """Engages the clusters a hub's ClusterProfiles describe, with the consumer's credential plugins.
 
     Args:
@@ -115,6 +114,8 @@ class ClusterProfileProvider(ClusterSetProvider):
             ``ProviderFile``, by path) until it reads again.
     """
 
+    not_installed = ClusterProfileNotInstalled
+
     def __init__(
         self,
         hub: mcr.ClusterConfig | mcr.Cluster,
@@ -137,7 +138,6 @@ class ClusterProfileProvider(ClusterSetProvider):
         self.limits = Limits(max_profile_bytes, max_access_providers, max_string_chars)
         self.namespace = namespace
         self.label_selector = label_selector
-        self.wait_for_crd = wait_for_crd
         self.access: AccessConfig | None = access if isinstance(access, AccessConfig) else None
         """The consumer's provider file, once read (at the start of :meth:`run` when given as a path)."""
         self._access_path = None if isinstance(access, AccessConfig) else access
@@ -147,14 +147,18 @@ class ClusterProfileProvider(ClusterSetProvider):
         self._ready = ready
         # The explicit opt-in: exec plugins run, because the consumer's own file names them.
         self._trust = dataclasses.replace(trust or mcr.TrustPolicy.untrusted(), allow_exec=True)
-        self._hub = hub
-        self._options = options
-        self._crd_backoff = crd_backoff
-        self._retry_backoff = retry_backoff
         self._owner = f"cluster profiles in {namespace!r}" if namespace else "cluster profiles"
-        super().__init__(self._owner, options=options, probe_interval=probe_interval)
+        super().__init__(
+            hub,
+            self._owner,
+            options=options,
+            probe_interval=probe_interval,
+            wait_for_crd=wait_for_crd,
+            crd_backoff=crd_backoff,
+            retry_backoff=retry_backoff,
+        )
         self._versions: dict[str, _Version] = {}
-        self._last_good: dict[str, Access] = {}
+        self._last_good: LastGood[Access] = LastGood()
 
     def rbac_rules(self) -> list[mcr.Permission]:
         """On the hub: read ClusterProfiles (``namespace``, or all); access providers bring credentials."""
@@ -198,8 +202,9 @@ class ClusterProfileProvider(ClusterSetProvider):
         if self._access_path is not None:
             self._access_stamp, self.access = await asyncio.to_thread(_load, self._access_path)
             watchers.append(self._follow_access_file)
-        async with mcrp.hub_connection(self._hub, f"{self._owner} (hub)", self._options) as hub:
-            await self._served(hub)
+        async with self.connect() as hub:
+            what = "the ClusterProfile API (multicluster.x-k8s.io)"
+            await self.served_kind(hub, [CLUSTER_PROFILE], what=what, crd=CRD_NAME)
             informer = Informer(
                 hub.client,
                 CLUSTER_PROFILE,
@@ -213,7 +218,7 @@ class ClusterProfileProvider(ClusterSetProvider):
                 read = await self._read_changed(informer.view())
                 return self._desired(informer.view(), read)
 
-            await self.follow(aware, [informer], answer, backoff=self._retry_backoff, watchers=watchers)
+            await self.follow(aware, [informer], answer, watchers=watchers)
 
     async def _follow_access_file(self, look_again: Callable[[], None]) -> None:
         """Read the provider file again when it changes; keep the last good one while it does not read."""
@@ -237,19 +242,6 @@ class ClusterProfileProvider(ClusterSetProvider):
             # Every profile's version was read with the old file: _current() reads each again.
             log.info("%s: provider file %s changed; reading every profile with it", self._owner, path)
             look_again()
-
-    async def _served(self, hub: mcr.Cluster) -> None:
-        if self.wait_for_crd:
-            what, backoff = "the ClusterProfile API (multicluster.x-k8s.io)", self._crd_backoff
-            await self.wait_for_kind(hub, [CLUSTER_PROFILE], what=what, crd=CRD_NAME, backoff=backoff)
-            return
-        try:
-            await hub.client.resource(CLUSTER_PROFILE)
-        except mcr.KindNotFound:
-            raise ClusterProfileNotInstalled(
-                "the ClusterProfile API (multicluster.x-k8s.io) is not installed: "
-                f"the hub {hub.config.server} serves no ClusterProfile in {CLUSTER_PROFILE.api_version}"
-            ) from None
 
     async def _read_changed(self, profiles: Mapping[str, Mapping[str, Any]]) -> dict[str, _Version]:
         """Read every profile version not read yet, in a thread: measuring and building cost CPU."""
@@ -310,8 +302,7 @@ class ClusterProfileProvider(ClusterSetProvider):
         }
         for key in [key for key in self._versions if key not in live]:
             del self._versions[key]
-        for key in [key for key in self._last_good if key not in live]:
-            del self._last_good[key]
+        self._last_good.retain(live)
         desired: dict[str, mcr.ClusterConfig] = {}
         statuses: dict[str, SourceStatus] = {}
         reported = self.sources()  # as last published: each new error is logged once
@@ -327,10 +318,9 @@ class ClusterProfileProvider(ClusterSetProvider):
                     if previous is None or previous.error != version.error:
                         keeping = "; keeping its last good connection" if key in self._last_good else ""
                         log.warning("%s: %s%s", self._owner, version.error, keeping)
-            engaged_before = key in self._last_good
-            if version.access is not None and (version.ready or engaged_before):
-                self._last_good[key] = version.access
-            chosen = self._last_good.get(key)
+            # Not ready is not gone: an engaged profile stays engaged on its usable access.
+            usable = version.access if version.ready or key in self._last_good else None
+            chosen = self._last_good.keep(key, usable)
             if chosen is not None:
                 desired[key] = chosen.config
             detail = {"ready": "true" if version.ready else "false"}

@@ -278,13 +278,7 @@ class KubeconfigFileProvider(ClusterSetProvider):
         due = self._apply(layout, readings, now)
         self._problems = dict(layout.problems)
         desired, holders = self._desired()
-        sync = asyncio.ensure_future(self.clusters.sync(desired))
-        try:
-            await asyncio.shield(sync)
-        except asyncio.CancelledError:
-            # Let a replacement that started finish, or its old cluster would leak.
-            await asyncio.gather(sync, return_exceptions=True)
-            raise
+        await self.clusters.sync(desired)  # finishes even if cancelled: a started replacement must end
         self._holders = holders
         self._statuses = self._report()  # published once acted on: what tests settle on
         self.passes += 1

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,12 +117,12 @@ class KindProvider(ClusterSetProvider):
         self._cli = KindCLI(self.settings.binary, self.settings.command_timeout)
         self._trust = trust or mcr.TrustPolicy.untrusted()
         # The core's one backoff: poll_interval doubling up to max_backoff, overflow-safe.
-        self._retry_backoff = backoff or mcr.Backoff(
+        self._poll_backoff = backoff or mcr.Backoff(
             base=self.settings.poll_interval, cap=max(max_backoff, self.settings.poll_interval), jitter=0.2
         )
         self._owner = "kind clusters"
         super().__init__(self._owner, options=options, probe_interval=probe_interval)
-        self._last_good: dict[str, mcr.ClusterConfig] = {}
+        self._last_good: mcrp.LastGood[mcr.ClusterConfig] = mcrp.LastGood()
         self._retries: dict[str, _Retry] = {}
         self._last_error: str | None = None
         self._listed: tuple[str, ...] = ()
@@ -146,13 +146,9 @@ class KindProvider(ClusterSetProvider):
             mcruntime.SettingsError: a variable is invalid; the message names it.
         """
         values = settings or KindSettings.load()
+        # Every setting is a constructor argument of the same name: none can be left behind.
         return cls(
-            binary=values.binary,
-            poll_interval=values.poll_interval,
-            prefix=values.prefix,
-            clusters=values.clusters,
-            internal=values.internal,
-            command_timeout=values.command_timeout,
+            **values.model_dump(),
             trust=trust,
             options=options,
             probe_interval=probe_interval,
@@ -261,13 +257,12 @@ class KindProvider(ClusterSetProvider):
         self._last_error = error
 
     def _backoff(self, failures: int) -> float:
-        return self._retry_backoff.delay(failures)
+        return self._poll_backoff.delay(failures)
 
     async def _poll(self) -> None:
         """List, fetch every listed kubeconfig that is due, and make the set match."""
         listed = tuple(name for name in await self._cli.clusters() if self._wanted(name))
-        for name in [name for name in self._last_good if name not in listed]:
-            del self._last_good[name]  # no longer listed: the one authoritative "gone"
+        self._last_good.retain(listed)  # no longer listed: the one authoritative "gone"
         for name in [name for name in self._retries if name not in listed]:
             del self._retries[name]
         self._listed = listed
@@ -282,17 +277,8 @@ class KindProvider(ClusterSetProvider):
                 await self._fetch(name)
 
         await asyncio.gather(*(fetch(name) for name in due))
-        desired = {name: self._last_good[name] for name in listed if name in self._last_good}
-        await self._sync(desired)
-
-    async def _sync(self, desired: Mapping[str, mcr.ClusterConfig]) -> None:
-        sync = asyncio.ensure_future(self.clusters.sync(desired))
-        try:
-            await asyncio.shield(sync)
-        except asyncio.CancelledError:
-            # Let a replacement that started finish, or its old cluster would leak.
-            await asyncio.gather(sync, return_exceptions=True)
-            raise
+        desired = {name: config for name in listed if (config := self._last_good.get(name)) is not None}
+        await self.clusters.sync(desired)  # finishes even if cancelled: a started replacement must end
 
     def _wanted(self, name: str) -> bool:
         allowed = self.settings.clusters
@@ -310,7 +296,7 @@ class KindProvider(ClusterSetProvider):
         except (KindCommandError, mcr.KubeconfigError) as error:
             self._failed(name, str(error))
             return
-        self._last_good[name] = config
+        self._last_good.keep(name, config)
         if self._retries.pop(name, None) is not None:
             log.info("%s: cluster %r: kubeconfig readable again", self._owner, name)
 
@@ -334,5 +320,5 @@ class KindProvider(ClusterSetProvider):
         delay = min(self._backoff(failures), _CLUSTER_RETRY_POLLS * self.settings.poll_interval)
         self._retries[name] = _Retry(error, failures, asyncio.get_running_loop().time() + delay)
         if previous is None or previous.error != error:
-            keeping = "keeping its last good kubeconfig" if name in self._last_good else "not engaged yet"
+            keeping = self._last_good.keeping(name, "kubeconfig")
             log.warning("%s: cluster %r: %s (%s; retrying)", self._owner, name, error, keeping)

@@ -20,7 +20,7 @@ from typing import Any
 import mcruntime as mcr
 import mcruntime.provider as mcrp
 from mcruntime.cache import Informer
-from mcruntime.provider import ClusterSetProvider, SourceStatus, secret_key_only
+from mcruntime.provider import HubProvider, KindNotInstalled, SourceStatus, resource_version, secret_key_only
 
 from ._config import MemberConfigError, member_config, token_of
 
@@ -33,7 +33,7 @@ MAX_TOKEN_BYTES = 64 * 1024
 """A token Secret's ``token`` above this (decoded) is refused: bearer tokens are a few KiB at most."""
 
 
-class KubeFedNotInstalled(mcr.MCRuntimeError):
+class KubeFedNotInstalled(KindNotInstalled):
     """The hub serves no ``KubeFedCluster`` (``core.kubefed.io/v1beta1``): KubeFed is not installed.
 
     Raised by :meth:`KubeFedProvider.run` only with ``wait_for_crd=False``;
@@ -41,7 +41,7 @@ class KubeFedNotInstalled(mcr.MCRuntimeError):
     """
 
 
-class KubeFedProvider(ClusterSetProvider):
+class KubeFedProvider(HubProvider):
     """Engages every member cluster registered with KubeFed on the hub.
 
     Args:
@@ -63,12 +63,14 @@ class KubeFedProvider(ClusterSetProvider):
             doubling to 30 s).
         retry_backoff: How long a failed discovery pass waits before the next.
 
-    Reports (from :class:`mcruntime.provider.ClusterSetProvider`): ``sources()``
+    Reports (from :class:`mcruntime.provider.HubProvider`): ``sources()``
     holds one ``SourceStatus`` per KubeFedCluster, by name (``version`` its
     resourceVersion; ``detail``: ``secret_version``, and ``waiting`` while
     ``wait_for_ready`` holds it back, which is not an error), and the CRD while
     KubeFed is not installed (also :attr:`waiting`).
     """
+
+    not_installed = KubeFedNotInstalled
 
     def __init__(
         self,
@@ -84,15 +86,18 @@ class KubeFedProvider(ClusterSetProvider):
         retry_backoff: mcr.Backoff | None = None,
     ) -> None:
         self.namespace = namespace
-        self.wait_for_crd = wait_for_crd
-        self._crd_backoff = crd_backoff
-        self._retry_backoff = retry_backoff
         self.wait_for_ready = wait_for_ready
         self.allow_insecure = allow_insecure
-        self._hub = hub
-        self._options = options
         self._owner = f"kubefed members in {namespace!r}"
-        super().__init__(self._owner, options=options, probe_interval=probe_interval)
+        super().__init__(
+            hub,
+            self._owner,
+            options=options,
+            probe_interval=probe_interval,
+            wait_for_crd=wait_for_crd,
+            crd_backoff=crd_backoff,
+            retry_backoff=retry_backoff,
+        )
         self._kept = mcrp.LastGoodConfigs(self._owner, log)
 
     def rbac_rules(self) -> list[mcr.Permission]:
@@ -108,7 +113,7 @@ class KubeFedProvider(ClusterSetProvider):
     def __repr__(self) -> str:
         return f"<KubeFedProvider namespace={self.namespace!r} clusters={self.clusters.names()}>"
 
-    # Reporting comes from ClusterSetProvider: sources() holds one SourceStatus per
+    # Reporting comes from HubProvider: sources() holds one SourceStatus per
     # KubeFedCluster (by name; version is its resourceVersion; detail has
     # "secret_version" and "waiting" for the Ready condition), and the CRD while
     # KubeFed is not installed (see waiting).
@@ -119,18 +124,9 @@ class KubeFedProvider(ClusterSetProvider):
         On a hub without the KubeFed CRD, waits for it (see :attr:`waiting`);
         with ``wait_for_crd=False``, raises :class:`KubeFedNotInstalled` at once.
         """
-        async with mcrp.hub_connection(self._hub, f"{self._owner} (hub)", self._options) as hub:
-            if self.wait_for_crd:
-                crd, backoff = "kubefedclusters.core.kubefed.io", self._crd_backoff
-                await self.wait_for_kind(hub, [KUBEFED_CLUSTER], what="KubeFed", crd=crd, backoff=backoff)
-            else:
-                try:
-                    await hub.client.resource(KUBEFED_CLUSTER)
-                except mcr.KindNotFound:
-                    raise KubeFedNotInstalled(
-                        f"KubeFed not installed: the hub {hub.config.server} serves no KubeFedCluster "
-                        f"({KUBEFED_CLUSTER.api_version})"
-                    ) from None
+        async with self.connect() as hub:
+            crd = "kubefedclusters.core.kubefed.io"
+            await self.served_kind(hub, [KUBEFED_CLUSTER], what="KubeFed", crd=crd)
             read_timeout = hub.options.watch_read_timeout
             members = Informer(
                 hub.client, KUBEFED_CLUSTER, namespace=self.namespace, read_timeout=read_timeout
@@ -146,7 +142,7 @@ class KubeFedProvider(ClusterSetProvider):
             def answer() -> tuple[dict[str, mcr.ClusterConfig], dict[str, SourceStatus]]:
                 return self._desired(members.view(), secrets.view())
 
-            await self.follow(aware, [members, secrets], answer, backoff=self._retry_backoff)
+            await self.follow(aware, [members, secrets], answer)
 
     def _desired(
         self, objects: Mapping[str, Mapping[str, Any]], secrets: Mapping[str, Mapping[str, Any]]
@@ -169,14 +165,14 @@ class KubeFedProvider(ClusterSetProvider):
             secret = secrets.get(f"{self.namespace}/{secret_ref}")
             detail = {"waiting": waiting} if waiting is not None else {}
             if secret is not None:
-                detail["secret_version"] = str((secret.get("metadata") or {}).get("resourceVersion", ""))
+                detail["secret_version"] = resource_version(secret)
             chosen, statuses[name] = self._kept.judge(
                 "KubeFedCluster",
                 name,
                 config,
                 error,
                 previous=reported.get(name),
-                version=str(metadata.get("resourceVersion", "")),
+                version=resource_version(obj),
                 detail=detail,
             )
             if chosen is not None:

@@ -314,28 +314,28 @@ def _build(kubeconfig: _Kubeconfig, context: str | None, trust: TrustPolicy) -> 
         if problem:
             raise KubeconfigError(f"user {user_name!r}: the token {problem}", origin=origin, context=chosen)
 
-    if (cluster.get("insecure-skip-tls-verify") or scheme == "http") and not trust.allow_insecure:
-        what = "plain HTTP" if scheme == "http" else "insecure-skip-tls-verify"
-        raise TrustPolicyError(
-            f"cluster {cluster_name!r} uses {what}, which this trust policy refuses "
-            "(allow it explicitly with TrustPolicy(allow_insecure=True))",
-            origin=origin,
-            context=chosen,
-        )
-    if "exec" in user and not trust.allow_exec:
-        raise TrustPolicyError(
-            f"user {user_name!r} runs an exec plugin, which this trust policy refuses "
-            "(allow it explicitly with TrustPolicy(allow_exec=True))",
-            origin=origin,
-            context=chosen,
-        )
-    if "auth-provider" in user and not trust.allow_auth_provider:
-        raise TrustPolicyError(
-            f"user {user_name!r} uses an auth-provider, which this trust policy refuses "
-            "(allow it explicitly with TrustPolicy(allow_auth_provider=True))",
-            origin=origin,
-            context=chosen,
-        )
+    insecure = "plain HTTP" if scheme == "http" else "insecure-skip-tls-verify"
+    refusals = (  # (asked for and not allowed, what it is, the TrustPolicy field that allows it)
+        (
+            bool(cluster.get("insecure-skip-tls-verify") or scheme == "http") and not trust.allow_insecure,
+            f"cluster {cluster_name!r} uses {insecure}",
+            "allow_insecure",
+        ),
+        ("exec" in user and not trust.allow_exec, f"user {user_name!r} runs an exec plugin", "allow_exec"),
+        (
+            "auth-provider" in user and not trust.allow_auth_provider,
+            f"user {user_name!r} uses an auth-provider",
+            "allow_auth_provider",
+        ),
+    )
+    for refused, what, allow in refusals:
+        if refused:
+            raise TrustPolicyError(
+                f"{what}, which this trust policy refuses "
+                f"(allow it explicitly with TrustPolicy({allow}=True))",
+                origin=origin,
+                context=chosen,
+            )
     for plugin in ("exec", "auth-provider"):
         if plugin in user and not isinstance(user[plugin], Mapping):
             raise KubeconfigError(

@@ -17,13 +17,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import Counter, Gauge
-
 from .._base.errors import APIError, Conflict, NotFound, Unreachable
+from .._base.metric import Metrics
 from .._base.objects import JSON
 from .lease import LEASE, default_identity
 
 if TYPE_CHECKING:
+    from prometheus_client import Counter, Gauge
+
     from .._client.client import Client
 
 log = logging.getLogger("mcruntime.sharding")
@@ -108,46 +109,38 @@ class ShardMetrics:
     """What an operator watches: ownership, its changes, and what this replica writes on the hub."""
 
     def __init__(self, registry: Any) -> None:
-        self.owned: Gauge = Gauge(
-            "mcruntime_shard_clusters_owned",
-            "Clusters whose fence this replica holds",
-            registry=registry,
+        metric = Metrics(registry)
+        self.owned: Gauge = metric.gauge(
+            "mcruntime_shard_clusters_owned", "Clusters whose fence this replica holds"
         )
-        self.peers: Gauge = Gauge("mcruntime_shard_peers", "Live peers in the shard group", registry=registry)
-        self.ownership_changes: Counter = Counter(
+        self.peers: Gauge = metric.gauge("mcruntime_shard_peers", "Live peers in the shard group")
+        self.ownership_changes: Counter = metric.counter(
             "mcruntime_shard_ownership_changes_total",
             "Clusters that became or stopped being this replica's by rendezvous hashing",
-            ["direction"],
-            registry=registry,
+            ("direction",),
         )
-        self.fence_acquisitions: Counter = Counter(
-            "mcruntime_shard_fence_acquisitions_total", "Fences this replica acquired", registry=registry
+        self.fence_acquisitions: Counter = metric.counter(
+            "mcruntime_shard_fence_acquisitions_total", "Fences this replica acquired"
         )
-        self.fence_releases: Counter = Counter(
-            "mcruntime_shard_fence_releases_total",
-            "Fences this replica released on handover or shutdown",
-            registry=registry,
+        self.fence_releases: Counter = metric.counter(
+            "mcruntime_shard_fence_releases_total", "Fences this replica released on handover or shutdown"
         )
-        self.fence_losses: Counter = Counter(
+        self.fence_losses: Counter = metric.counter(
             "mcruntime_shard_fence_losses_total",
             "Fences lost: taken over, deleted, or dropped when this replica missed its renew deadline",
-            registry=registry,
         )
-        self.hub_writes: Counter = Counter(
+        self.hub_writes: Counter = metric.counter(
             "mcruntime_shard_hub_writes_total",
             "Lease writes (create, update, delete) this replica sent to the hub, by purpose",
-            ["purpose"],
-            registry=registry,
+            ("purpose",),
         )
-        self.loop_lag: Gauge = Gauge(
+        self.loop_lag: Gauge = metric.gauge(
             "mcruntime_shard_event_loop_lag_seconds",
             "How late the event loop last ran the sharding's pulse; liveness stops past lease_duration",
-            registry=registry,
         )
-        self.loop_failures: Counter = Counter(
+        self.loop_failures: Counter = metric.counter(
             "mcruntime_shard_loop_failures_total",
             "Coordination rounds that failed unexpectedly (logged and retried with backoff)",
-            registry=registry,
         )
         for purpose in WRITE_PURPOSES:
             self.hub_writes.labels(purpose)

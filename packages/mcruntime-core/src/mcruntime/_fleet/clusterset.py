@@ -110,10 +110,20 @@ class ClusterSet:
     # --- the provider's side ------------------------------------------------------------
 
     async def sync(self, desired: Mapping[str, ClusterConfig]) -> None:
-        """Make the set equal ``desired``: add, replace and remove concurrently."""
+        """Make the set equal ``desired``: add, replace and remove concurrently.
+
+        Runs to the end even if the caller is cancelled halfway, and only then
+        re-raises the cancellation: a replacement that started must finish, or
+        its old cluster would leak.
+        """
         removals = [self.remove(name) for name in list(self._entries) if name not in desired]
         changes = [self.set(name, config) for name, config in desired.items()]
-        await asyncio.gather(*removals, *changes)
+        applying = asyncio.gather(*removals, *changes)
+        try:
+            await asyncio.shield(applying)
+        except asyncio.CancelledError:
+            await asyncio.gather(applying, return_exceptions=True)
+            raise
 
     async def set(self, name: str, config: ClusterConfig) -> bool:
         """Add ``name``, or change it if its config changed; returns whether anything changed.

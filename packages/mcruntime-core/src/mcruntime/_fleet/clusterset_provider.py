@@ -20,7 +20,7 @@ from .._cache.informer import IndexFunc, Informer
 from .._config.kubeconfig import ClusterConfig
 from .cluster import Cluster, ClusterOptions
 from .clusterset import ClusterSet
-from .follow import Watcher, follow_informers, wait_for_kind
+from .follow import KindNotInstalled, Watcher, follow_informers, wait_for_kind
 from .protocols import Aware
 from .status import ClusterPhase, ClusterStatus, SourceStatus
 
@@ -36,7 +36,8 @@ class ClusterSetProvider:
     ``await self.clusters.run(aware)``, which this base's ``run`` does alone.
     ``owner`` names the provider in logs and errors (``"kubeconfig files
     [...]"``); ``options`` are the clusters' options and ``probe_interval``
-    overrides their health-probe interval. Subclasses that read sources
+    overrides their health-probe interval; ``retry_backoff`` is how long
+    :meth:`follow` waits after a failed pass (by default). Subclasses that read sources
     (files, Secrets, objects) override :meth:`sources`; :meth:`statuses` then
     carries each cluster's source, and lists as ``FAILED`` the clusters a
     source names whose config was never usable.
@@ -53,7 +54,9 @@ class ClusterSetProvider:
         *,
         options: ClusterOptions | None = None,
         probe_interval: float | None = None,
+        retry_backoff: Backoff | None = None,
     ) -> None:
+        self._retry_backoff = retry_backoff
         self.clusters: ClusterSet = ClusterSet(options=options, probe_interval=probe_interval, owner=owner)
         self.owner = owner
         self._failed_since: dict[str, float] = {}
@@ -66,20 +69,37 @@ class ClusterSetProvider:
         return self._waiting.error if self._waiting is not None else None
 
     async def wait_for_kind(
-        self, hub: Cluster, candidates: Sequence[Kind], *, what: str, crd: str, backoff: Backoff | None = None
+        self,
+        hub: Cluster,
+        candidates: Sequence[Kind],
+        *,
+        what: str,
+        crd: str,
+        backoff: Backoff | None = None,
+        wait: bool = True,
+        not_installed: type[KindNotInstalled] = KindNotInstalled,
     ) -> Kind:
         """:func:`wait_for_kind`, with the wait reported as :attr:`waiting` and as the source ``crd``.
 
         ``crd`` names the CustomResourceDefinition the operator should install
         (``"clusters.cluster.x-k8s.io"``); ``what`` names the product in messages.
+        With ``wait=False`` a hub serving no candidate raises ``not_installed`` at once.
         """
 
         def report(problem: str | None) -> None:
             missing = SourceStatus("CustomResourceDefinition", crd, error=problem)
             self._waiting = None if problem is None else missing
 
-        owner = self.owner
-        return await wait_for_kind(hub, candidates, owner=owner, what=what, report=report, backoff=backoff)
+        return await wait_for_kind(
+            hub,
+            candidates,
+            owner=self.owner,
+            what=what,
+            report=report,
+            backoff=backoff,
+            wait=wait,
+            not_installed=not_installed,
+        )
 
     async def follow(
         self,
@@ -97,7 +117,8 @@ class ClusterSetProvider:
         read (it may be async, to parse off the event loop). Its sources are
         published, as :meth:`sources`, only once the ClusterSet has acted on
         the configs, so a status is never ahead of the clusters it describes.
-        See :func:`follow_informers` for retries (``backoff``) and for
+        See :func:`follow_informers` for retries (``backoff``, by default the
+        ``retry_backoff`` the provider was built with) and for
         ``watchers``, which ask for a pass when an input that is not an
         informer changes (a provider's own file).
         """
@@ -120,7 +141,7 @@ class ClusterSetProvider:
             desired,
             owner=self.owner,
             applied=applied,
-            backoff=backoff,
+            backoff=self._retry_backoff if backoff is None else backoff,
             watchers=watchers,
         )
 

@@ -13,7 +13,8 @@ with backoff, and it stops every cluster only after discovery has ended.
 Such a provider also depends on a kind the hub may not serve yet: Cluster API
 or KubeFed is often installed after the controller that uses it.
 :func:`wait_for_kind` waits for it (reporting "not installed, waiting") rather
-than failing, so the manager and its other clusters keep running meanwhile.
+than failing, so the manager and its other clusters keep running meanwhile;
+a provider told not to wait raises its :class:`KindNotInstalled` instead.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from .._base.backoff import DEFAULT_BACKOFF, Backoff
-from .._base.errors import KindNotFound
+from .._base.errors import KindNotFound, MCRuntimeError
 from .._base.kind import Kind
 from .._cache.informer import Informer, ResourceEventHandler
 from .._config.kubeconfig import ClusterConfig
@@ -43,6 +44,15 @@ Watcher = Callable[[Callable[[], None]], Coroutine[Any, Any, None]]
 
 KIND_WAIT_BACKOFF = Backoff(base=1.0, cap=30.0)
 """How often a missing kind is looked for again: soon after start, then every 15-30 s."""
+
+
+class KindNotInstalled(MCRuntimeError):
+    """The hub serves none of the kinds a provider needs, and the provider was told not to wait.
+
+    Raised by :func:`wait_for_kind` with ``wait=False``; each provider that
+    watches a hub raises its own subclass (``ClusterAPINotInstalled``,
+    ``KubeFedNotInstalled``...), so catching this catches them all.
+    """
 
 
 @asynccontextmanager
@@ -133,12 +143,7 @@ async def _apply_changes(
             wanted = desired()
             if inspect.isawaitable(wanted):
                 wanted = await wanted
-            sync = asyncio.ensure_future(clusters.sync(wanted))
-            try:
-                await asyncio.shield(sync)
-            except asyncio.CancelledError:
-                await asyncio.gather(sync, return_exceptions=True)
-                raise
+            await clusters.sync(wanted)  # finishes even if cancelled: a started replacement must end
             if applied is not None:
                 applied()
             failures, logged = 0, None
@@ -168,6 +173,8 @@ async def wait_for_kind(
     what: str,
     report: Callable[[str | None], None] | None = None,
     backoff: Backoff | None = None,
+    wait: bool = True,
+    not_installed: type[KindNotInstalled] = KindNotInstalled,
 ) -> Kind:
     """The first of ``candidates`` the hub serves, waiting for as long as it serves none.
 
@@ -178,11 +185,23 @@ async def wait_for_kind(
     doubling to 30 s), and discovery is refreshed on each look so a CRD
     installed meanwhile is found. ``report(None)`` says the wait is over.
     ``what`` names the missing product in messages (``"Cluster API"``).
+
+    With ``wait=False`` the hub is asked once: a hub that serves no
+    candidate raises ``not_installed`` (a :class:`KindNotInstalled`) at once,
+    and an error asking it is raised as it is.
     """
     server = hub.config.server
     if backoff is None:
         backoff = KIND_WAIT_BACKOFF
     served = ", ".join(f"{kind.kind} ({kind.api_version})" for kind in candidates)
+    if not wait:
+        for kind in candidates:
+            try:
+                await hub.client.resource(kind)
+            except KindNotFound:
+                continue
+            return kind
+        raise not_installed(f"{what} not installed: the hub {server} serves no {served}")
     failures = 0
     logged: str | None = None
     while True:

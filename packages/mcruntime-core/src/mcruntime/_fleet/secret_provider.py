@@ -19,22 +19,22 @@ and this file identical. Everything it uses is public API of ``mcruntime``.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._base.errors import KubeconfigError
 from .._base.kind import Kind
 from .._base.permissions import READ, Permission
 from .._cache.informer import Informer
-from .._config.kubeconfig import ClusterConfig, TrustPolicy, kubeconfig_from_dict, parse_kubeconfig
+from .._config.kubeconfig import ClusterConfig, TrustPolicy
 from .cluster import Cluster, ClusterOptions
 from .clusterset_provider import ClusterSetProvider
 from .follow import hub_connection
+from .lastgood import LastGood
 from .protocols import Aware
+from .secret_kubeconfig import secret_kubeconfig
+from .slim import resource_version
 from .status import SourceStatus
 
 log = logging.getLogger("mcruntime.providers.secrets")
@@ -118,7 +118,7 @@ class KubeconfigSecretProvider(ClusterSetProvider):
         self._owner = f"kubeconfig secrets in {namespace!r}"
         super().__init__(self._owner, options=options, probe_interval=probe_interval)
         self._versions: dict[str, _Version] = {}  # by "namespace/name": the latest version read
-        self._last_good: dict[str, tuple[str, ClusterConfig]] = {}  # by Secret: last name and config
+        self._last_good: LastGood[tuple[str, ClusterConfig]] = LastGood()  # by Secret: name and config
         self._holders: dict[str, str] = {}  # cluster name -> the Secret providing it
 
     def __repr__(self) -> str:
@@ -176,7 +176,7 @@ class KubeconfigSecretProvider(ClusterSetProvider):
         changed = {
             key: secret
             for key, secret in secrets.items()
-            if key not in self._versions or self._versions[key].resource_version != _resource_version(secret)
+            if key not in self._versions or self._versions[key].resource_version != resource_version(secret)
         }
         if not changed:
             return {}
@@ -198,20 +198,20 @@ class KubeconfigSecretProvider(ClusterSetProvider):
         }
         for key in [key for key in self._versions if key not in live]:
             del self._versions[key]
-            self._last_good.pop(key, None)
+            self._last_good.forget(key)
         claims: dict[str, list[str]] = {}
         for key, secret in sorted(live.items()):
             version = self._versions.get(key)
-            if version is None or version.resource_version != _resource_version(secret):
+            if version is None or version.resource_version != resource_version(secret):
                 version = read.get(key)
-                if version is None or version.resource_version != _resource_version(secret):
+                if version is None or version.resource_version != resource_version(secret):
                     version = self._read(key, secret)
                 self._versions[key] = version
                 if version.cluster is not None and version.config is not None:
-                    self._last_good[key] = (version.cluster, version.config)
+                    self._last_good.keep(key, (version.cluster, version.config))
                 elif version.error is not None:
-                    keeping = "; keeping its last good kubeconfig" if key in self._last_good else ""
-                    log.warning("%s: %s%s", self._owner, version.error, keeping)
+                    keeping = self._last_good.keeping(key, "kubeconfig")
+                    log.warning("%s: %s (%s)", self._owner, version.error, keeping)
             usable = self._usable(key)
             if usable is not None:
                 claims.setdefault(usable[0], []).append(key)
@@ -276,10 +276,10 @@ class KubeconfigSecretProvider(ClusterSetProvider):
         not what, and kubeconfig errors are secret-free by construction.
         """
         metadata = secret.get("metadata") or {}
-        resource_version, created = _resource_version(secret), str(metadata.get("creationTimestamp", ""))
+        rv, created = resource_version(secret), str(metadata.get("creationTimestamp", ""))
 
         def failed(message: str, cluster: str | None = None) -> _Version:
-            return _Version(resource_version, created, cluster, None, f"Secret {key}: {message}")
+            return _Version(rv, created, cluster, None, f"Secret {key}: {message}")
 
         try:
             cluster = self._name_from(secret)
@@ -290,34 +290,8 @@ class KubeconfigSecretProvider(ClusterSetProvider):
         encoded = (secret.get("data") or {}).get(self.key)
         if not encoded:
             return failed(f"has no data key {self.key!r}", cluster)
-        limit = self.max_kubeconfig_bytes
-        too_big = f"data key {self.key!r} is larger than the limit of {limit} bytes; not parsed"
-        if len(encoded) // 4 * 3 > limit + 2:  # the decoded size, known without decoding
-            return failed(too_big, cluster)
-        try:
-            raw = base64.b64decode(encoded, validate=True)
-            if len(raw) > limit:
-                return failed(too_big, cluster)
-            text = raw.decode("utf-8")
-        except (binascii.Error, ValueError):
-            return failed(f"data key {self.key!r} is not base64-encoded UTF-8 text", cluster)
-        try:
-            # Bounded: no YAML aliases, limited depth, size and values (a 1.4 KB alias
-            # bomb in a Secret would otherwise take seconds and gigabytes).
-            document = parse_kubeconfig(text, origin=f"Secret {key} key {self.key!r}")
-            config = kubeconfig_from_dict(
-                document, trust=self._trust, origin=f"Secret {key} key {self.key!r}"
-            )
-        except KubeconfigError as error:  # includes TrustPolicyError; secret-free messages
-            return _Version(resource_version, created, cluster, None, str(error))
-        except Exception as error:  # a shape no check foresaw: name the type, quote nothing
-            return failed(
-                f"data key {self.key!r} is not a usable kubeconfig ({type(error).__name__})", cluster
-            )
-        return _Version(resource_version, created, cluster, config, None)
+        where, limit = f"Secret {key} key {self.key!r}", self.max_kubeconfig_bytes
+        config, problem = secret_kubeconfig(encoded, where=where, trust=self._trust, max_bytes=limit)
+        return _Version(rv, created, cluster, config, problem)
 
     # --8<-- [end:read]
-
-
-def _resource_version(secret: Mapping[str, Any]) -> str:
-    return str((secret.get("metadata") or {}).get("resourceVersion", ""))

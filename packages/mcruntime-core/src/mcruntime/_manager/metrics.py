@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .._base.metric import Metrics
 from .._reconcile.request import Request
 
 if TYPE_CHECKING:
@@ -96,79 +97,62 @@ class ManagerMetrics:
         # Cluster labels engaged now (the only ones with series), each with its series' keys,
         # so forgetting a cluster costs its own series, not a scan of the whole fleet's.
         self._live: dict[str, list[tuple[Any, tuple[str, ...]]]] = {}
-        self.reconcile_total: Counter = Counter(
+        metric = Metrics(registry)
+        self.reconcile_total: Counter = metric.counter(
             "controller_runtime_reconcile_total",
             "Reconciles per controller, result and cluster.",
-            ["controller", "result", "cluster"],
-            registry=registry,
+            ("controller", "result", "cluster"),
         )
-        self.reconcile_errors: Counter = Counter(
+        self.reconcile_errors: Counter = metric.counter(
             "controller_runtime_reconcile_errors_total",
             "Reconciles that raised, per controller and cluster.",
-            ["controller", "cluster"],
-            registry=registry,
+            ("controller", "cluster"),
         )
-        self.terminal_errors: Counter = Counter(
+        self.terminal_errors: Counter = metric.counter(
             "controller_runtime_terminal_reconcile_errors_total",
             "Reconciles that raised TerminalError, per controller and cluster.",
-            ["controller", "cluster"],
-            registry=registry,
+            ("controller", "cluster"),
         )
-        self.reconcile_time: Histogram = Histogram(
+        self.reconcile_time: Histogram = metric.histogram(
             "controller_runtime_reconcile_time_seconds",
             "How long reconciles take, per controller and cluster.",
-            ["controller", "cluster"],
+            ("controller", "cluster"),
             buckets=_BUCKETS,
-            registry=registry,
         )
-        self.queue_adds: Counter = Counter(
-            "workqueue_adds_total",
-            "Adds to the work queue.",
-            ["name", "controller", "cluster"],
-            registry=registry,
+        queue = ("name", "controller")
+        self.queue_adds: Counter = metric.counter(
+            "workqueue_adds_total", "Adds to the work queue.", (*queue, "cluster")
         )
-        self.queue_retries: Counter = Counter(
-            "workqueue_retries_total",
-            "Rate-limited re-adds.",
-            ["name", "controller", "cluster"],
-            registry=registry,
+        self.queue_retries: Counter = metric.counter(
+            "workqueue_retries_total", "Rate-limited re-adds.", (*queue, "cluster")
         )
-        self.queue_latency: Histogram = Histogram(
+        self.queue_latency: Histogram = metric.histogram(
             "workqueue_queue_duration_seconds",
             "How long a request waits in the queue before a worker takes it.",
-            ["name", "controller"],
+            queue,
             buckets=_BUCKETS,
-            registry=registry,
         )
-        self.work_duration: Histogram = Histogram(
-            "workqueue_work_duration_seconds",
-            "How long a worker holds a request.",
-            ["name", "controller"],
-            buckets=_BUCKETS,
-            registry=registry,
+        self.work_duration: Histogram = metric.histogram(
+            "workqueue_work_duration_seconds", "How long a worker holds a request.", queue, buckets=_BUCKETS
         )
-        self.engage_duration: Histogram = Histogram(
+        self.engage_duration: Histogram = metric.histogram(
             "mcruntime_cluster_engage_duration_seconds",
             "From engaging a cluster to every controller's caches being synced in it.",
             buckets=_BUCKETS,
-            registry=registry,
         )
         # Fleet-wide: a per-cluster count of departures could never be removed, so would grow with churn.
-        self.engagements: Counter = Counter(
+        self.engagements: Counter = metric.counter(
             "mcruntime_cluster_engagements_total",
             "Clusters engaged (a replaced cluster counts again), fleet-wide.",
-            registry=registry,
         )
-        self.disengagements: Counter = Counter(
+        self.disengagements: Counter = metric.counter(
             "mcruntime_cluster_disengagements_total",
             "Clusters disengaged (removed, replaced or stopped), fleet-wide.",
-            registry=registry,
         )
-        self.loop_crashes: Counter = Counter(
+        self.loop_crashes: Counter = metric.counter(
             "mcruntime_loop_crashes_total",
             "Long-lived loops (informers, health probes, leader election, ...) that died and were restarted.",
-            ["loop"],
-            registry=registry,
+            ("loop",),
         )
         registry.register(_LiveCollector(controllers, clusters, states))
 

@@ -61,6 +61,7 @@ try:
 except ImportError as _missing:  # the suite's cases are async tests
     raise MissingExtraError("pytest-asyncio", "to run the provider conformance suite") from _missing
 
+from ._controlplane import ControlPlane
 from ._driver import Breakage, Capability, ProviderDriver, Target
 from ._fleet import Fleet
 from ._harness import (
@@ -145,18 +146,8 @@ class ProviderConformance:
         await driver.add("alpha", Target.of(first))
         async with case.running() as (provider, manager):
             alpha = await case.engaged("alpha")
-            got = await provider.get(case.name("alpha"))
-            expect(
-                got is alpha,
-                CONTRACT,
-                f"provider.get returned {describe(got)}, the manager has {describe(alpha)}",
-            )
-            got = await manager.get_cluster(case.name("alpha"))
-            expect(
-                got is alpha,
-                CONTRACT,
-                f"manager.get_cluster returned {describe(got)}, engaged {describe(alpha)}",
-            )
+            _expect_same(await provider.get(case.name("alpha")), alpha, "provider.get")
+            _expect_same(await manager.get_cluster(case.name("alpha")), alpha, "manager.get_cluster")
             await case.reconciled("alpha", first, "marker")
             await case.phase("alpha", mcr.ClusterPhase.READY)
             if not (
@@ -168,12 +159,7 @@ class ProviderConformance:
                 await provider.get(case.name("beta"))
             await driver.add("beta", Target.of(second))
             beta = await case.engaged("beta")
-            got = await provider.get(case.name("beta"))
-            expect(
-                got is beta,
-                CONTRACT,
-                f"provider.get returned {describe(got)}, the manager has {describe(beta)}",
-            )
+            _expect_same(await provider.get(case.name("beta")), beta, "provider.get")
             await case.reconciled("beta", second, "marker")
             names = case.engaged_names()
             expect(names == {case.name("alpha"), case.name("beta")}, CONTRACT, f"engaged: {sorted(names)}")
@@ -270,14 +256,7 @@ class ProviderConformance:
                 f"the replaced cluster is {describe(old)} with {len(old.tasks)} tasks, "
                 f"transport {'closed' if old.transport.closed else 'open'}",
             )
-            count = case.recorder.count(case.name("alpha"))
-            expect(count == 2, CONTENT, f"one change engaged the name {count} times (expected 2 in all)")
-            status = driver.status("alpha")
-            expect(
-                status is not None and status.engagements == 2,
-                CONTENT,
-                f"the status counts {status.engagements if status else None} engagements, expected 2",
-            )
+            _expect_engagements(case, "alpha", 2, "one change")
 
     async def test_an_unchanged_source_never_re_engages(self, case: _Case, fleet: Fleet) -> None:
         """Re-stating the same content, and health probes going by, keep the same cluster object."""
@@ -298,14 +277,7 @@ class ProviderConformance:
                 CONTENT,
                 f"after touches {describe(now)} replaced {describe(cluster)}",
             )
-            count = case.recorder.count(case.name("alpha"))
-            expect(count == 1, CONTENT, f"an unchanged source engaged the name {count} times")
-            status = driver.status("alpha")
-            expect(
-                status is not None and status.engagements == 1,
-                CONTENT,
-                f"the status counts {status.engagements if status else None} engagements, expected 1",
-            )
+            _expect_engagements(case, "alpha", 1, "an unchanged source")
 
     async def test_a_credential_change_is_used_from_then_on(self, case: _Case, fleet: Fleet) -> None:
         """A new token for the same API server is used, in place or by one re-engagement."""
@@ -340,12 +312,7 @@ class ProviderConformance:
         driver = case.driver
         _require(driver, Capability.RUNTIME_CHANGES)
         first, second = fleet["cluster-1"], fleet["cluster-2"]
-        others = _supports(driver, Capability.MULTIPLE_CLUSTERS)
-        await case.seeder.configmap(first, "marker")
-        await driver.add("alpha", Target.of(first))
-        if others:
-            await case.seeder.configmap(second, "marker")
-            await driver.add("beta", Target.of(second))
+        others = await _alpha_and_beta(case, first, second)
         async with case.running() as (provider, manager):
             removed = await case.engaged("alpha")
             await case.reconciled("alpha", first, "marker")
@@ -484,12 +451,7 @@ class ProviderConformance:
         driver = case.driver
         _require(driver, Capability.RUNTIME_CHANGES, Capability.OWN_CONNECTION)
         first, second = fleet["cluster-1"], fleet["cluster-2"]
-        others = _supports(driver, Capability.MULTIPLE_CLUSTERS)
-        await case.seeder.configmap(first, "marker")
-        await driver.add("alpha", Target.of(first))
-        if others:
-            await case.seeder.configmap(second, "marker")
-            await driver.add("beta", Target.of(second))
+        others = await _alpha_and_beta(case, first, second)
         async with case.running() as (provider, _manager):
             await case.reconciled("alpha", first, "marker")
             await driver.break_cluster("alpha", Target.of(first, breakage=Breakage.UNREACHABLE))
@@ -585,3 +547,29 @@ class ProviderConformance:
                 return all(c.stopped for _n, c in case.recorder.every_cluster() if id(c) not in current)
 
             await wait_until(replaced_all_stopped, what="every replaced or removed cluster stopped")
+
+
+def _expect_engagements(case: _Case, source_name: str, times: int, what: str) -> None:
+    """The name was engaged ``times`` times in all, as the recorder saw it and as the status counts it."""
+    count = case.recorder.count(case.name(source_name))
+    expect(count == times, CONTENT, f"{what} engaged the name {count} times (expected {times} in all)")
+    status = case.driver.status(source_name)
+    counted = status.engagements if status is not None else None
+    expect(counted == times, CONTENT, f"the status counts {counted} engagements, expected {times}")
+
+
+async def _alpha_and_beta(case: _Case, first: ControlPlane, second: ControlPlane) -> bool:
+    """Sources "alpha" on ``first`` and, if the provider holds several, "beta" on ``second``; whether it does.
+
+    Each plane gets a ``marker`` ConfigMap to reconcile.
+    """
+    others = _supports(case.driver, Capability.MULTIPLE_CLUSTERS)
+    for source_name, plane in [("alpha", first), ("beta", second)][: 2 if others else 1]:
+        await case.seeder.configmap(plane, "marker")
+        await case.driver.add(source_name, Target.of(plane))
+    return others
+
+
+def _expect_same(got: mcr.Cluster, engaged: mcr.Cluster, call: str) -> None:
+    """``call`` answered with the very cluster object the manager has engaged under that name."""
+    expect(got is engaged, CONTRACT, f"{call} returned {describe(got)}, the manager has {describe(engaged)}")
