@@ -248,19 +248,24 @@ class NamespacedCache(Cache):
             found = informer.get(name)  # a cluster-scoped kind's key has no namespace
         return json_copy(found) if found is not None else None
 
-    async def list(
+    async def _matching(
         self,
         kind: Kind,
-        *,
-        namespace: str | None = None,
         label_selector: str | Mapping[str, str] | None = None,
         index: tuple[str, str] | None = None,
         metadata_only: bool = False,
     ) -> list[JSON]:
-        """Copies of the namespace's matching objects; a list costs what the namespace holds."""
-        informer = await self._read(kind, namespace, metadata_only)
+        informer = await self._read(kind, None, metadata_only)
         if index is not None:
             candidates = [obj for obj in informer.store.by_index(*index) if _visible(obj, self._own)]
         else:
             candidates = [obj for obj in informer.list() if _visible(obj, self._own)]
         return copies(candidates, label_selector)
+
+    async def list(self, kind: Kind, *, namespace: str | None = None, **selection: Any) -> list[JSON]:
+        """Copies of the namespace's matching objects; a list costs what the namespace holds.
+
+        ``selection`` is :meth:`Cache.list`'s: ``label_selector``, ``index``, ``metadata_only``.
+        """
+        self._check(namespace)
+        return await self._matching(kind, **selection)

@@ -144,19 +144,11 @@ class NamespacedClient(Client):
         )
 
     async def patch(
-        self,
-        kind: Kind,
-        name: str,
-        patch: Any,
-        *,
-        namespace: str | None = None,
-        field_manager: str | None = None,
-        **options: Any,
+        self, kind: Kind, name: str, patch: Any, *, namespace: str | None = None, **options: Any
     ) -> JSON:
         pinned = await self._pinned(kind, namespace, name, write=True)
-        return await self._writes.patch(
-            kind, name, patch, namespace=pinned, field_manager=self._manager(field_manager), **options
-        )
+        manager = self._manager(options.pop("field_manager", None))
+        return await self._writes.patch(kind, name, patch, namespace=pinned, field_manager=manager, **options)
 
     async def apply(self, obj: Any, *, field_manager: str | None = None, **options: Any) -> JSON:
         body, _pinned = await self._placed(obj)
