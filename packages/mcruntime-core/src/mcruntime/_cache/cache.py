@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from .._base.errors import NotFound
@@ -55,6 +55,29 @@ def _both(first: str | None, second: str | None) -> str | None:
 
 class CacheSyncTimeout(TimeoutError):
     """An informer did not finish its first list in time."""
+
+
+async def synced(informer: Informer, cluster: str, timeout: float) -> Informer:
+    """``informer`` once its first list is in, or :class:`CacheSyncTimeout` (naming ``cluster``)."""
+    if not informer.has_synced and not await informer.wait_for_sync(timeout):
+        raise CacheSyncTimeout(
+            f"cluster {cluster!r}: the cache of {informer.kind} did not sync within {timeout:.0f}s"
+            + (f" (last error: {informer.stats.last_error})" if informer.stats.last_error else "")
+        )
+    return informer
+
+
+def not_found(cluster: str, kind: Kind, name: str, namespace: str | None) -> NotFound:
+    """What a cache read of an object it does not hold raises, as a live read would."""
+    return NotFound(
+        f"{kind.kind} {name!r} not found in the cache",
+        cluster=cluster,
+        status=404,
+        reason="NotFound",
+        kind=kind.kind,
+        namespace=namespace,
+        name=name,
+    )
 
 
 class Cache:
@@ -217,12 +240,7 @@ class Cache:
 
     async def _synced(self, kind: Kind, metadata_only: bool = False) -> Informer:
         informer = self.informer(kind, metadata_only=metadata_only)
-        if not informer.has_synced and not await informer.wait_for_sync(self._sync_timeout):
-            raise CacheSyncTimeout(
-                f"cluster {self.cluster!r}: the cache of {kind} did not sync within {self._sync_timeout:.0f}s"
-                + (f" (last error: {informer.stats.last_error})" if informer.stats.last_error else "")
-            )
-        return informer
+        return await synced(informer, self.cluster, self._sync_timeout)
 
     async def wait_for_sync(self, timeout: float | None = None) -> bool:
         """Wait for every informer started so far; ``False`` if ``timeout`` passed first."""
@@ -250,15 +268,7 @@ class Cache:
         """
         found = await self.get_or_none(kind, name, namespace=namespace, metadata_only=metadata_only)
         if found is None:
-            raise NotFound(
-                f"{kind.kind} {name!r} not found in the cache",
-                cluster=self.client.cluster,
-                status=404,
-                reason="NotFound",
-                kind=kind.kind,
-                namespace=namespace,
-                name=name,
-            )
+            raise not_found(self.cluster, kind, name, namespace)
         return found
 
     async def get_or_none(
@@ -291,18 +301,23 @@ class Cache:
         """
         self._check_namespace(kind, namespace)
         informer = await self._synced(kind, metadata_only)
-        selector = LabelSelector.parse(label_selector)
         if index is not None:
             candidates = informer.store.by_index(*index)
             if namespace is not None:
                 candidates = [obj for obj in candidates if metadata(obj).get("namespace") == namespace]
         else:
             candidates = informer.list(namespace)
-        return [
-            json_copy(obj)
-            for obj in candidates
-            if selector.empty or selector.matches(metadata(obj).get("labels"))
-        ]
+        return copies(candidates, label_selector)
+
+
+def copies(candidates: Iterable[JSON], label_selector: str | Mapping[str, str] | None) -> list[JSON]:
+    """Copies of the stored objects ``label_selector`` matches: what a cache's ``list`` answers."""
+    selector = LabelSelector.parse(label_selector)
+    return [
+        json_copy(obj)
+        for obj in candidates
+        if selector.empty or selector.matches(metadata(obj).get("labels"))
+    ]
 
 
 def field_getter(*path: str) -> IndexFunc:

@@ -75,15 +75,25 @@ class Client:
     """
 
     def __init__(
-        self, transport: Transport, discovery: Discovery | None = None, *, field_manager: str | None = None
+        self,
+        transport: Transport,
+        discovery: Discovery | None = None,
+        *,
+        field_manager: str | None = None,
+        cluster: str | None = None,
     ) -> None:
         self.transport = transport
         self.discovery: Discovery = discovery or Discovery(transport)
         self.field_manager: str | None = field_manager
+        self._cluster = cluster
 
     @property
     def cluster(self) -> str:
-        return self.transport.cluster
+        """The cluster name errors carry: ``cluster=``, else the transport's.
+
+        ``cluster=`` names a view on another cluster's connection (a namespace of it).
+        """
+        return self._cluster or self.transport.cluster
 
     def __repr__(self) -> str:
         return f"<Client cluster={self.cluster!r}>"

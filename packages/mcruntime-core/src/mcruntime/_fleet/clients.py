@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from .._base.errors import ClusterNotFound
 from .._base.kind import Kind
 from .._base.objects import JSON
+from .._client.protocols import Reader
 from .._reconcile.context import current_request
 from .._reconcile.request import LOCAL_CLUSTER
 
@@ -191,7 +192,7 @@ class FleetClient:
         """``results[cluster]`` is the object, or ``None`` where that cluster has none."""
 
         async def read(cluster: Cluster) -> JSON | None:
-            reader = cluster.cache if source == "cache" else cluster.client
+            reader: Reader[object] = cluster.cache if source == "cache" else cluster.client
             return await reader.get_or_none(kind, name, namespace=namespace)
 
         return await self._each(read, clusters, timeout)
