@@ -21,7 +21,13 @@ import pytest
 from kube_helpers import CONFIGMAP, configmap, unique
 
 import mcruntime as mcr
-from mcruntime._client.health import ProbeResult
+from mcruntime._client.health import (
+    _INCONCLUSIVE_LIMIT,
+    HealthRecord,
+    HealthState,
+    ProbeInconclusive,
+    ProbeResult,
+)
 from mcruntime._client.liveness import ServerLiveness
 from mcruntime.cache import Informer
 from mcruntime.testing import ControlPlane, wait_until
@@ -247,3 +253,55 @@ async def test_a_cold_start_of_many_clusters_of_one_server_sends_one_probe_not_o
         lead = _server(clusters[0]).lead
         assert lead is not None and lead.probes == 1  # the lead's, for the server
         assert sum(probes) < len(clusters), probes
+
+
+async def test_a_probe_timeout_fired_late_by_our_own_loop_blames_no_server(
+    fresh_cluster: ControlPlane,
+) -> None:
+    """A saturated event loop hears nothing in time: that is no verdict on the server."""
+    options = mcr.ClusterOptions(health_probe_interval=3600.0, health_credential_interval=3600.0)
+    async with mcr.Cluster("late-loop", _config(fresh_cluster), options) as cluster:
+        await wait_until(lambda: cluster.health.healthy, timeout=30)
+        transport = cluster.transport
+        with _hung(fresh_cluster):
+            # On time: a hung server's silence is the server's.
+            verdict = await transport.probe(0.3)
+            assert verdict is not None and verdict[1] and verdict[0].startswith("no answer to GET /version")
+            # Late: the probe is in flight, then the loop is blocked past its deadline.
+            probing = asyncio.create_task(transport.probe(0.3))
+            await wait_until(lambda: bool(transport._waiting), interval=0.001)
+            time.sleep(1.0)  # noqa: ASYNC251 - the stimulus: this event loop blocked, as by a cold start
+            with pytest.raises(ProbeInconclusive, match=r"event loop ran \S+ late"):
+                await probing
+        assert cluster.health.healthy, "a late loop must not have marked the cluster unhealthy"
+
+
+async def test_inconclusive_probes_give_no_verdict_until_a_run_of_them_counts() -> None:
+    """Late probes leave the cluster as it was; only a run of them in a row counts as a failure."""
+    record = HealthRecord("busy")
+    late = ProbeInconclusive("no answer in time, but the event loop ran late")
+    answers: list[ProbeResult | ProbeInconclusive] = [late, late, None, *[late] * _INCONCLUSIVE_LIMIT]
+    seen: list[HealthState] = []  # the cluster's state as each probe starts
+    hang = asyncio.Event()
+
+    async def probe(_timeout: float) -> ProbeResult:
+        seen.append(record.state)
+        if not answers:
+            await hang.wait()  # the sequence is over: no more probes end
+        answer = answers.pop(0)
+        if isinstance(answer, ProbeInconclusive):
+            raise answer
+        return answer
+
+    task = asyncio.create_task(
+        record.probe_forever(probe, interval=0.05, timeout=0.05, backoff=mcr.Backoff(base=0.01, cap=0.01))
+    )
+    try:
+        await wait_until(lambda: len(seen) == 4 + _INCONCLUSIVE_LIMIT, what="every scripted probe")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    unknown, healthy = HealthState.UNKNOWN, HealthState.HEALTHY
+    assert seen == [unknown] * 3 + [healthy] * _INCONCLUSIVE_LIMIT + [HealthState.UNHEALTHY]
+    assert record.inconclusive == 2 + _INCONCLUSIVE_LIMIT - 1
+    assert record.unreachable and "event loop ran late" in (record.reason or "")

@@ -92,7 +92,7 @@ class Connection:
         self._open_lock = asyncio.Lock()
         self._closed = False
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
-        self.interrupted_by = "the circuit opened"
+        self.interrupted_by: str = "the circuit opened"
 
     def __repr__(self) -> str:
         return f"<Transport cluster={self.cluster!r} server={redacted_url(self.config.server)}>"

@@ -151,6 +151,22 @@ _TRIAL_AFTER = 1.0
 _FIRST_CHECK_GRACE = 5.0
 """The longest a member of an already probed server waits for a request to vouch for it."""
 
+
+class ProbeInconclusive(Exception):
+    """The probe got no answer, but its own process was too busy to hear one: no verdict.
+
+    A saturated event loop (a cold start of thousands of clusters, say) fires
+    a probe's timeout seconds after its deadline, and the answer may be
+    sitting unread. Calling the server silent then opens the circuit of every
+    cluster it serves and starts the probe storm that keeps the loop
+    saturated; the probe is tried again instead, and only a run of such
+    probes counts as a failure.
+    """
+
+
+_INCONCLUSIVE_LIMIT = 3
+"""Inconclusive probes in a row after which the next one counts as a failure after all."""
+
 ProbeResult = tuple[str, bool] | tuple[str, bool, bool] | None
 """What a probe found: ``None`` for a good answer, else why not, whether the server gave
 no answer at all (which opens the circuit) and, optionally, whether that silence is the
@@ -169,6 +185,8 @@ class HealthRecord:
         self.last_error: str | None = None
         self.last_error_at: float | None = None
         self.probes: int = 0
+        self.inconclusive: int = 0
+        """Probes whose timeout fired too late to tell anything (see :class:`ProbeInconclusive`)."""
         """Probes this cluster's loop sent (for tests and metrics: health is counted, not timed)."""
         self.verified_at: float = float("-inf")
         """``time.monotonic()`` of the last answer to this cluster's credential that was not 401."""
@@ -436,6 +454,8 @@ class HealthRecord:
         joined = time.monotonic()
         judged = False
         yielded = True
+        late_streak = 0
+        not_before = float("-inf")  # after an inconclusive probe: the next one no sooner
         while True:
             now = time.monotonic()  # from here to the probe nothing yields: what is due stays due
             if not judged:
@@ -465,6 +485,7 @@ class HealthRecord:
                     due = min(due, silent_since + pacer.server_interval(interval, budget))
                 if self._suspected:
                     due = min(due, last_probe + 1.0)  # evidence of trouble: look now, at most once a second
+            due = max(due, not_before)
             if due > now:
                 self._wake.clear()
                 try:
@@ -479,15 +500,25 @@ class HealthRecord:
                 yielded = True
                 continue  # and look again at what is due
             yielded = False
-            judged = True
+            was_judged, judged = judged, True
             last_probe = now
             self._suspected = False
             self.probes += 1
             try:
                 verdict = await probe(timeout)
+            except ProbeInconclusive as error:
+                late_streak += 1
+                if late_streak < _INCONCLUSIVE_LIMIT:
+                    self.inconclusive += 1
+                    log.debug("cluster %r: %s; probing again", self.cluster, error)
+                    judged = was_judged
+                    not_before = time.monotonic() + min(interval, max(1.0, timeout))
+                    continue
+                verdict = (str(error), True, True)  # a loop late probe after probe: count it
             except Exception as error:  # never a probe loop that crashes and leaves the cluster unexplained
                 log.error("cluster %r: the health probe raised %s", self.cluster, type(error).__name__)
                 verdict = (f"the health probe failed on our side ({type(error).__name__})", False)
+            late_streak = 0
             if verdict is None:
                 self.verified_at = time.monotonic()
                 server.heard(self.verified_at)

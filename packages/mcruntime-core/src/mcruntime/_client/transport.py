@@ -18,11 +18,14 @@ import aiohttp
 
 from .._base.errors import Unreachable
 from .connection import Connection
-from .health import ProbeResult
+from .health import ProbeInconclusive, ProbeResult
 from .pool import NoTurn, Turns
 from .retry import RETRY_STATUSES, retry_after_seconds
 from .retry import RetryPolicy as RetryPolicy  # a transport option, importable here too
 from .wording import NoAnswer, Unsendable, describe_connection_error, unexpected
+
+_LATE_LOOP = 1.0
+"""A probe's timeout that fired this many seconds late (or half its timeout) says nothing about the server."""
 
 
 class Transport(Connection):
@@ -145,6 +148,11 @@ class Transport(Connection):
                     "GET", "/version", None, None, None, "application/json", timeout, patient=True
                 )
             except NoAnswer as failure:
+                if failure.timed_out and failure.late > min(_LATE_LOOP, timeout / 2):
+                    raise ProbeInconclusive(
+                        f"no answer to GET /version in {timeout:g}s, but this process's event loop "
+                        f"ran {failure.late:.1f}s late: the silence may be ours"
+                    ) from None
                 if failure.timed_out:
                     return f"no answer to GET /version in {timeout:g}s", True, failure.whole_server
                 return f"GET /version failed: {failure.message}", True, failure.whole_server
@@ -210,6 +218,8 @@ class Transport(Connection):
             raise Unreachable("the cluster was stopped", cluster=self.cluster)
         client_timeout = self._timeout(timeout)
         interrupted = False
+        loop = asyncio.get_running_loop()
+        sent_at = loop.time()
         status = 0
         turns = self._turns
         try:
@@ -218,6 +228,7 @@ class Transport(Connection):
                 try:
                     if turns is not None:
                         client_timeout = await self._take_turn(turns, timeout, patient)
+                        sent_at = loop.time()
                     try:
                         async with session.request(
                             method,
@@ -248,7 +259,11 @@ class Transport(Connection):
             timed_out = isinstance(error, TimeoutError)
             # The server's own silence, not this cluster's TLS identity refused: all its clusters are cut off.
             whole_server = timed_out or (never_sent and not isinstance(error, aiohttp.ClientSSLError))
-            raise NoAnswer(describe_connection_error(error), never_sent, timed_out, whole_server) from None
+            failure = NoAnswer(describe_connection_error(error), never_sent, timed_out, whole_server)
+            if timed_out and client_timeout.total is not None:
+                # How much later than its deadline the timeout fired: our own event loop's lag.
+                failure.late = max(0.0, loop.time() - sent_at - client_timeout.total)
+            raise failure from None
         except Exception as error:
             # aiohttp's ValueError for a header it will not send, say: the same on every
             # attempt, so no retry; the cluster's health says what it was.

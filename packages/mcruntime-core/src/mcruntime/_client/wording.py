@@ -103,3 +103,5 @@ class NoAnswer(Exception):
         self.never_sent = never_sent
         self.timed_out = timed_out
         self.whole_server = whole_server
+        self.late = 0.0
+        """For a timeout: how many seconds after its deadline it fired (our event loop's lag)."""
