@@ -177,13 +177,21 @@ async def _run(bench: Bench, only: list[str], profile: Path | None) -> tuple[dic
     return results, failed
 
 
-def run(sizes: Sizes, out: Path, only: list[str], peers: list[str], profile: bool, seed_value: int) -> int:
+def run(
+    sizes: Sizes,
+    out: Path,
+    only: list[str],
+    peers: list[str],
+    profile: bool,
+    seed_value: int,
+    large_fleet: int | None = None,
+) -> int:
     """Build, start the fleet, run, write results.json, RESULTS.md and PNGs; return the exit status."""
     out.mkdir(parents=True, exist_ok=True)
     go_binary = build_go_peer(log) if any(name.startswith("go") for name in peers) else None
     description = machine()
     description["load average at start"] = _load()
-    clusters = large_fleet_sizes(sizes).clusters if "s12" in only else sizes.fleet_clusters
+    clusters = (large_fleet or large_fleet_sizes(sizes).clusters) if "s12" in only else sizes.fleet_clusters
     before, after = raise_fd_limit(4 * clusters + 4096)  # ~2.6 sockets per cluster in the peer
     if after != before:
         log(f"open-file limit raised from {before} to {after} (for {clusters} clusters)")
@@ -200,6 +208,8 @@ def run(sizes: Sizes, out: Path, only: list[str], peers: list[str], profile: boo
             }
             order = random.Random(seed_value)  # noqa: S311 (an order, not a secret)
             bench = Bench(planes, sizes, kinds, work / "runs", log, go_binary=go_binary, rng=order)
+            if large_fleet is not None:
+                bench.notes["s12_clusters"] = large_fleet
             profile_path = work / "profile_s1.prof" if profile else None  # summarised into RESULTS.md
             results, failed = asyncio.run(_run(bench, only, profile_path))
     description["load average at end"] = _load()
@@ -231,6 +241,8 @@ def main() -> None:
         action="store_true",
         help="smoke: profile like a full run (S1, and every scenario whose goal mcruntime misses)",
     )
+    parser.add_argument("--large-fleet", type=int, help="S12's clusters instead of its size (10,000 in full)")
+    parser.add_argument("--no-profile", action="store_true", help="all: no profiled reruns of missed goals")
     parser.add_argument("--seed", type=int, help="seed of the peers' order (default: drawn, recorded)")
     parser.add_argument("--results", type=Path, help="report mode: the results.json to render")
     args = parser.parse_args()
@@ -248,8 +260,8 @@ def main() -> None:
     if args.mode == "smoke":
         out = args.out or Path(tempfile.mkdtemp(prefix="mcruntime-bench-smoke-"))
         log(f"smoke run into {out}")
-        sys.exit(run(SMOKE, out, only, peers, profile=args.profile, seed_value=seed_value))
-    sys.exit(run(FULL, args.out or HERE, only, peers, profile=True, seed_value=seed_value))
+        sys.exit(run(SMOKE, out, only, peers, args.profile, seed_value, args.large_fleet))
+    sys.exit(run(FULL, args.out or HERE, only, peers, not args.no_profile, seed_value, args.large_fleet))
 
 
 if __name__ == "__main__":

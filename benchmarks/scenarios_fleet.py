@@ -326,7 +326,8 @@ async def s9_fleet(bench: Bench) -> dict[str, Any]:
 async def s12_large_fleet(bench: Bench) -> dict[str, Any]:
     """S9 at 10,000 clusters on one replica; the Go peer is stopped after its time limit, where it got."""
     sizes = large_fleet_sizes(bench.sizes)
-    return await _fleet(bench, "s12", sizes.clusters, sizes.go_seconds)
+    clusters = int(bench.notes.get("s12_clusters", sizes.clusters))  # run.py --large-fleet
+    return await _fleet(bench, "s12", clusters, sizes.go_seconds)
 
 
 # --- S10 the garbage collector --------------------------------------------------------------
