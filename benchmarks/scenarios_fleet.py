@@ -255,8 +255,10 @@ async def _fleet(bench: Bench, key: str, count: int, go_seconds: float | None) -
 
     Each peer first runs over an empty directory for its baseline, then over
     all N files present at start (so no peer rescans N times); RSS per cluster
-    is the difference over N (over the clusters it engaged, when the Go peer
-    ran out of its ``go_seconds``).
+    is the difference over N (over the clusters it engaged, when a peer ran
+    out of time). With ``go_seconds`` (S12) no peer fails the scenario by being
+    slow: the Go peer is measured where it got after ``go_seconds``, mcruntime
+    after ``Sizes.timeout``; without (S9) a peer that times out fails it.
     """
     sizes = bench.sizes
     started = time.monotonic()
