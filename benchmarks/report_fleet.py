@@ -85,7 +85,7 @@ SECTIONS = (
     ),
     Section(
         "s12",
-        "S12 10,000 clusters on one replica",
+        "S12 a large fleet on one replica (10,000 clusters in a full run)",
         (
             Column("clusters_done", "clusters with every object reconciled", 0),
             Column("elapsed_s", "measured at (s from spawn)", 0),
@@ -151,10 +151,10 @@ INTRO = {
         "engages one cluster at a time.",
     ),
     "s12": (
-        "S9 at ten times the size: {clusters:,} kubeconfig files, a token user each, over {planes} API",
-        "servers, one informer per cluster ({objects} ConfigMaps each), all present when the peer",
-        "starts. RSS per cluster as in S9 (over the clusters the peer had engaged, for a peer stopped",
-        "early). The Go peer (the concurrent variant) is given {go_seconds:g} s to engage them; where",
+        "S9 at the size one replica is meant to carry: {clusters:,} kubeconfig files, a token user",
+        "each, over {planes} API servers, one informer per cluster ({objects} ConfigMaps each), all",
+        "present when the peer starts. RSS per cluster as in S9 (over the clusters the peer had",
+        "engaged, for a peer stopped early). The Go peer (the concurrent variant) is given {go_seconds:g} s to engage them; where",
         "it has not finished, its row is where it got by then (no engage-all or idle figure). *First",
         "health verdicts unhealthy*: clusters whose first health verdict (`mcruntime.health`'s log",
         "line) was unhealthy; every cluster here is healthy, so each one is a false alarm. *Unhealthy",
