@@ -313,6 +313,7 @@ async def _fleet(bench: Bench, key: str, count: int, go_seconds: float | None) -
     result["peers"] = summary
     if go_seconds is not None:
         result["go_seconds"] = go_seconds
+        result["timeout"] = sizes.timeout
     return result
 
 
