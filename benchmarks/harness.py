@@ -16,6 +16,7 @@ import ctypes
 import hashlib
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -102,6 +103,29 @@ def build_go_peer(log: Callable[[str], None]) -> Path:
     os.replace(partial, binary)
     log(f"Go peer: built in {time.monotonic() - started:.0f}s -> {binary}")
     return binary
+
+
+def raise_fd_limit(wanted: int) -> tuple[int, int]:
+    """Raise this process's open-file limit to ``wanted`` (children inherit it); return (before, after).
+
+    The soft limit rises to the hard one; the hard one rises too only where
+    the harness may (root, up to ``fs.nr_open``). Peers and control planes
+    started afterwards inherit it: a fleet of N clusters over HTTP/1.1 holds
+    about 2.6 N sockets in the peer (one per watch, plus pooled ones).
+    Never lowers a limit.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    before = soft
+    target = max(soft, wanted)
+    if hard != resource.RLIM_INFINITY and target > hard:
+        with contextlib.suppress(OSError, ValueError):
+            ceiling = int(Path("/proc/sys/fs/nr_open").read_text())
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(target, ceiling), min(target, ceiling)))
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = min(target, hard) if hard != resource.RLIM_INFINITY else target
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return before, resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 # --- peer processes ---------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Scenarios S7-S11: writes, CPU per event, 1,000 clusters, the garbage collector, a hung cluster.
+"""Scenarios S7-S12: writes, CPU per event, 1,000 clusters, the GC, a hung cluster, 10,000 clusters.
 
 Like ``scenarios.py``, each runs its peers one at a time, in an order drawn
 from the bench's seeded generator, and returns plain JSON-able data with
@@ -13,14 +13,17 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness import BenchError, Peer, percentile, running, write_kubeconfig, write_load
 from scenarios import (
     BULK,
+    FULL,
     SMALL,
     Bench,
+    Sizes,
     _all_reconciled,
     _completed_at,
     _matched,
@@ -92,8 +95,9 @@ async def profile(bench: Bench, scenario: str, path: Path) -> dict[str, Any] | N
     if scenario == "s2":
         rate, seconds = sizes.s2_rate, sizes.s2_seconds
         await write_run(bench, "mcruntime", BULK, sizes.bulk_objects, rate, seconds, "s2p", extra)
-    elif scenario == "s9" and "s9_documents" in bench.notes:
-        await _fleet_run(bench, "mcruntime", bench.notes["s9_documents"], "s9p", extra)
+    elif scenario in ("s9", "s12") and f"{scenario}_documents" in bench.notes:
+        documents = bench.notes[f"{scenario}_documents"]
+        await _fleet_run(bench, "mcruntime", documents, f"{scenario}p", extra, limit=sizes.timeout)
     elif scenario == "s7":
         await _s7_run(bench, "mcruntime", "s7-profile", extra)
     elif scenario == "s8":
@@ -138,16 +142,42 @@ async def s8_steady_cpu(bench: Bench) -> dict[str, Any]:
     return {"rate": sizes.cpu_rate, "seconds": sizes.cpu_seconds, "peers": _summary(runs)}
 
 
-# --- S9 1,000 clusters ----------------------------------------------------------------------
+# --- S9 1,000 clusters and S12 10,000 clusters ---------------------------------------------
 
 
-async def _token_users(planes: Sequence[ControlPlane], count: int) -> list[tuple[str, dict[str, Any]]]:
+@dataclass(frozen=True)
+class LargeFleetSizes:
+    """S12's sizes (kept here, not in ``Sizes``, so other scenarios' sizes are untouched).
+
+    S12 is S9 at the size one replica is meant to carry: the same objects per
+    cluster and the same idle window (``Sizes.fleet_objects``,
+    ``fleet_idle_seconds``), ten times the clusters. The Go peer is given
+    ``go_seconds`` to engage them and is then measured where it got.
+    """
+
+    clusters: int
+    go_seconds: float
+
+
+FULL_LARGE_FLEET = LargeFleetSizes(clusters=10_000, go_seconds=300.0)
+SMOKE_LARGE_FLEET = LargeFleetSizes(clusters=30, go_seconds=60.0)
+
+
+def large_fleet_sizes(sizes: Sizes) -> LargeFleetSizes:
+    """S12's sizes for a run of ``sizes``."""
+    return FULL_LARGE_FLEET if sizes == FULL else SMOKE_LARGE_FLEET
+
+
+async def _token_users(
+    planes: Sequence[ControlPlane], count: int, prefix: str = "fleet"
+) -> list[tuple[str, dict[str, Any]]]:
     """``count`` kubeconfig documents, each for a token user of its own, spread over ``planes``."""
     limit = asyncio.Semaphore(8)
+    digits = max(4, len(str(count - 1)))
 
     async def one(index: int) -> tuple[str, dict[str, Any]]:
         plane = planes[index % len(planes)]
-        context = f"fleet-{index:04d}"
+        context = f"{prefix}-{index:0{digits}d}"
         async with limit:
             user = await asyncio.to_thread(plane.add_token_user, f"bench-{context}")
         document = plane.kubeconfig(user)
@@ -158,79 +188,149 @@ async def _token_users(planes: Sequence[ControlPlane], count: int) -> list[tuple
     return list(await asyncio.gather(*(one(index) for index in range(count))))
 
 
+def _clusters_done(peer: Peer, objects: int) -> int:
+    """How many clusters have ``objects`` objects reconciled."""
+    return sum(1 for names in peer.seen.values() if len(names) >= objects)
+
+
 async def _fleet_run(
     bench: Bench,
     kind: str,
     documents: list[tuple[str, dict[str, Any]]],
     label: str,
     extra: Sequence[str] = (),
-) -> tuple[float, float, dict[str, float]]:
-    """One peer over every document's file from the start: (engage-all s, idle CPU s, sample)."""
+    limit: float | None = None,
+) -> dict[str, Any]:
+    """One peer over every document's file from the start; its figures.
+
+    ``limit``: seconds the peer may take to engage all; past it the peer is
+    measured where it got (``done`` clusters, no idle figure: it is not idle)
+    instead of failing the scenario.
+    """
     sizes = bench.sizes
     directory = bench.directory(label)
     for context, document in documents:
         write_kubeconfig(directory / f"{context}.kubeconfig", [], document)
     names = [context for context, _ in documents]
+    objects = sizes.fleet_objects
     async with running(bench.peer(kind, directory, FLEET, extra)) as peer:
-        await peer.wait_until(
-            _all_reconciled(peer, names, sizes.fleet_objects), sizes.timeout, f"{len(names)} clusters"
-        )
-        engage = _completed_at(peer) - peer.spawned
-        await asyncio.sleep(2.0)
-        idle_before = peer.cpu_seconds()
-        await asyncio.sleep(sizes.fleet_idle_seconds)
-        idle = peer.cpu_seconds() - idle_before
+
+        def all_done() -> bool:  # cheap first test: it runs after every batch of records
+            return len(peer.seen) >= len(names) and _all_reconciled(peer, names, objects)()
+
+        finished = True
+        try:
+            wait = sizes.timeout if limit is None else limit
+            await peer.wait_until(all_done, wait, f"{len(names)} clusters")
+        except BenchError as error:
+            if limit is None or "timed out" not in str(error):
+                raise
+            finished = False
+        elapsed = time.time() - peer.spawned
+        done = _clusters_done(peer, objects)
+        engage = _completed_at(peer) - peer.spawned if finished else float("nan")
+        idle = float("nan")
+        if finished:
+            await asyncio.sleep(2.0)
+            idle_before = peer.cpu_seconds()
+            await asyncio.sleep(sizes.fleet_idle_seconds)
+            idle = peer.cpu_seconds() - idle_before
+        if "--profile" in extra:
+            await peer.command("profile")  # the statistics so far: engage and idle, not the shutdown
         sample = await peer.sample()
-    return engage, idle, sample
+        stats = await peer.command("stats")
+    return {
+        "engage": engage,
+        "elapsed": elapsed,
+        "done": done,
+        "started": len(peer.seen),
+        "idle": idle,
+        "sample": sample,
+        "health": {key: value for key, value in stats.items() if key.startswith("health_")},
+    }
 
 
-async def s9_fleet(bench: Bench) -> dict[str, Any]:
-    """N distinct kubeconfig files (a token user each) over every plane: engage, memory, fds, idle CPU.
+async def _fleet(bench: Bench, key: str, count: int, go_seconds: float | None) -> dict[str, Any]:
+    """S9 and S12: ``count`` kubeconfig files over every plane; engage, memory, fds, idle CPU, health.
 
     Each peer first runs over an empty directory for its baseline, then over
     all N files present at start (so no peer rescans N times); RSS per cluster
-    is the difference over N. Go's file provider as shipped engages one cluster
-    at a time and is left out (it would take minutes for reasons of design).
+    is the difference over N (over the clusters it engaged, when a peer ran
+    out of time). With ``go_seconds`` (S12) no peer fails the scenario by being
+    slow: the Go peer is measured where it got after ``go_seconds``, mcruntime
+    after ``Sizes.timeout``; without (S9) a peer that times out fails it.
     """
     sizes = bench.sizes
-    count = sizes.fleet_clusters
     started = time.monotonic()
-    documents = await _token_users(bench.planes, count)
-    bench.notes["s9_documents"] = documents
-    bench.log(f"S9: {count} token users in {time.monotonic() - started:.0f}s")
+    documents = await _token_users(bench.planes, count, key)
+    bench.notes[f"{key}_documents"] = documents
+    bench.log(f"{key.upper()}: {count} token users in {time.monotonic() - started:.0f}s")
     runs: dict[str, list[dict[str, Any]]] = {}
+    extras: dict[str, dict[str, Any]] = {}
     for kind in bench.multicluster(shipped=False):
-        empty = bench.directory(f"s9-{kind}-empty")
+        empty = bench.directory(f"{key}-{kind}-empty")
         async with running(bench.peer(kind, empty, FLEET)) as peer:
             await peer.wait_until(lambda: peer.started is not None, sizes.timeout, "start")
             await asyncio.sleep(1.0)
             base = await peer.sample()
-        engage, idle, sample = await _fleet_run(bench, kind, documents, f"s9-{kind}")
-        runs[kind] = [
-            {
-                "engage_all_s": engage,
-                "rss_base": base["rss"],
-                "rss": sample["rss"],
-                "rss_per_cluster_mib": (sample["rss"] - base["rss"]) / count,
-                "heap_per_cluster_mib": (sample["heap"] - base["heap"]) / count,
-                "anon_per_cluster_mib": (sample["rss_anon"] - base["rss_anon"]) / count,
-                "fds": sample["fds"],
-                "idle_cpu_ms_per_s": idle * 1000 / sizes.fleet_idle_seconds,
-                "idle_cpu_us_per_s_per_cluster": idle * 1e6 / sizes.fleet_idle_seconds / count,
-                "cpu_s": sample["cpu_s"],
-            }
-        ]
+        limit = None if go_seconds is None else go_seconds if kind.startswith("go") else sizes.timeout
+        run = await _fleet_run(bench, kind, documents, f"{key}-{kind}", limit=limit)
+        sample = run["sample"]
+        engaged = count if run["done"] == count else max(sample["clusters"], 1.0)
+        figures: dict[str, Any] = {
+            "engage_all_s": run["engage"],
+            "clusters_done": run["done"],
+            "clusters_started": run["started"],
+            "clusters_engaged": sample["clusters"],
+            "elapsed_s": run["elapsed"],
+            "rss_base": base["rss"],
+            "rss": sample["rss"],
+            "rss_per_cluster_mib": (sample["rss"] - base["rss"]) / engaged,
+            "heap_per_cluster_mib": (sample["heap"] - base["heap"]) / engaged,
+            "anon_per_cluster_mib": (sample["rss_anon"] - base["rss_anon"]) / engaged,
+            "fds": sample["fds"],
+            "idle_cpu_ms_per_s": run["idle"] * 1000 / sizes.fleet_idle_seconds,
+            "idle_cpu_us_per_s_per_cluster": run["idle"] * 1e6 / sizes.fleet_idle_seconds / count,
+            "cpu_s": sample["cpu_s"],
+        }
+        health = run["health"]
+        if health:
+            figures["first_probe_failures"] = health["health_first_unhealthy"]
+            figures["first_probe_passes"] = health["health_first_healthy"]
+            figures["unhealthy_transitions"] = health["health_unhealthy_transitions"]
+            extras[kind] = {"unhealthy_reasons": health["health_reasons"]}
+        runs[kind] = [figures]
         bench.log(
-            f"S9 {kind}: {count} clusters engaged in {engage:.1f}s, "
-            f"{runs[kind][0]['rss_per_cluster_mib']:.2f} MiB/cluster, {sample['fds']:.0f} fds, "
-            f"idle {runs[kind][0]['idle_cpu_ms_per_s']:.1f} CPU ms/s"
+            f"{key.upper()} {kind}: {run['done']}/{count} clusters done in {run['elapsed']:.1f}s "
+            f"(engage all {run['engage']:.1f}s), {figures['rss_per_cluster_mib']:.3f} MiB/cluster, "
+            f"{sample['fds']:.0f} fds, idle {figures['idle_cpu_ms_per_s']:.1f} CPU ms/s, "
+            f"health {health or '-'}"
         )
-    return {
-        "clusters": count,
-        "planes": len(bench.planes),
-        "objects": sizes.fleet_objects,
-        "peers": _summary(runs),
-    }
+    summary = _summary(runs)
+    for kind, extra in extras.items():
+        summary[kind].update(extra)
+    result: dict[str, Any] = {"clusters": count, "planes": len(bench.planes), "objects": sizes.fleet_objects}
+    result["peers"] = summary
+    if go_seconds is not None:
+        result["go_seconds"] = go_seconds
+        result["timeout"] = sizes.timeout
+    return result
+
+
+async def s9_fleet(bench: Bench) -> dict[str, Any]:
+    """1,000 distinct kubeconfig files (a token user each) over every plane (see :func:`_fleet`).
+
+    Go's file provider as shipped engages one cluster at a time and is left
+    out (it would take minutes for reasons of design).
+    """
+    return await _fleet(bench, "s9", bench.sizes.fleet_clusters, None)
+
+
+async def s12_large_fleet(bench: Bench) -> dict[str, Any]:
+    """S9 at 10,000 clusters on one replica; the Go peer is stopped after its time limit, where it got."""
+    sizes = large_fleet_sizes(bench.sizes)
+    clusters = int(bench.notes.get("s12_clusters", sizes.clusters))  # run.py --large-fleet
+    return await _fleet(bench, "s12", clusters, sizes.go_seconds)
 
 
 # --- S10 the garbage collector --------------------------------------------------------------

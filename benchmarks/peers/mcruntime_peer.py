@@ -15,6 +15,7 @@ import asyncio
 import cProfile
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from peerio import PeerIO, start_record, written_at
@@ -25,6 +26,54 @@ from mcruntime_file import KubeconfigFileProvider
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
 
 
+class HealthTally(logging.Handler):
+    """Counts the health verdicts the clusters log (``mcruntime.health``), for the fleet scenarios.
+
+    Every change of a cluster's health state is one log line, so counting them
+    misses none, however brief, and needs no hook in the core. A cluster whose
+    *first* verdict is unhealthy was judged sick before it had a chance: in the
+    benchmark every cluster is healthy, so each one is a false alarm.
+    Records at WARNING or above still reach the root logger's handlers.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.first: dict[str, str] = {}  # cluster -> its first verdict
+        self.unhealthy = 0  # transitions to unhealthy, first or not
+        self.reasons: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg == "cluster %r is %s%s" and isinstance(record.args, tuple) and len(record.args) == 3:
+            cluster, state, reason = record.args
+            self.first.setdefault(str(cluster), str(state))
+            if state == "unhealthy":
+                self.unhealthy += 1
+                key = str(reason).removeprefix(": ")[:120]
+                self.reasons[key] = self.reasons.get(key, 0) + 1
+        if record.levelno >= logging.WARNING:
+            logging.getLogger().handle(record)
+
+    def figures(self) -> dict[str, object]:
+        """The tally for a ``stats`` answer."""
+        firsts = list(self.first.values())
+        return {
+            "health_first_unhealthy": firsts.count("unhealthy"),
+            "health_first_healthy": firsts.count("healthy"),
+            "health_unhealthy_transitions": self.unhealthy,
+            "health_reasons": dict(sorted(self.reasons.items(), key=lambda item: -item[1])[:5]),
+        }
+
+
+def tally_health() -> HealthTally:
+    """Install a :class:`HealthTally` on mcruntime's health logger and return it."""
+    tally = HealthTally()
+    logger = logging.getLogger("mcruntime.health")
+    logger.addHandler(tally)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # INFO lines stay out of stderr; the tally forwards warnings
+    return tally
+
+
 async def serve(
     directory: Path,
     namespace: str,
@@ -33,8 +82,11 @@ async def serve(
     mode: str,
     run_id: str,
     gc_freeze: bool = True,
+    profiled: Callable[[], None] | None = None,
 ) -> None:
     """Run the manager until stdin closes.
+
+    ``profiled`` (with ``--profile``) writes the statistics so far, on the ``profile`` command.
 
     The cache holds the benchmark's namespace only, as the Go peer's
     (controller-runtime's ``DefaultNamespaces``) does.
@@ -45,7 +97,9 @@ async def serve(
     else:
         provider = KubeconfigFileProvider(directory, naming="context", options=options, debounce=debounce)
     manager = mcr.Manager(provider, handle_signals=False, gc_freeze=gc_freeze)
-    io = PeerIO(lambda: len(manager.clusters()))
+    tally = tally_health()
+    commands = {"profile": profiled} if profiled is not None else None
+    io = PeerIO(lambda: len(manager.clusters()), tally.figures, commands)
     io.emit(start_record())
 
     async def reconcile(request: mcr.Request) -> None:
@@ -123,9 +177,16 @@ def main() -> None:
         asyncio.run(serve(*arguments))
         return
     profiler = cProfile.Profile()
+    path = args.profile
+
+    def dump() -> None:  # statistics up to now; the profiler keeps running
+        profiler.disable()
+        profiler.dump_stats(path)
+        profiler.enable()
+
     profiler.enable()
     try:
-        asyncio.run(serve(*arguments))
+        asyncio.run(serve(*arguments, profiled=dump))
     finally:
         profiler.disable()
         profiler.dump_stats(args.profile)

@@ -89,9 +89,19 @@ def heap_bytes() -> int | None:
 class PeerIO:
     """Buffers records for stdout and answers ``stats``/``gc`` commands from stdin."""
 
-    def __init__(self, clusters: Callable[[], int]) -> None:
-        """``clusters`` counts the engaged clusters for ``stats`` answers."""
+    def __init__(
+        self,
+        clusters: Callable[[], int],
+        extra: Callable[[], dict[str, Any]] | None = None,
+        commands: dict[str, Callable[[], None]] | None = None,
+    ) -> None:
+        """``clusters`` counts the engaged clusters for ``stats`` answers; ``extra`` adds figures to them.
+
+        ``commands``: more stdin commands by name, each answered with ``{"ev": name}`` once done.
+        """
         self._clusters = clusters
+        self._extra = extra
+        self._commands = commands or {}
         self._pending: list[str] = []
         self.closed = asyncio.Event()
 
@@ -108,11 +118,15 @@ class PeerIO:
 
     def _command(self, line: str) -> None:
         if line == "stats":
-            self.emit({"ev": "stats", "clusters": self._clusters(), "tasks": len(asyncio.all_tasks())})
+            extra = self._extra() if self._extra is not None else {}
+            self.emit({"ev": "stats", "clusters": self._clusters(), "tasks": len(asyncio.all_tasks()), **extra})
         elif line == "gc":
             gc.collect()
             trim_malloc()
             self.emit({"ev": "gc", "heap": heap_bytes()})
+        elif line in self._commands:
+            self._commands[line]()
+            self.emit({"ev": line})
         self.flush()
 
     async def run(self) -> None:

@@ -23,6 +23,7 @@ from kube_helpers import CONFIGMAP, configmap, running_cluster, unique
 import mcruntime as mcr
 from mcruntime._base.backoff import Backoff
 from mcruntime._client.health import HealthRecord
+from mcruntime._client.transport import Transport
 from mcruntime.cache import Informer
 from mcruntime.client import HealthState
 from mcruntime.testing import ControlPlane, Fleet, running, wait_until
@@ -256,3 +257,48 @@ async def test_a_set_cancelled_halfway_still_replaces_and_starts_the_cluster(fle
         ns = unique("cancelled")
         await new.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         assert await new.client.create(configmap("x", ns)) is not None
+
+
+async def test_a_circuit_opening_again_before_an_interrupted_request_ends_interrupts_the_others(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """S12 at 10,000 clusters: circuits flapped and each later opening raised, leaving requests waiting."""
+    config = mcr.kubeconfig_from_dict(
+        {
+            "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:9"}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "x",
+        }
+    )
+    transport = Transport(config, "flapping")
+    entered: list[asyncio.Timeout] = []
+    cleaned_up = asyncio.Event()
+
+    async def waiting_on_the_server() -> None:  # what a request does while it waits for an answer
+        async with asyncio.timeout(None) as waiting:
+            transport._waiting.add(waiting)
+            entered.append(waiting)
+            try:
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    await cleaned_up.wait()  # cleanup that awaits (a connection closing, say)
+                    raise
+            finally:
+                transport._waiting.discard(waiting)
+
+    first = asyncio.create_task(waiting_on_the_server())
+    await wait_until(lambda: len(entered) == 1, timeout=5)
+    transport.health.unhealthy("first outage", unreachable=True)  # interrupts the first request
+    await wait_until(entered[0].expired, timeout=5)  # which is still cleaning up, so still waiting
+    second = asyncio.create_task(waiting_on_the_server())
+    await wait_until(lambda: len(entered) == 2, timeout=5)
+    transport.health.contact(200)  # the server answered: the circuit closes
+    transport.health.unhealthy("second outage", unreachable=True)  # and opens again
+    cleaned_up.set()
+    done, pending = await asyncio.wait({first, second}, timeout=60)  # a guard, not a measurement
+    assert not pending, "a request the second opening should have interrupted is still waiting"
+    assert all(isinstance(task.exception(), TimeoutError) for task in done)
+    assert not [record for record in caplog.records if "circuit listener failed" in record.getMessage()]
+    await transport.close()

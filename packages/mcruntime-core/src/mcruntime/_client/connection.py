@@ -356,6 +356,9 @@ class Connection:
         if self._waiting:
             now = asyncio.get_running_loop().time()
             for waiting in list(self._waiting):
-                waiting.reschedule(now)
+                # One the circuit already ended (opened, closed, opened again before that
+                # request ran) is on its way out; rescheduling it would raise and leave the rest.
+                if not waiting.expired():
+                    waiting.reschedule(now)
         for response in list(self._streams):
             response.close()

@@ -14,7 +14,7 @@ import base64
 import logging
 import os
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._config.material import MaterialFiles
@@ -64,6 +64,23 @@ def certificate_of(user: Mapping[str, Any]) -> tuple[Any, Any]:
     )
 
 
+def _trusting(cluster: Mapping[str, Any], ca_file: Callable[[], str | None]) -> ssl.SSLContext:
+    """A default client context trusting the cluster's CA.
+
+    Inline CA data (PEM, public) is loaded from memory: an in-memory file for
+    it would hold a descriptor for as long as the cluster runs, one per
+    cluster, and a fleet of 10,000 on one replica would spend half of a
+    20,000 open-file limit on copies of a few CAs. Data that is not PEM text
+    goes through a file as before, so OpenSSL reports what is wrong with it.
+    """
+    data = cluster.get("certificate-authority-data")
+    if data:
+        pem = base64.b64decode(str(data).replace("\r", "").replace("\n", ""))
+        if pem.lstrip().startswith(b"-----BEGIN"):
+            return ssl.create_default_context(cadata=pem.decode("ascii"))
+    return ssl.create_default_context(cafile=ca_file())
+
+
 class MaterialPaths:
     """A transport's certificates and keys as paths: the file a kubeconfig names, or inline data in memory."""
 
@@ -91,8 +108,7 @@ class MaterialPaths:
         self, cluster_name: str, cluster: Mapping[str, Any], user: Mapping[str, Any]
     ) -> ssl.SSLContext:
         """The TLS context for a kubeconfig cluster entry and user entry."""
-        ca_file = self.path("certificate-authority", cluster)
-        context = ssl.create_default_context(cafile=ca_file)
+        context = _trusting(cluster, lambda: self.path("certificate-authority", cluster))
         # Python 3.13 made its defaults stricter than client-go's verifier (a CA without
         # key identifiers is refused); kubectl trusts such clusters, so we do too.
         context.verify_flags &= ~ssl.VERIFY_X509_STRICT
