@@ -10,6 +10,7 @@ with are ``connection.py``'s; TLS material is ``tls.py``'s.
 from __future__ import annotations
 
 import asyncio
+import math
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -262,7 +263,11 @@ class Transport(Connection):
             failure = NoAnswer(describe_connection_error(error), never_sent, timed_out, whole_server)
             if timed_out and client_timeout.total is not None:
                 # How much later than its deadline the timeout fired: our own event loop's lag.
-                failure.late = max(0.0, loop.time() - sent_at - client_timeout.total)
+                # (aiohttp rounds a deadline over ``ceil_threshold`` seconds up to a whole second.)
+                deadline = sent_at + client_timeout.total
+                if client_timeout.total > client_timeout.ceil_threshold:
+                    deadline = math.ceil(deadline)
+                failure.late = max(0.0, loop.time() - deadline)
             raise failure from None
         except Exception as error:
             # aiohttp's ValueError for a header it will not send, say: the same on every
