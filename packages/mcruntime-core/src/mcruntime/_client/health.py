@@ -185,9 +185,9 @@ class HealthRecord:
         self.last_error: str | None = None
         self.last_error_at: float | None = None
         self.probes: int = 0
+        """Probes this cluster's loop sent (for tests and metrics: health is counted, not timed)."""
         self.inconclusive: int = 0
         """Probes whose timeout fired too late to tell anything (see :class:`ProbeInconclusive`)."""
-        """Probes this cluster's loop sent (for tests and metrics: health is counted, not timed)."""
         self.verified_at: float = float("-inf")
         """``time.monotonic()`` of the last answer to this cluster's credential that was not 401."""
         self.server: ServerLiveness | None = None
@@ -514,7 +514,7 @@ class HealthRecord:
                     judged = was_judged
                     not_before = time.monotonic() + min(interval, max(1.0, timeout))
                     continue
-                verdict = (str(error), True, True)  # a loop late probe after probe: count it
+                verdict = (str(error), True, True)  # late probe after late probe: count it as silence
             except Exception as error:  # never a probe loop that crashes and leaves the cluster unexplained
                 log.error("cluster %r: the health probe raised %s", self.cluster, type(error).__name__)
                 verdict = (f"the health probe failed on our side ({type(error).__name__})", False)
