@@ -296,7 +296,9 @@ async def test_losing_one_fence_blocks_nothing_else(fleet: Fleet) -> None:
             await wait_until(renewed, timeout=15)
             seat.names.add("late")
             await wait_until(lambda: coordinator.owned == {"fine", "late"}, timeout=20)
-            assert seat.work.admits("fine") and seat.work.admits("late") and not seat.work.admits("stuck")
+            # The fence is held first, then the gate opens for it: wait for that, not just the fence.
+            await wait_until(lambda: seat.work.admits("late"), timeout=20)
+            assert seat.work.admits("fine") and not seat.work.admits("stuck")
 
 
 class Partition:
