@@ -7,12 +7,21 @@ cluster; a lookup that misses refreshes it, at most once per
 a small token bucket (a burst of a few, then one per ``min_refresh_interval``),
 so a CRD installed a moment ago is found at once while a controller polling for
 an absent kind cannot hammer the server.
+
+What a server serves does not depend on who asks, so clusters that reach the
+same server the same way (equal endpoint fingerprints: URL, trust, proxy)
+share its last answer: a thousand clusters of one server cold-start with one
+load, not a thousand, and an informer retrying its LIST does not reload what a
+sibling loaded a moment ago. A shared load that fails (a revoked credential,
+say) is not taken as the server's answer: each waiting cluster then loads on
+its own, so one cluster's trouble never stands in for another's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,11 +38,42 @@ _AGGREGATED = (
 )
 
 
-class Discovery:
-    """A per-cluster map from :class:`Kind` to :class:`Resource`."""
+class _ServerSurface:
+    """The last load of one server's resources, whichever of its clusters made it."""
 
-    def __init__(self, transport: Transport, *, min_refresh_interval: float = 5.0, burst: int = 3) -> None:
+    __slots__ = ("__weakref__", "loaded_at", "loading", "resources")
+
+    def __init__(self) -> None:
+        self.resources: dict[Kind, Resource] = {}
+        self.loaded_at: float | None = None
+        # The load in flight: resolves to its resources, or to None if it failed.
+        self.loading: asyncio.Future[dict[Kind, Resource] | None] | None = None
+
+
+# Held by the Discovery objects of live clusters only: a server's entry goes with its last cluster.
+_SURFACES: weakref.WeakValueDictionary[str, _ServerSurface] = weakref.WeakValueDictionary()
+
+
+def _surface(key: str) -> _ServerSurface:
+    found = _SURFACES.get(key)
+    if found is None:
+        found = _SURFACES[key] = _ServerSurface()
+    return found
+
+
+class Discovery:
+    """A per-cluster map from :class:`Kind` to :class:`Resource`, shared per server."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        min_refresh_interval: float = 5.0,
+        burst: int = 3,
+        share: bool = True,
+    ) -> None:
         self._transport = transport
+        self._shared = _surface(transport.config.endpoint_fingerprint()) if share else None
         self._min_interval = min_refresh_interval
         self._burst = burst
         self._tokens = float(burst)
@@ -49,6 +89,8 @@ class Discovery:
         found = self._resources.get(kind)
         if found is not None:
             return found
+        if self._adopt(kind):
+            return self._resources[kind]
         if self._loaded_at is None or self._take_token():
             await self.refresh()
         found = self._resources.get(kind)
@@ -66,11 +108,58 @@ class Discovery:
         self._tokens -= 1
         return True
 
+    def _adopt(self, kind: Kind) -> bool:
+        """Take a sibling's newer load if it knows ``kind`` (no request)."""
+        shared = self._shared
+        if shared is None or shared.loaded_at is None or kind not in shared.resources:
+            return False
+        if self._loaded_at is None or shared.loaded_at > self._loaded_at:
+            self._resources, self._loaded_at = shared.resources, shared.loaded_at
+            return True
+        return False
+
     async def refresh(self) -> None:
-        """Reload everything; concurrent callers share one reload."""
+        """Reload everything; concurrent callers share one reload, and so do a server's clusters."""
         if self._refreshing is None or self._refreshing.done():
-            self._refreshing = asyncio.create_task(self._load(), name=f"discovery:{self._transport.cluster}")
+            name = f"discovery:{self._transport.cluster}"
+            self._refreshing = asyncio.create_task(self._refresh(), name=name)
         await asyncio.shield(self._refreshing)
+
+    async def _refresh(self) -> None:
+        shared = self._shared
+        if shared is None:
+            self._publish(await self._load())
+            return
+        # A sibling loading right now gets an answer as new as ours would be. If its load
+        # fails, the failure may be its own (a revoked credential, a cluster stopped
+        # mid-load): one more shared try, then every waiter loads on its own.
+        for _ in range(2):
+            if shared.loading is None:
+                break
+            resources = await asyncio.shield(shared.loading)
+            if resources is not None:
+                self._resources, self._loaded_at = resources, shared.loaded_at
+                return
+        if shared.loading is not None:
+            self._publish(await self._load())
+            return
+        loading = shared.loading = asyncio.get_running_loop().create_future()
+        resources = None
+        try:
+            resources = await self._load()
+            self._publish(resources)
+        finally:
+            if shared.loading is loading:
+                shared.loading = None
+            loading.set_result(resources)
+
+    def _publish(self, resources: dict[Kind, Resource]) -> None:
+        self._resources = resources
+        self._loaded_at = time.monotonic()
+        self.refreshes += 1
+        shared = self._shared
+        if shared is not None:
+            shared.resources, shared.loaded_at = resources, self._loaded_at
 
     async def close(self) -> None:
         """Cancel a refresh in flight (the cluster is stopping)."""
@@ -92,7 +181,7 @@ class Discovery:
             raise error_from_status(status, _decode(body), cluster=self._transport.cluster)
         return orjson.loads(body)
 
-    async def _load(self) -> None:
+    async def _load(self) -> dict[Kind, Resource]:
         # One after the other: two requests at once would open a second pooled TLS
         # connection per cluster (with asyncio's 256 KiB read buffer) that then idles.
         core = await self._get("/api", _AGGREGATED)
@@ -114,9 +203,7 @@ class Discovery:
                 )
                 for found in lists:
                     resources.update(found)
-        self._resources = resources
-        self._loaded_at = time.monotonic()
-        self.refreshes += 1
+        return resources
 
     async def _legacy_group_version(self, group: str, version: str) -> dict[Kind, Resource]:
         path = f"/apis/{group}/{version}" if group else f"/api/{version}"
