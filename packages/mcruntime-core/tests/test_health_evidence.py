@@ -13,7 +13,7 @@ import operator
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack, contextmanager
 from functools import partial
 
@@ -308,3 +308,45 @@ async def test_inconclusive_probes_give_no_verdict_until_a_run_of_them_counts() 
     assert seen == [unknown] * 3 + [healthy] * _INCONCLUSIVE_LIMIT + [HealthState.UNHEALTHY]
     assert record.inconclusive == 2 + _INCONCLUSIVE_LIMIT - 1
     assert record.unreachable and "event loop ran late" in (record.reason or "")
+
+
+async def test_a_server_that_answers_again_does_not_probe_its_unvouched_members_at_once() -> None:
+    """Members never vouched for when an outage began are judged as at a cold start: a request vouches.
+
+    A server's thousand unvouched members would otherwise all probe the
+    moment it answers again (the storm that S12 showed at 10,000 clusters).
+    """
+    server = ServerLiveness("scripted server")
+    lead, member = HealthRecord("lead"), HealthRecord("member")
+    probed: dict[str, int] = {"lead": 0, "member": 0}
+    silent: ProbeResult = ("no answer to GET /version in 1s", True, True)
+
+    def script(name: str) -> Callable[[float], Awaitable[ProbeResult]]:
+        async def probe(_timeout: float) -> ProbeResult:
+            probed[name] += 1
+            return silent
+
+        return probe
+
+    hour = 3600.0
+    tasks = [
+        asyncio.create_task(
+            record.probe_forever(
+                script(record.cluster), interval=hour, timeout=1.0, backoff=_NO_RETRY_SOON, server=server
+            )
+        )
+        for record in (lead, member)
+    ]
+    try:
+        await wait_until(lambda: lead.unreachable and member.unreachable, what="the outage")
+        await wait_until(lambda: probed["member"] == 1, what="the member's one probe in the outage")
+        assert member.state is HealthState.UNHEALTHY
+        lead.contact(200)  # the server answered the lead again: every member's circuit closes
+        assert not member.unreachable
+        member.contact(200)  # the member's own first request after it: this vouches for it
+        await wait_until(lambda: member.state is HealthState.HEALTHY, what="the member vouched for")
+        assert probed["member"] == 1  # healthy by its request, not by a probe of its own
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

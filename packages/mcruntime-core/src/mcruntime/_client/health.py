@@ -204,6 +204,7 @@ class HealthRecord:
         self.credential_error: str | None = None
         self._wake: asyncio.Event | None = None
         self._suspected = False
+        self._rejoined_at: float | None = None  # judge again as a newcomer would (see server_answered)
         self.open_listeners: list[Callable[[str], None]] = []
         self.denials: Denials = Denials(cluster)
 
@@ -322,12 +323,17 @@ class HealthRecord:
             self.unhealthy(reason, unreachable=True)
         self._by_server = True
 
-    def server_answered(self) -> None:
-        """Another cluster of the same server got an answer: close this one's circuit too."""
+    def server_answered(self, at: float | None = None) -> None:
+        """A cluster of the same server got an answer (at ``at``, monotonic): close this one's circuit too."""
         if self._unreachable and self._by_server:
             self._reachable(authenticated=self._healthy_before_outage)
             if not self._healthy_before_outage:
-                self.suspect()  # its credential was never vouched for: check it now
+                # Its credential was never vouched for. Judged as at a cold start, not
+                # probed at once: a server's thousand such members would otherwise all
+                # probe the moment it answers, and the lead's one answer would set off a
+                # storm. Their own first requests vouch for them; the rest are checked
+                # after a grace.
+                self._rejoined_at = time.monotonic() if at is None else at
 
     def _reachable(self, *, authenticated: bool) -> None:
         self._unreachable = False
@@ -458,8 +464,10 @@ class HealthRecord:
         not_before = float("-inf")  # after an inconclusive probe: the next one no sooner
         while True:
             now = time.monotonic()  # from here to the probe nothing yields: what is due stays due
+            if self._rejoined_at is not None:
+                judged, joined, self._rejoined_at = False, self._rejoined_at, None
             if not judged:
-                if self.verified_at > joined and server.outage is None and not self._unreachable:
+                if self.verified_at >= joined and server.outage is None and not self._unreachable:
                     # A request answered before any probe: reachable, and the credential works.
                     judged = True
                     self.healthy()

@@ -80,7 +80,7 @@ class ServerLiveness:
         if self._outage is not None:
             self._outage = None
             for member in list(self._members):
-                member.server_answered()
+                member.server_answered(self.heard_at)
 
     def silent_for(self, now: float) -> float:
         return now - self.heard_at
