@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 
 import pytest
@@ -39,8 +40,8 @@ async def test_a_burst_of_syncs_leads_to_one_freeze() -> None:
     await wait_until(lambda: freezer.freezes >= 1, timeout=5)
     assert freezer.freezes == 1 and gc.get_freeze_count() > 0
     gc.unfreeze()
-    freezer.synced()
-    await wait_until(lambda: freezer.freezes == 2, timeout=5)
+    freezer.synced()  # the next burst: frozen again, once the first freeze's cost allows
+    await wait_until(lambda: freezer.freezes == 2, timeout=60)
     gc.unfreeze()
 
 
@@ -59,3 +60,19 @@ async def test_freezing_can_be_turned_off_from_the_environment(
         )
         assert not manager.freezer.enabled and manager.freezer.freezes == 0
         assert gc.get_freeze_count() == 0
+
+
+async def test_freezes_are_paced_by_their_own_cost() -> None:
+    """A fleet's slow cold start syncs in trickles: each gap must not buy a full collection."""
+    freezer = CacheFreezer(True, delay=0.01, pace=1e6)
+    gc.unfreeze()
+    freezer.synced()
+    await wait_until(lambda: freezer.freezes == 1, timeout=5)
+    loop = asyncio.get_running_loop()
+    freezer.synced()
+    pending = freezer._pending
+    assert pending is not None
+    assert pending.when() >= freezer._not_before > loop.time() + 1.0  # a million times its cost away
+    freezer.cancel()
+    assert freezer.freezes == 1
+    gc.unfreeze()
