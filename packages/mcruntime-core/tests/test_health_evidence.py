@@ -350,3 +350,40 @@ async def test_a_server_that_answers_again_does_not_probe_its_unvouched_members_
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_member_whose_own_request_is_on_its_way_is_not_probed_for_it() -> None:
+    """A cold start of thousands queues its first requests for turns: their answers vouch, not probes."""
+    server = ServerLiveness("scripted server")
+    lead, member = HealthRecord("lead"), HealthRecord("member")
+    probed: dict[str, int] = {"lead": 0, "member": 0}
+    on_its_way = [True]
+    member.outstanding = lambda: on_its_way[0]
+
+    def script(name: str) -> Callable[[float], Awaitable[ProbeResult]]:
+        async def probe(_timeout: float) -> ProbeResult:
+            probed[name] += 1
+            return None
+
+        return probe
+
+    grace = 0.05  # the member's first check is due this long after it joined, unless vouched for
+    tasks = [
+        asyncio.create_task(
+            record.probe_forever(
+                script(record.cluster), interval=grace, timeout=1.0, backoff=_NO_RETRY_SOON, server=server
+            )
+        )
+        for record in (lead, member)
+    ]
+    try:
+        await wait_until(lambda: lead.state is HealthState.HEALTHY, what="the lead's probe")
+        await asyncio.sleep(20 * grace)  # the window itself: twenty graces in which no probe may go
+        assert probed["member"] == 0 and member.state is HealthState.UNKNOWN
+        on_its_way[0] = False  # its request ended without vouching (a 401, say): now it is checked
+        await wait_until(lambda: probed["member"] == 1, what="the member's first check")
+        await wait_until(lambda: member.state is HealthState.HEALTHY, what="its verdict")
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -68,6 +68,7 @@ class Connection:
         self.cluster = cluster
         self.health: HealthRecord = HealthRecord(cluster)
         self.health.open_listeners.append(self._interrupt)
+        self.health.outstanding = lambda: bool(self._waiting)
         self._request_timeout = request_timeout
         self._connect_timeout = connect_timeout
         # Requests waiting on the server and open watches, interrupted when the circuit opens.

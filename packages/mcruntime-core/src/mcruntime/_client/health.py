@@ -204,6 +204,8 @@ class HealthRecord:
         self.credential_error: str | None = None
         self._wake: asyncio.Event | None = None
         self._suspected = False
+        self.outstanding: Callable[[], bool] | None = None
+        """Whether a request of this cluster is on its way (set by its transport): its answer will vouch."""
         self._rejoined_at: float | None = None  # judge again as a newcomer would (see server_answered)
         self.open_listeners: list[Callable[[str], None]] = []
         self.denials: Denials = Denials(cluster)
@@ -478,7 +480,12 @@ class HealthRecord:
                     # A member of a server its lead probes: a cold start of many clusters of
                     # one server must not send a probe each at once. Its first request
                     # vouches for it; one that makes none is checked after an interval.
-                    due = joined + min(interval, credential_interval, _FIRST_CHECK_GRACE)
+                    grace = min(interval, credential_interval, _FIRST_CHECK_GRACE)
+                    due = joined + grace
+                    if due <= now and self.outstanding is not None and self.outstanding():
+                        # Its own request is still on its way (a cold start of thousands queues
+                        # for turns): its answer will vouch, and its failure will say so.
+                        due = now + grace
             elif server.outage is not None and server.lead is not self:
                 due = float("inf")  # the lead probes the server for everyone; an answer wakes us
             else:
