@@ -402,11 +402,15 @@ class Manager:
     async def _time_engagement(self, name: str, cluster: Cluster) -> None:
         # Polled, with a growing step: a fleet of 1,000 engaging at once must not wake
         # 10,000 times a second just to time itself (the histogram's buckets start at 0.1 s).
+        # Past a second the step grows with the time waited (a tenth of it): a slow cold
+        # start of 10,000 clusters would otherwise make 10,000 readiness checks a second
+        # for minutes, and a tenth is all the precision a duration histogram needs.
         step = 0.05
+        began = time.monotonic()
         while name in self._engage_started:
             self._observe_sync(name, cluster)
             await asyncio.sleep(step)
-            step = min(step * 1.5, 1.0)
+            step = min(step * 1.5, max(1.0, (time.monotonic() - began) / 10))
 
     async def get_cluster(self, name: str) -> Cluster:
         """An engaged cluster by name (``""`` is the local one); raises :class:`ClusterNotFound`."""
