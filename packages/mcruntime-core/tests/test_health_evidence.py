@@ -387,3 +387,28 @@ async def test_a_member_whose_own_request_is_on_its_way_is_not_probed_for_it() -
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_probe_unanswered_while_the_server_answers_others_blames_no_server() -> None:
+    """Busy is not silent: no verdict while other requests to the server get answers."""
+    server = ServerLiveness("scripted server")
+    record = HealthRecord("busy-lead")
+    silent: ProbeResult = ("no answer to GET /version in 4s", True, True)
+    answered_meanwhile = [True, False]  # the first probe waits while others are answered; the next does not
+
+    async def probe(_timeout: float) -> ProbeResult:
+        if answered_meanwhile and answered_meanwhile.pop(0):
+            server.heard()  # another cluster's request to the same server got its answer
+        return silent
+
+    task = asyncio.create_task(
+        record.probe_forever(probe, interval=0.05, timeout=0.05, backoff=_NO_RETRY_SOON, server=server)
+    )
+    try:
+        await wait_until(lambda: record.probes == 2, what="the second probe")
+        await wait_until(lambda: record.state is HealthState.UNHEALTHY, what="the second probe's verdict")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert record.inconclusive == 1  # the first: no verdict, the server was busy answering others
+    assert record.unreachable and server.outage is not None  # the second: nobody heard anything

@@ -187,7 +187,8 @@ class HealthRecord:
         self.probes: int = 0
         """Probes this cluster's loop sent (for tests and metrics: health is counted, not timed)."""
         self.inconclusive: int = 0
-        """Probes whose timeout fired too late to tell anything (see :class:`ProbeInconclusive`)."""
+        """Probes that told nothing: their timeout fired too late (see :class:`ProbeInconclusive`), or
+        the server answered other requests while they waited (busy, not silent)."""
         self.verified_at: float = float("-inf")
         """``time.monotonic()`` of the last answer to this cluster's credential that was not 401."""
         self.server: ServerLiveness | None = None
@@ -533,6 +534,15 @@ class HealthRecord:
             except Exception as error:  # never a probe loop that crashes and leaves the cluster unexplained
                 log.error("cluster %r: the health probe raised %s", self.cluster, type(error).__name__)
                 verdict = (f"the health probe failed on our side ({type(error).__name__})", False)
+            if verdict is not None and len(verdict) == 3 and verdict[2] and server.heard_at > now:
+                # No answer to this probe, yet the server answered others while it waited:
+                # busy, not silent. At 10,000 clusters on 10 servers sharing two cores, such
+                # probes opened whole servers' circuits 120,000 times while they were serving.
+                self.inconclusive += 1
+                log.debug("cluster %r: %s, but the server answered others meanwhile", self.cluster, verdict[0])
+                judged = was_judged
+                not_before = time.monotonic() + min(interval, max(1.0, timeout))
+                continue
             late_streak = 0
             if verdict is None:
                 self.verified_at = time.monotonic()
