@@ -175,6 +175,9 @@ class KubeconfigFileProvider(ClusterSetProvider):
         self._changed = asyncio.Event()
         self.passes = 0
         self.failed_passes = 0
+        # What the last settled pass saw: a rescan that finds the very same readings (the
+        # reader hands back the same objects for files that did not move) acts on nothing.
+        self._settled: tuple[tuple[Found, ...], list[Reading], tuple[tuple[Path, str], ...]] | None = None
 
     def __repr__(self) -> str:
         inputs = [str(path) for path in self.inputs]
@@ -275,6 +278,10 @@ class KubeconfigFileProvider(ClusterSetProvider):
         readings = await asyncio.to_thread(self._reader.read_all, layout.files)
         referenced = frozenset().union(*(reading.watch for reading in readings)) if readings else frozenset()
         watcher.want(layout.watch | referenced, layout.watch_recursive)
+        if self._unchanged(layout, readings):
+            self.passes += 1  # 10,000 unchanged files: no O(N) fold, sync and report on the event loop
+            return None
+        self._settled = None
         due = self._apply(layout, readings, now)
         self._problems = dict(layout.problems)
         desired, holders = self._desired()
@@ -282,7 +289,22 @@ class KubeconfigFileProvider(ClusterSetProvider):
         self._holders = holders
         self._statuses = self._report()  # published once acted on: what tests settle on
         self.passes += 1
+        if due is None and len(self.clusters) == len(desired):
+            self._settled = (layout.files, readings, layout.problems)
         return due
+
+    def _unchanged(self, layout: Layout, readings: list[Reading]) -> bool:
+        settled = self._settled
+        if settled is None:
+            return False
+        files, known, problems = settled
+        return (
+            layout.files == files
+            and layout.problems == problems
+            and len(readings) == len(known)
+            and all(new is old for new, old in zip(readings, known, strict=True))
+            and len(self.clusters) == len(self._holders)
+        )
 
     def _apply(self, layout: Layout, readings: list[Reading], now: float) -> float | None:
         """Fold one pass's readings into what is known; returns the next removal deadline."""

@@ -539,7 +539,7 @@ class HealthRecord:
                 # busy, not silent. At 10,000 clusters on 10 servers sharing two cores, such
                 # probes opened whole servers' circuits 120,000 times while they were serving.
                 self.inconclusive += 1
-                log.debug("cluster %r: %s, but the server answered others meanwhile", self.cluster, verdict[0])
+                log.debug("cluster %r: %s, but the server answered others", self.cluster, verdict[0])
                 judged = was_judged
                 not_before = time.monotonic() + min(interval, max(1.0, timeout))
                 continue

@@ -211,6 +211,10 @@ class ClusterSet:
     def names(self) -> list[str]:
         return sorted(self._entries)
 
+    def __len__(self) -> int:
+        """How many clusters the set holds (cheap: a provider checks it on every rescan)."""
+        return len(self._entries)
+
     def status(self, name: str) -> ClusterStatus:
         """A snapshot of ``name``'s state; raises :class:`ClusterNotFound`."""
         entry = self._entries.get(name)
