@@ -577,3 +577,39 @@ async def test_five_thousand_failed_passes_are_retried_and_the_loop_recovers(
         assert provider.sources()[str(loop)].error == (
             f"{loop}: a symlink loop (too many levels of links); skipped"
         )
+
+
+async def test_a_rescan_of_unchanged_files_acts_on_nothing(tmp_path: Path, fleet: Fleet) -> None:
+    """A rescan of 10,000 files that did not move must not fold, sync and report all of them again."""
+    path = tmp_path / "fleet.kubeconfig"
+    write_atomic(path, dump(kubeconfig(("alpha", fleet["cluster-1"], None))))
+    provider = provider_for(tmp_path)
+    folds = [0]
+    fold = provider._apply
+
+    def counting(*args: Any) -> float | None:
+        folds[0] += 1
+        return fold(*args)
+
+    provider._apply = counting  # type: ignore[method-assign]
+
+    async def rescan_folds() -> int:
+        before, passes = folds[0], provider.passes
+        provider.rescan()
+        await wait_until(lambda: provider.passes > passes, what="the rescan's pass")
+        return folds[0] - before
+
+    async with running(provider):
+        alpha = await engaged(provider, f"{path}/alpha")
+
+        # Read again until its stamp is old enough to trust (a write in the same instant could hide).
+        async def quiet() -> bool:
+            return await rescan_folds() == 0
+
+        await wait_until(quiet, what="a rescan that folds nothing")
+        assert [await rescan_folds() for _ in range(3)] == [0, 0, 0]
+        write_atomic(
+            path, dump(kubeconfig(("alpha", fleet["cluster-1"], None), ("beta", fleet["cluster-2"], None)))
+        )
+        await engaged(provider, f"{path}/beta")
+        assert folds[0] > 0 and await provider.get(f"{path}/alpha") is alpha
