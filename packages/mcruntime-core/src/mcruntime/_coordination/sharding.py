@@ -53,7 +53,7 @@ from .fences import Fences
 from .heartbeat import Connect, Heartbeat, own_connection
 from .lease import LEASE, holder_of, renew_time_of
 from .membership import Membership
-from .rendezvous import owner
+from .rendezvous import Shares
 from .shardhub import (
     API_ERRORS,
     CLUSTER_ANNOTATION,
@@ -101,6 +101,7 @@ class ShardedCoordinator:
         self._fences = Fences(
             self.config, self._hub, self._members, wake=self._wake.set, renewed=self._renewed.set
         )
+        self._shares = Shares(self.config.identity)
         self._cuts: set[asyncio.Task[None]] = set()
         # How the heartbeat's thread reaches the hub; None: a connection of its own from
         # the hub's kubeconfig. Tests put a breakable client here.
@@ -326,32 +327,23 @@ class ShardedCoordinator:
             # stopping) our work, and nothing is written until a renewal succeeds.
             self.metrics.owned.set(len(fences.held))
             return
-        clusters = self._seat.clusters()
-        desired = {name for name in clusters if owner(name, peers) == self.identity}
+        # Every step below is a set operation or touches only what changed: a round runs
+        # after every fence that changes hands, thousands of times in a cold start.
+        desired = self._shares.mine(self._seat.clusters(), peers)
         self.metrics.ownership_changes.labels("gained").inc(len(desired - fences.desired))
         self.metrics.ownership_changes.labels("lost").inc(len(fences.desired - desired))
         fences.desired = desired
-        for name in list(fences.held):
-            if name not in desired and name not in fences.leaving:
-                fences.leaving[name] = asyncio.create_task(fences.hand_over(name))
+        for name in fences.held.keys() - desired - fences.leaving.keys():
+            fences.leaving[name] = asyncio.create_task(fences.hand_over(name))
         if self._members.alive(now):
             # Fences that still name us on the hub though we dropped them (the watchdog
             # stopped our work, or this identity restarted): nobody else may take them
             # while we live, so give back those we do not want.
-            for name, seen in list(fences.seen.items()):
-                if (
-                    seen.observed.holder == self.identity
-                    and name not in fences.held
-                    and name not in fences.leaving
-                    and name not in desired
-                ):
-                    fences.leaving[name] = asyncio.create_task(fences.give_back(name, seen.lease))
-        reopen = [
-            name
-            for name in desired
-            if name in fences.held and name not in fences.leaving and not self._seat.work.admits(name)
-        ]
-        wanted = sorted(name for name in desired if name not in fences.held and name not in fences.leaving)
+            for name in fences.naming_us - fences.held.keys() - fences.leaving.keys() - desired:
+                fences.leaving[name] = asyncio.create_task(fences.give_back(name, fences.seen[name].lease))
+        settled = (desired & fences.held.keys()) - fences.leaving.keys()
+        reopen = [name for name in settled if not self._seat.work.admits(name)]
+        wanted = sorted(desired - fences.held.keys() - fences.leaving.keys())
         if self._members.alive(now):
             acquired: list[str] = []
             # In batches: a cold start or a failover asks for hundreds of fences at once.
