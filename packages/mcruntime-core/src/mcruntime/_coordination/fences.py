@@ -23,9 +23,18 @@ from .._base.objects import JSON
 from .lease import LEASE, Observed, holder_of, lease_object, released, take
 from .membership import Membership
 from .rendezvous import owner
-from .shardhub import API_ERRORS, CLUSTER_ANNOTATION, GROUP_LABEL, ROLE_LABEL, HubWrites, ShardingConfig
+from .shardhub import (
+    API_ERRORS,
+    CLUSTER_ANNOTATION,
+    CONCURRENT_WRITES,
+    GROUP_LABEL,
+    ROLE_LABEL,
+    HubWrites,
+    ShardingConfig,
+)
 
 if TYPE_CHECKING:
+    from .._client.client import Client
     from .coordinator import Seat
 
 log = logging.getLogger("mcruntime.sharding")
@@ -68,6 +77,11 @@ class Fences:
         self.leaving: dict[str, asyncio.Task[None]] = {}
         self.desired: set[str] = set()  # the clusters the last round gave this replica
         self.seat: Seat | None = None
+        # Releases in flight on the hub, bounded like the round's acquisitions: a handover
+        # hands over every moving cluster at once (2,500 at 10,000 clusters going from three
+        # replicas to four), and unbounded that is a connection and TLS handshake each to
+        # the hub, whose answers then come too late for all of them.
+        self.releasing = asyncio.Semaphore(CONCURRENT_WRITES)
 
     # --- what the informer tells us -------------------------------------------------------
 
@@ -223,6 +237,15 @@ class Fences:
         assert self.hub.client is not None
         client = self.hub.client
         name = self.config.fence_lease(cluster)
+        async with self.releasing:  # the wait for a turn is not the hub's time to answer
+            done = await self._release(client, cluster, name, fence, delete)
+        if done:
+            # Not ours on the hub any more, whether or not the watch has said so yet: the
+            # round must not give it back a second time meanwhile.
+            self.naming_us.discard(cluster)
+        return done
+
+    async def _release(self, client: Client, cluster: str, name: str, fence: JSON, delete: bool) -> bool:
         try:
             async with asyncio.timeout(self.hub.request_timeout):
                 current = fence
