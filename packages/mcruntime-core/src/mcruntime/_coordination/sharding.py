@@ -345,28 +345,38 @@ class ShardedCoordinator:
         reopen = [name for name in settled if not self._seat.work.admits(name)]
         wanted = sorted(desired - fences.held.keys() - fences.leaving.keys())
         if self._members.alive(now):
-            acquired: list[str] = []
             # In batches: a cold start or a failover asks for hundreds of fences at once.
+            # What is won opens at least once per retry period while the round goes on (a
+            # failover of 800 clusters starts work on the first while it still takes the
+            # last), in one replay for all of it, not one per cluster or batch: a mapping
+            # handler's replay reads every cluster's cache.
+            won: list[str] = [*reopen]
+            opened_at = time.monotonic()
             for start in range(0, len(wanted), CONCURRENT_WRITES):
                 batch = wanted[start : start + CONCURRENT_WRITES]
                 results = await asyncio.gather(*(fences.acquire(name, now) for name in batch))
-                acquired.extend(name for name, won in zip(batch, results, strict=True) if won)
-        else:
-            acquired, reopen = [], []
-        # Open only what is still ours and only while we are alive: the watchdog may have
-        # dropped everything while the acquisitions ran.
-        opening = [
-            name for name in (*acquired, *reopen) if name in fences.held and name not in fences.leaving
-        ]
-        if opening and self._members.alive(time.monotonic()):
-            # One replay for everything won this round, not one per cluster.
-            self._seat.work.open(*opening)
+                won.extend(name for name, taken in zip(batch, results, strict=True) if taken)
+                if time.monotonic() - opened_at >= self.config.retry_period:
+                    self._open(won)
+                    won, opened_at = [], time.monotonic()
+            self._open(won)
         self.metrics.owned.set(len(fences.held))
         if self._members.alive(time.monotonic()):
             await self._members.collect_dead(peers, time.monotonic())
         if self._members.alive(time.monotonic()):
             await fences.collect_orphans(peers, time.monotonic())
         self._members.prune_gone(time.monotonic())
+
+    def _open(self, clusters: list[str]) -> None:
+        """Open work in ``clusters`` that are still ours, and only while we are alive.
+
+        The watchdog may have dropped everything while the acquisitions ran.
+        """
+        assert self._seat is not None
+        fences = self._fences
+        opening = [name for name in clusters if name in fences.held and name not in fences.leaving]
+        if opening and self._members.alive(time.monotonic()):
+            self._seat.work.open(*opening)
 
     def _after_renewal(self) -> None:
         """On the main loop: wake the watchdog and run a round right after each renewal."""
