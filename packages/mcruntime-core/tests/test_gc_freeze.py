@@ -59,3 +59,48 @@ async def test_freezing_can_be_turned_off_from_the_environment(
         )
         assert not manager.freezer.enabled and manager.freezer.freezes == 0
         assert gc.get_freeze_count() == 0
+
+
+async def test_a_costly_freeze_pushes_the_next_one_back_and_counts_nothing_unasked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # At 10,000 clusters a freeze walked a large heap, and the debug line counted every
+    # frozen object even with debug logging off: a quarter of a joining replica's time.
+    import asyncio
+    import logging
+    from types import SimpleNamespace
+
+    from mcruntime._manager import gcfreeze
+
+    clock = [100.0]
+    counted: list[int] = []
+
+    def slow_collect() -> int:
+        clock[0] += 0.5  # a collection that took half a second
+        return 0
+
+    def count() -> int:
+        counted.append(1)
+        return 0
+
+    monkeypatch.setattr("mcruntime._manager.gcfreeze.time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(
+        "mcruntime._manager.gcfreeze.gc",
+        SimpleNamespace(collect=slow_collect, freeze=lambda: None, get_freeze_count=count),
+    )
+    logger = logging.getLogger("mcruntime.manager")
+    previous = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        freezer = CacheFreezer(True, delay=0.01)
+        freezer.synced()
+        await wait_until(lambda: freezer.freezes == 1, timeout=5)
+        assert freezer.last_cost == 0.5
+        assert not counted
+        freezer.synced()
+        pending = freezer._pending
+        assert pending is not None
+        assert pending.when() - asyncio.get_running_loop().time() >= 0.5 * gcfreeze.COST_FACTOR - 0.1
+        freezer.cancel()
+    finally:
+        logger.setLevel(previous)
