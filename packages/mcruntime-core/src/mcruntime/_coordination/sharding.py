@@ -345,27 +345,45 @@ class ShardedCoordinator:
         reopen = [name for name in settled if not self._seat.work.admits(name)]
         wanted = sorted(desired - fences.held.keys() - fences.leaving.keys())
         if self._members.alive(now):
-            # In batches: a cold start or a failover asks for hundreds of fences at once.
-            # What is won opens at least once per retry period while the round goes on (a
-            # failover of 800 clusters starts work on the first while it still takes the
-            # last), in one replay for all of it, not one per cluster or batch: a mapping
-            # handler's replay reads every cluster's cache.
-            won: list[str] = [*reopen]
-            opened_at = time.monotonic()
-            for start in range(0, len(wanted), CONCURRENT_WRITES):
-                batch = wanted[start : start + CONCURRENT_WRITES]
-                results = await asyncio.gather(*(fences.acquire(name, now) for name in batch))
-                won.extend(name for name, taken in zip(batch, results, strict=True) if taken)
-                if time.monotonic() - opened_at >= self.config.retry_period:
-                    self._open(won)
-                    won, opened_at = [], time.monotonic()
-            self._open(won)
+            await self._acquire_all(wanted, reopen, now)
         self.metrics.owned.set(len(fences.held))
         if self._members.alive(time.monotonic()):
             await self._members.collect_dead(peers, time.monotonic())
         if self._members.alive(time.monotonic()):
             await fences.collect_orphans(peers, time.monotonic())
         self._members.prune_gone(time.monotonic())
+
+    async def _acquire_all(self, wanted: list[str], reopen: list[str], now: float) -> None:
+        """Take the fences of ``wanted``, at most ``CONCURRENT_WRITES`` at a time, and open what is won.
+
+        A cold start or a failover asks for hundreds of fences at once. They go
+        out as a sliding window (a slow answer holds up one place, not a batch),
+        and what has been won opens at least once per retry period while the
+        rest is still being taken (a failover of 800 clusters starts work on
+        the first while it takes the last), in one replay for all of it: a
+        mapping handler's replay reads every cluster's cache, so not one per
+        cluster. No acquisition outlives the round.
+        """
+        won: list[str] = [*reopen]
+        opened_at = time.monotonic()
+        turns = asyncio.Semaphore(CONCURRENT_WRITES)
+
+        async def take(name: str) -> None:
+            nonlocal won, opened_at
+            async with turns:
+                if await self._fences.acquire(name, now):
+                    won.append(name)
+            if time.monotonic() - opened_at >= self.config.retry_period:
+                self._open(won)
+                won, opened_at = [], time.monotonic()
+
+        tasks = [asyncio.ensure_future(take(name)) for name in wanted]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()  # after a failure or a cancellation: the round's writes end with it
+        self._open(won)
 
     def _open(self, clusters: list[str]) -> None:
         """Open work in ``clusters`` that are still ours, and only while we are alive.
