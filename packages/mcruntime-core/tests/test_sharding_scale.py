@@ -12,7 +12,7 @@ the rate measured is the hub's, not the replicas' own account.
 The run uses 100 then 1,000 clusters (``MCRUNTIME_SHARD_SCALE_CLUSTERS``
 changes the second figure) and five replicas (``MCRUNTIME_SHARD_SCALE_REPLICAS``
 changes it: n, then n + 1 for the handover, then n again after the SIGKILL),
-in about 90 s on two cores with the defaults. Two things make the
+in about 110 s on two shared cores with the defaults. Two things make the
 1,000-cluster cold start cheap enough for two cores shared by five replica
 processes and three API servers: each replica renews its peer Lease from a
 thread of its own (a busy event loop cannot make it look dead), and clusters
