@@ -41,9 +41,10 @@ async def test_stop_leaves_no_task_no_socket_and_no_private_file(fleet: Fleet) -
     assert len(cluster.cache.informers()) == 4
     assert len(asyncio.all_tasks()) > len(tasks_before)
     assert len(_sockets()) > len(sockets_before)
+    await cluster.kubernetes_configuration()  # typed clients need the key as a file until the stop
     material = cluster.transport._material
     assert material is not None
-    private = {fd: os.fstat(fd).st_ino for fd in material._fds}  # the in-memory CA, certificate, key
+    private = {fd: os.fstat(fd).st_ino for fd in material._fds}  # the in-memory certificate and key
     assert private
 
     await cluster.stop()
@@ -117,9 +118,11 @@ async def test_a_stop_cancelled_halfway_still_closes_everything(fleet: Fleet) ->
     cluster = mcr.Cluster("interrupted", mcr.kubeconfig_from_dict(fleet["cluster-1"].kubeconfig()))
     await cluster.start()
     await cluster.cache.list(CONFIGMAP)
+    await cluster.kubernetes_configuration()
     material = cluster.transport._material
     assert material is not None
     private = {fd: os.fstat(fd).st_ino for fd in material._fds}
+    assert private
     released = asyncio.Event()
 
     async def slow_goodbye() -> None:

@@ -383,3 +383,58 @@ async def test_a_leader_renews_from_its_heartbeat_thread_while_its_event_loop_is
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+class InFlight:
+    """The real hub client, counting its Lease writes in flight and the most at once."""
+
+    def __init__(self, real: mcr.Client) -> None:
+        self._real = real
+        self.now = 0
+        self.most = 0
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._real, name)
+        if name not in ("create", "update", "delete"):
+            return method
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            self.now += 1
+            self.most = max(self.most, self.now)
+            try:
+                return await method(*args, **kwargs)
+            finally:
+                self.now -= 1
+
+        return call
+
+
+async def test_handing_over_many_clusters_at_once_bounds_the_writes_to_the_hub(fleet: Fleet) -> None:
+    # At 10,000 clusters going from three replicas to four, each old replica handed over
+    # about 830 clusters at once: that many writes and new connections to the hub at once,
+    # answered too late for all of them. Releases wait for a turn, like acquisitions.
+    from mcruntime._coordination.shardhub import CONCURRENT_WRITES
+
+    namespace = unique("many-shards")
+    names = [f"m{index:03d}" for index in range(120)]
+    async with running_cluster(fleet["cluster-1"], "hub") as hub:
+        await hub.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        real = hub.client
+        counting = InFlight(real)
+        hub.client = counting  # type: ignore[assignment]
+        config = mcr.ShardingConfig(name="many", namespace=namespace, identity="me", **FAST)
+        coordinator = mcr.ShardedCoordinator(config)
+        seat = Seat(hub, names)
+        try:
+            async with coordinating(coordinator, seat):
+                await wait_until(lambda: coordinator.owned == set(names), timeout=60, what="all fences held")
+                released = coordinator.metrics.fence_releases if coordinator.metrics else None
+                assert released is not None
+                seat.names.clear()  # every cluster leaves the fleet at once: every fence goes
+                await wait_until(lambda: not coordinator.owned, timeout=60, what="every fence handed over")
+                assert released._value.get() == len(names)
+        finally:
+            hub.client = real
+        assert 1 < counting.most <= CONCURRENT_WRITES, counting.most
+        leases = await real.list(LEASE, namespace=namespace)
+        assert not [item for item in leases.items if "-fence-" in item["metadata"]["name"]]

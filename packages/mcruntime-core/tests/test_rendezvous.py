@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from mcruntime._coordination.rendezvous import assign, owner, score, uniform
+from mcruntime._coordination.rendezvous import Shares, assign, owner, score, uniform
 
 CLUSTERS = [f"cluster-{index}" for index in range(1000)]
 
@@ -52,3 +52,35 @@ def test_scores_are_deterministic_and_well_formed() -> None:
     assert owner("x", {}) is None
     with pytest.raises(ValueError, match="weight must be positive"):
         score("x", "p", 0)
+
+
+def test_shares_hash_only_what_changed_and_agree_with_assign() -> None:
+    # The sharding round asks after every fence that changes hands: a round in which
+    # nothing changed must hash nothing, whatever the fleet's size.
+    shares = Shares("b")
+    peers = {"a": 1.0, "b": 1.0, "c": 2.0}
+    clusters = dict.fromkeys(CLUSTERS)
+
+    def expected() -> set[str]:
+        return {cluster for cluster, peer in assign(clusters, peers).items() if peer == "b"}
+
+    assert shares.mine(clusters, peers) == expected()
+    assert shares.computed == len(CLUSTERS)
+    assert shares.mine(clusters, dict(peers)) == expected()
+    assert shares.computed == len(CLUSTERS)  # nothing changed: nothing hashed
+
+    clusters["late"] = None
+    del clusters["cluster-0"]
+    assert shares.mine(clusters, peers) == expected()
+    assert shares.computed == len(CLUSTERS) + 1  # only the newcomer
+
+    peers = {"a": 1.0, "b": 1.0}  # a peer left: every owner is computed again
+    assert shares.mine(clusters, peers) == expected()
+    assert shares.computed == 2 * len(CLUSTERS) + 1
+    peers = {"a": 1.0, "b": 3.0}  # a weight changed: so is every owner
+    assert shares.mine(clusters, peers) == expected()
+    assert shares.computed == 3 * len(CLUSTERS) + 1
+
+    mine = shares.mine(clusters, peers)
+    mine.clear()  # a fresh set each time: the caller may keep or change it
+    assert shares.mine(clusters, peers) == expected()

@@ -105,7 +105,7 @@ class Connection:
     # --- lifetime --------------------------------------------------------------
 
     async def open(self) -> None:
-        """Load the key material into memory, build the TLS context and the HTTP session."""
+        """Build the TLS context (or find a shared session) and the HTTP session."""
         async with self._open_lock:
             if self._closed:
                 raise Unreachable("the cluster was stopped", cluster=self.cluster)
@@ -117,33 +117,38 @@ class Connection:
             self._paths = MaterialPaths(material)
             self._credentials = self._new_credentials(self.config)
             key = self._sharing_key()
-            if key is not None:
+            if key is None:
+                self._session = self._new_session(await self._build_context(material))
+                return
+            async with session_pool().opening(key):  # one TLS context per key, not per cluster
                 shared = session_pool().existing(key)
                 if shared is not None:  # same server, same trust, identity per request: no handshake
                     self._session, self._lease = shared, key
                     self._turns = session_pool().turns(key)
                     return
-            try:
-                context = await asyncio.to_thread(self._ssl_context)
-            except BaseException as error:
-                self._discard_material(material)
-                if isinstance(error, Exception) and self.closed:
-                    raise Unreachable("the cluster was stopped", cluster=self.cluster) from None
-                if isinstance(error, ssl.SSLError | OSError | ValueError):  # a CA that is no certificate, say
-                    message = f"unusable TLS configuration: {describe_connection_error(error)}"
-                    raise Unreachable(message, cluster=self.cluster) from None
-                raise
-            if self.closed:  # closed while the TLS context was being built: open nothing
-                self._discard_material(material)
-                raise Unreachable("the cluster was stopped", cluster=self.cluster)
-            if key is None:
-                self._session = self._new_session(context)
-            else:
+                context = await self._build_context(material)
                 self._session = session_pool().lease(
                     key, lambda: self._new_session(context), self._requests_in_flight
                 )
                 self._lease = key
                 self._turns = session_pool().turns(key)
+
+    async def _build_context(self, material: MaterialFiles) -> ssl.SSLContext:
+        """This transport's TLS context, built off the event loop; fails as :class:`Unreachable`."""
+        try:
+            context = await asyncio.to_thread(self._ssl_context)
+        except BaseException as error:
+            self._discard_material(material)
+            if isinstance(error, Exception) and self.closed:
+                raise Unreachable("the cluster was stopped", cluster=self.cluster) from None
+            if isinstance(error, ssl.SSLError | OSError | ValueError):  # a CA that is no certificate, say
+                message = f"unusable TLS configuration: {describe_connection_error(error)}"
+                raise Unreachable(message, cluster=self.cluster) from None
+            raise
+        if self.closed:  # closed while the TLS context was being built: open nothing
+            self._discard_material(material)
+            raise Unreachable("the cluster was stopped", cluster=self.cluster)
+        return context
 
     def _sharing_key(self) -> str | None:
         """The key this transport's session is shared under, or ``None`` if it keeps its own.

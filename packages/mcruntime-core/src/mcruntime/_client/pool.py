@@ -21,10 +21,11 @@ with its last user.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import weakref
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -162,11 +163,40 @@ class _Shared:
     turns: Turns
 
 
+@dataclass
+class _Opening:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    waiting: int = 0
+
+
 class SessionPool:
     """Reference-counted sessions by sharing key, on one event loop."""
 
     def __init__(self) -> None:
         self._shared: dict[str, _Shared] = {}
+        self._opening: dict[str, _Opening] = {}
+
+    @contextlib.asynccontextmanager
+    async def opening(self, key: str) -> AsyncIterator[None]:
+        """Hold ``key``'s turn to look for its session and, if there is none, to make it.
+
+        Transports that open in the same moment (a fleet's cold start) would
+        otherwise all find no session and each build a TLS context of their
+        own, loading the same certificate once per cluster (10,000 times for
+        10,000 names over three servers), only for all but one to be thrown
+        away. One at a time, the first builds and the others find its session.
+        """
+        entry = self._opening.get(key)
+        if entry is None:
+            entry = self._opening[key] = _Opening()
+        entry.waiting += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.waiting -= 1
+            if entry.waiting == 0 and self._opening.get(key) is entry:
+                del self._opening[key]
 
     def existing(self, key: str) -> aiohttp.ClientSession | None:
         """The open session of ``key``, leased to the caller (release it), or ``None``."""

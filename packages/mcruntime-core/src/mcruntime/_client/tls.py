@@ -81,25 +81,39 @@ def _trusting(cluster: Mapping[str, Any], ca_file: Callable[[], str | None]) -> 
     return ssl.create_default_context(cafile=ca_file())
 
 
+def _decoded(data: Any) -> bytes:
+    return base64.b64decode(str(data).replace("\r", "").replace("\n", ""))
+
+
 class MaterialPaths:
-    """A transport's certificates and keys as paths: the file a kubeconfig names, or inline data in memory."""
+    """A transport's certificates and keys as paths: the file a kubeconfig names, or inline data in memory.
+
+    The TLS context reads inline material from in-memory files it closes at
+    once; only a kubernetes-asyncio ``Configuration`` (which takes paths and
+    reads them whenever it connects) keeps files open, until the transport closes.
+    """
 
     def __init__(self, material: MaterialFiles) -> None:
         self.material = material
         self._files: dict[str, str] = {}
 
-    def path(self, field_name: str, entry: Mapping[str, Any]) -> str | None:
+    def path(
+        self, field_name: str, entry: Mapping[str, Any], loading: MaterialFiles | None = None
+    ) -> str | None:
         """A path holding a certificate or key.
 
-        The referenced file, or inline data put once into an in-memory file
-        (memfd: nothing on disk, gone with the process however it ends).
+        The referenced file, or inline data in an in-memory file (memfd:
+        nothing on disk, gone with the process however it ends): put into
+        ``loading`` when given, which its caller closes as soon as the data
+        is read, else kept (once) for as long as this transport runs.
         """
         data_field = f"{field_name}-data"
         if entry.get(data_field):
+            if loading is not None:
+                return loading.path(field_name, _decoded(entry[data_field]))
             key = f"{field_name}:{entry[data_field]}"
             if key not in self._files:
-                data = base64.b64decode(str(entry[data_field]).replace("\r", "").replace("\n", ""))
-                self._files[key] = self.material.path(field_name, data)
+                self._files[key] = self.material.path(field_name, _decoded(entry[data_field]))
             return self._files[key]
         path = entry.get(field_name)
         return str(path) if path else None
@@ -107,19 +121,30 @@ class MaterialPaths:
     def ssl_context(
         self, cluster_name: str, cluster: Mapping[str, Any], user: Mapping[str, Any]
     ) -> ssl.SSLContext:
-        """The TLS context for a kubeconfig cluster entry and user entry."""
-        context = _trusting(cluster, lambda: self.path("certificate-authority", cluster))
-        # Python 3.13 made its defaults stricter than client-go's verifier (a CA without
-        # key identifiers is refused); kubectl trusts such clusters, so we do too.
-        context.verify_flags &= ~ssl.VERIFY_X509_STRICT
-        if cluster.get("insecure-skip-tls-verify"):
-            log.warning("cluster %r: TLS verification is disabled by its kubeconfig", cluster_name)
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        cert = self.path("client-certificate", user)
-        key = self.path("client-key", user)
-        if cert and key:
-            context.load_cert_chain(cert, key)
+        """The TLS context for a kubeconfig cluster entry and user entry.
+
+        Inline certificates and keys are in-memory files only while OpenSSL
+        reads them: the context keeps what it loaded, and a file held for as
+        long as the cluster runs would cost two descriptors per cluster, which
+        at 10,000 clusters of a 20,000 open-file limit leaves no room for a
+        single connection.
+        """
+        loading = MaterialFiles()
+        try:
+            context = _trusting(cluster, lambda: self.path("certificate-authority", cluster, loading))
+            # Python 3.13 made its defaults stricter than client-go's verifier (a CA without
+            # key identifiers is refused); kubectl trusts such clusters, so we do too.
+            context.verify_flags &= ~ssl.VERIFY_X509_STRICT
+            if cluster.get("insecure-skip-tls-verify"):
+                log.warning("cluster %r: TLS verification is disabled by its kubeconfig", cluster_name)
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            cert = self.path("client-certificate", user, loading)
+            key = self.path("client-key", user, loading)
+            if cert and key:
+                context.load_cert_chain(cert, key)
+        finally:
+            loading.close()
         return context
 
     def kubernetes_configuration(

@@ -23,9 +23,18 @@ from .._base.objects import JSON
 from .lease import LEASE, Observed, holder_of, lease_object, released, take
 from .membership import Membership
 from .rendezvous import owner
-from .shardhub import API_ERRORS, CLUSTER_ANNOTATION, GROUP_LABEL, ROLE_LABEL, HubWrites, ShardingConfig
+from .shardhub import (
+    API_ERRORS,
+    CLUSTER_ANNOTATION,
+    CONCURRENT_WRITES,
+    GROUP_LABEL,
+    ROLE_LABEL,
+    HubWrites,
+    ShardingConfig,
+)
 
 if TYPE_CHECKING:
+    from .._client.client import Client
     from .coordinator import Seat
 
 log = logging.getLogger("mcruntime.sharding")
@@ -62,11 +71,17 @@ class Fences:
         self.wake = wake
         self.renewed = renewed
         self.seen: dict[str, FenceSeen] = {}  # cluster → its fence as seen
+        self.naming_us: set[str] = set()  # clusters whose fence, as seen, names this replica
         self.names: dict[str, str] = {}  # fence Lease name → cluster
         self.held: dict[str, JSON] = {}  # clusters whose fence we hold → the object we wrote
         self.leaving: dict[str, asyncio.Task[None]] = {}
         self.desired: set[str] = set()  # the clusters the last round gave this replica
         self.seat: Seat | None = None
+        # Releases in flight on the hub, bounded like the round's acquisitions: a handover
+        # hands over every moving cluster at once (2,500 at 10,000 clusters going from three
+        # replicas to four), and unbounded that is a connection and TLS handshake each to
+        # the hub, whose answers then come too late for all of them.
+        self.releasing = asyncio.Semaphore(CONCURRENT_WRITES)
 
     # --- what the informer tells us -------------------------------------------------------
 
@@ -84,6 +99,10 @@ class Fences:
             changed_holder = seen.observed.holder != holder
             seen.observed.see(holder, renew_time, now)
             seen.lease = lease
+        if holder == self.identity:
+            self.naming_us.add(cluster)
+        else:
+            self.naming_us.discard(cluster)
         if changed_holder and holder != self.identity:
             if cluster in self.held and cluster not in self.leaving:
                 self.lose(cluster, f"its fence is now held by {holder or 'nobody'}")
@@ -95,6 +114,7 @@ class Fences:
         if cluster is None:
             return
         self.seen.pop(cluster, None)
+        self.naming_us.discard(cluster)
         if cluster in self.held and cluster not in self.leaving:
             self.lose(cluster, "its fence Lease was deleted")
         self.wake()
@@ -217,6 +237,15 @@ class Fences:
         assert self.hub.client is not None
         client = self.hub.client
         name = self.config.fence_lease(cluster)
+        async with self.releasing:  # the wait for a turn is not the hub's time to answer
+            done = await self._release(client, cluster, name, fence, delete)
+        if done:
+            # Not ours on the hub any more, whether or not the watch has said so yet: the
+            # round must not give it back a second time meanwhile.
+            self.naming_us.discard(cluster)
+        return done
+
+    async def _release(self, client: Client, cluster: str, name: str, fence: JSON, delete: bool) -> bool:
         try:
             async with asyncio.timeout(self.hub.request_timeout):
                 current = fence
@@ -256,11 +285,7 @@ class Fences:
 
     def still_ours(self) -> list[tuple[str, JSON]]:
         """Fences that name this replica on the hub though it no longer works on their clusters."""
-        return [
-            (name, seen.lease)
-            for name, seen in self.seen.items()
-            if seen.observed.holder == self.identity and name not in self.held
-        ]
+        return [(name, self.seen[name].lease) for name in self.naming_us - self.held.keys()]
 
     # --- collecting -------------------------------------------------------------------------
 
@@ -276,14 +301,16 @@ class Fences:
         merely not discovered here yet is harmless: its owner creates it again.
         """
         assert self.seat is not None
-        clusters = self.seat.clusters()
-        for cluster, seen in list(self.seen.items()):
+        # Only fences of clusters not engaged here can be orphans: a set difference first,
+        # not a look at each of 10,000 fences every round.
+        candidates = self.seen.keys() - self.seat.clusters().keys() - self.held.keys() - self.leaving.keys()
+        for cluster in candidates:
+            seen = self.seen.get(cluster)
+            if seen is None:
+                continue  # forgotten while an earlier delete ran
             holder = seen.observed.holder
             if (
-                cluster in clusters
-                or cluster in self.held
-                or cluster in self.leaving
-                or (holder and (holder in live or holder == self.identity))
+                (holder and (holder in live or holder == self.identity))
                 or seen.observed.quiet_for(now) <= self.config.peer_gc_after
                 or owner(f"fence-gc\x00{cluster}", live) != self.identity
             ):

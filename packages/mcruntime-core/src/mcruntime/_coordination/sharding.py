@@ -53,7 +53,7 @@ from .fences import Fences
 from .heartbeat import Connect, Heartbeat, own_connection
 from .lease import LEASE, holder_of, renew_time_of
 from .membership import Membership
-from .rendezvous import owner
+from .rendezvous import Shares
 from .shardhub import (
     API_ERRORS,
     CLUSTER_ANNOTATION,
@@ -101,6 +101,7 @@ class ShardedCoordinator:
         self._fences = Fences(
             self.config, self._hub, self._members, wake=self._wake.set, renewed=self._renewed.set
         )
+        self._shares = Shares(self.config.identity)
         self._cuts: set[asyncio.Task[None]] = set()
         # How the heartbeat's thread reaches the hub; None: a connection of its own from
         # the hub's kubeconfig. Tests put a breakable client here.
@@ -326,55 +327,74 @@ class ShardedCoordinator:
             # stopping) our work, and nothing is written until a renewal succeeds.
             self.metrics.owned.set(len(fences.held))
             return
-        clusters = self._seat.clusters()
-        desired = {name for name in clusters if owner(name, peers) == self.identity}
+        # Every step below is a set operation or touches only what changed: a round runs
+        # after every fence that changes hands, thousands of times in a cold start.
+        desired = self._shares.mine(self._seat.clusters(), peers)
         self.metrics.ownership_changes.labels("gained").inc(len(desired - fences.desired))
         self.metrics.ownership_changes.labels("lost").inc(len(fences.desired - desired))
         fences.desired = desired
-        for name in list(fences.held):
-            if name not in desired and name not in fences.leaving:
-                fences.leaving[name] = asyncio.create_task(fences.hand_over(name))
+        for name in fences.held.keys() - desired - fences.leaving.keys():
+            fences.leaving[name] = asyncio.create_task(fences.hand_over(name))
         if self._members.alive(now):
             # Fences that still name us on the hub though we dropped them (the watchdog
             # stopped our work, or this identity restarted): nobody else may take them
             # while we live, so give back those we do not want.
-            for name, seen in list(fences.seen.items()):
-                if (
-                    seen.observed.holder == self.identity
-                    and name not in fences.held
-                    and name not in fences.leaving
-                    and name not in desired
-                ):
-                    fences.leaving[name] = asyncio.create_task(fences.give_back(name, seen.lease))
-        reopen = [
-            name
-            for name in desired
-            if name in fences.held and name not in fences.leaving and not self._seat.work.admits(name)
-        ]
-        wanted = sorted(name for name in desired if name not in fences.held and name not in fences.leaving)
+            for name in fences.naming_us - fences.held.keys() - fences.leaving.keys() - desired:
+                fences.leaving[name] = asyncio.create_task(fences.give_back(name, fences.seen[name].lease))
+        settled = (desired & fences.held.keys()) - fences.leaving.keys()
+        reopen = [name for name in settled if not self._seat.work.admits(name)]
+        wanted = sorted(desired - fences.held.keys() - fences.leaving.keys())
         if self._members.alive(now):
-            acquired: list[str] = []
-            # In batches: a cold start or a failover asks for hundreds of fences at once.
-            for start in range(0, len(wanted), CONCURRENT_WRITES):
-                batch = wanted[start : start + CONCURRENT_WRITES]
-                results = await asyncio.gather(*(fences.acquire(name, now) for name in batch))
-                acquired.extend(name for name, won in zip(batch, results, strict=True) if won)
-        else:
-            acquired, reopen = [], []
-        # Open only what is still ours and only while we are alive: the watchdog may have
-        # dropped everything while the acquisitions ran.
-        opening = [
-            name for name in (*acquired, *reopen) if name in fences.held and name not in fences.leaving
-        ]
-        if opening and self._members.alive(time.monotonic()):
-            # One replay for everything won this round, not one per cluster.
-            self._seat.work.open(*opening)
+            await self._acquire_all(wanted, reopen, now)
         self.metrics.owned.set(len(fences.held))
         if self._members.alive(time.monotonic()):
             await self._members.collect_dead(peers, time.monotonic())
         if self._members.alive(time.monotonic()):
             await fences.collect_orphans(peers, time.monotonic())
         self._members.prune_gone(time.monotonic())
+
+    async def _acquire_all(self, wanted: list[str], reopen: list[str], now: float) -> None:
+        """Take the fences of ``wanted``, at most ``CONCURRENT_WRITES`` at a time, and open what is won.
+
+        A cold start or a failover asks for hundreds of fences at once. They go
+        out as a sliding window (a slow answer holds up one place, not a batch),
+        and what has been won opens at least once per retry period while the
+        rest is still being taken (a failover of 800 clusters starts work on
+        the first while it takes the last), in one replay for all of it: a
+        mapping handler's replay reads every cluster's cache, so not one per
+        cluster. No acquisition outlives the round.
+        """
+        won: list[str] = [*reopen]
+        opened_at = time.monotonic()
+        turns = asyncio.Semaphore(CONCURRENT_WRITES)
+
+        async def take(name: str) -> None:
+            nonlocal won, opened_at
+            async with turns:
+                if await self._fences.acquire(name, now):
+                    won.append(name)
+            if time.monotonic() - opened_at >= self.config.retry_period:
+                self._open(won)
+                won, opened_at = [], time.monotonic()
+
+        tasks = [asyncio.ensure_future(take(name)) for name in wanted]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()  # after a failure or a cancellation: the round's writes end with it
+        self._open(won)
+
+    def _open(self, clusters: list[str]) -> None:
+        """Open work in ``clusters`` that are still ours, and only while we are alive.
+
+        The watchdog may have dropped everything while the acquisitions ran.
+        """
+        assert self._seat is not None
+        fences = self._fences
+        opening = [name for name in clusters if name in fences.held and name not in fences.leaving]
+        if opening and self._members.alive(time.monotonic()):
+            self._seat.work.open(*opening)
 
     def _after_renewal(self) -> None:
         """On the main loop: wake the watchdog and run a round right after each renewal."""
