@@ -60,6 +60,11 @@ async def test_a_sibling_whose_load_fails_does_not_answer_for_the_others(fleet: 
         await wait_until(lambda: shared.loading is not None, what="the revoked cluster's load begun")
         waiting = asyncio.ensure_future(fine.client.resource(CONFIGMAP))
         await wait_until(lambda: fine.client.discovery._refreshing is not None, what="the good one waiting")
+        # While it waits on its sibling's load its own request is as good as on its way: its
+        # health probe need not vouch for it meanwhile (a cold start of thousands waits here).
+        outstanding = fine.transport.health.outstanding
+        assert outstanding is not None
+        await wait_until(outstanding, what="the wait counted as a request on its way")
         release.set()
         resource = await waiting
         assert resource.plural == "configmaps"

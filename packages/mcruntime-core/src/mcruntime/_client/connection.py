@@ -15,7 +15,8 @@ import base64
 import logging
 import ssl
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -68,7 +69,8 @@ class Connection:
         self.cluster = cluster
         self.health: HealthRecord = HealthRecord(cluster)
         self.health.open_listeners.append(self._interrupt)
-        self.health.outstanding = lambda: bool(self._waiting)
+        self.health.outstanding = lambda: bool(self._waiting) or self._preparing > 0
+        self._preparing = 0  # requests waiting on something shared before they are sent (see preparing)
         self._request_timeout = request_timeout
         self._connect_timeout = connect_timeout
         # Requests waiting on the server and open watches, interrupted when the circuit opens.
@@ -97,6 +99,20 @@ class Connection:
 
     def __repr__(self) -> str:
         return f"<Transport cluster={self.cluster!r} server={redacted_url(self.config.server)}>"
+
+    @contextmanager
+    def preparing(self) -> Iterator[None]:
+        """A request of this cluster waits, for the block, on work shared with its server's others.
+
+        Discovery loaded once for a whole server, say: the request follows
+        when it is done, so the health probe treats it as on its way and does
+        not spend a probe of its own on vouching for the cluster meanwhile.
+        """
+        self._preparing += 1
+        try:
+            yield
+        finally:
+            self._preparing -= 1
 
     @property
     def server(self) -> str:

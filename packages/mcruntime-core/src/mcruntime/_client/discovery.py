@@ -136,7 +136,8 @@ class Discovery:
         for _ in range(2):
             if shared.loading is None:
                 break
-            resources = await asyncio.shield(shared.loading)
+            with self._transport.preparing():  # our own request follows: no probe needed meanwhile
+                resources = await asyncio.shield(shared.loading)
             if resources is not None:
                 self._resources, self._loaded_at = resources, shared.loaded_at
                 return
