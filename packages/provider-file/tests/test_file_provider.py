@@ -591,7 +591,7 @@ async def test_a_rescan_of_unchanged_files_acts_on_nothing(tmp_path: Path, fleet
         folds[0] += 1
         return fold(*args)
 
-    provider._apply = counting  # type: ignore[method-assign]
+    provider._apply = counting  # type: ignore[method-assign,assignment]
 
     async def rescan_folds() -> int:
         before, passes = folds[0], provider.passes

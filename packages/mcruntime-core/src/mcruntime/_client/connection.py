@@ -69,8 +69,8 @@ class Connection:
         self.cluster = cluster
         self.health: HealthRecord = HealthRecord(cluster)
         self.health.open_listeners.append(self._interrupt)
+        self._preparing: int = 0  # requests waiting on something shared before they are sent (see preparing)
         self.health.outstanding = lambda: bool(self._waiting) or self._preparing > 0
-        self._preparing = 0  # requests waiting on something shared before they are sent (see preparing)
         self._request_timeout = request_timeout
         self._connect_timeout = connect_timeout
         # Requests waiting on the server and open watches, interrupted when the circuit opens.
