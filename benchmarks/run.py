@@ -120,7 +120,9 @@ def _load() -> str:
     return f"{one:.2f} (1 min), {five:.2f} (5 min)"
 
 
-async def _run(bench: Bench, only: list[str], profile: Path | None) -> tuple[dict[str, Any], list[str]]:
+async def _run(
+    bench: Bench, only: list[str], profile: Path | None, unprofiled: frozenset[str] = frozenset()
+) -> tuple[dict[str, Any], list[str]]:
     sizes = bench.sizes
     started = time.monotonic()
     namespaces = {BULK: sizes.bulk_objects, SMALL: sizes.small_objects}
@@ -165,7 +167,7 @@ async def _run(bench: Bench, only: list[str], profile: Path | None) -> tuple[dic
         results[name]["load"] = load
     if profile is not None and "mcruntime" in bench.kinds:  # where mcruntime loses, show where its time goes
         for name in losing(results):
-            if name in results and "error" not in results[name]:
+            if name in results and "error" not in results[name] and name not in unprofiled:
                 log(f"{name.upper()}: mcruntime missed its goal; one profiled run ...")
                 try:
                     found = await profile_scenario(bench, name, profile.with_name(f"profile_{name}.prof"))
@@ -185,6 +187,7 @@ def run(
     profile: bool,
     seed_value: int,
     large_fleet: int | None = None,
+    unprofiled: frozenset[str] = frozenset(),
 ) -> int:
     """Build, start the fleet, run, write results.json, RESULTS.md and PNGs; return the exit status."""
     out.mkdir(parents=True, exist_ok=True)
@@ -211,7 +214,7 @@ def run(
             if large_fleet is not None:
                 bench.notes["s12_clusters"] = large_fleet
             profile_path = work / "profile_s1.prof" if profile else None  # summarised into RESULTS.md
-            results, failed = asyncio.run(_run(bench, only, profile_path))
+            results, failed = asyncio.run(_run(bench, only, profile_path, unprofiled))
     description["load average at end"] = _load()
     results["machine"] = description
     results["sizes"] = sizes.__dict__
@@ -243,6 +246,11 @@ def main() -> None:
     )
     parser.add_argument("--large-fleet", type=int, help="S12's clusters instead of its size (10,000 in full)")
     parser.add_argument("--no-profile", action="store_true", help="all: no profiled reruns of missed goals")
+    parser.add_argument(
+        "--no-profile-of",
+        default="",
+        help="all: comma-separated scenarios whose missed goals get no profiled rerun (s12's takes 10 min)",
+    )
     parser.add_argument("--seed", type=int, help="seed of the peers' order (default: drawn, recorded)")
     parser.add_argument("--results", type=Path, help="report mode: the results.json to render")
     args = parser.parse_args()
@@ -261,7 +269,9 @@ def main() -> None:
         out = args.out or Path(tempfile.mkdtemp(prefix="mcruntime-bench-smoke-"))
         log(f"smoke run into {out}")
         sys.exit(run(SMOKE, out, only, peers, args.profile, seed_value, args.large_fleet))
-    sys.exit(run(FULL, args.out or HERE, only, peers, not args.no_profile, seed_value, args.large_fleet))
+    unprofiled = frozenset(name.strip().lower() for name in args.no_profile_of.split(",") if name.strip())
+    profile = not args.no_profile
+    sys.exit(run(FULL, args.out or HERE, only, peers, profile, seed_value, args.large_fleet, unprofiled))
 
 
 if __name__ == "__main__":
