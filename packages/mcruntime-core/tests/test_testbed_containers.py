@@ -63,7 +63,10 @@ def backend() -> Iterator[ContainerBackend]:
 
 
 def _session_containers(backend: ContainerBackend) -> list[object]:
-    return list(backend.client.containers.list(all=True, filters={"label": f"{LABEL}={backend.session}"}))
+    found = backend.client.containers.list(
+        all=True, filters={"label": f"{LABEL}={backend.session}"}, ignore_removed=True
+    )
+    return list(found)
 
 
 async def test_a_cluster_in_containers_serves_on_loopback_and_leaves_nothing(
@@ -199,7 +202,7 @@ def test_a_session_that_leaks_containers_fails_and_removes_them(tmp_path: Path) 
     assert "left running and killed: container mcruntime-" in output
     left = [
         c.name
-        for c in client.containers.list(all=True, filters={"label": LABEL})
+        for c in client.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True)
         if (c.labels or {}).get(OWNER_LABEL, "").startswith(owner_prefix)
     ]
     client.close()

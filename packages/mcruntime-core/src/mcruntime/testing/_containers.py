@@ -123,7 +123,9 @@ def remove_containers(
 ) -> list[str]:
     """Remove a session's testbed containers, or (``stale``) those whose owner is gone; returns names."""
     removed: list[str] = []
-    for container in client.containers.list(all=True, filters={"label": LABEL}):
+    # ignore_removed: a container removed between the listing and its inspection (by the
+    # reaper, say) is not an error here; docker-py raises NotFound for it otherwise.
+    for container in client.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True):
         labels = container.labels or {}
         ours = session is not None and labels.get(LABEL) == session
         orphaned = stale and not owner_alive(labels.get(OWNER_LABEL, ""))
@@ -375,7 +377,9 @@ class ContainerBackend:
 
     def leftovers(self) -> list[str]:
         """Names of this session's containers that still exist."""
-        found = self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.session}"})
+        found = self.client.containers.list(
+            all=True, filters={"label": f"{LABEL}={self.session}"}, ignore_removed=True
+        )
         return [str(container.name) for container in found]
 
     def close(self) -> None:
@@ -393,7 +397,9 @@ def wait_for_removal(client: RawDockerClient, session: str, timeout: float) -> b
     """Whether the session's containers are all gone within ``timeout`` (for tests of the reaper)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not client.containers.list(all=True, filters={"label": f"{LABEL}={session}"}):
+        # The reaper removes them while we look: one gone between the listing and its
+        # inspection is gone, not an error (docker-py raised NotFound for it, failing CI once).
+        if not client.containers.list(all=True, filters={"label": f"{LABEL}={session}"}, ignore_removed=True):
             return True
         time.sleep(0.2)
     return False
