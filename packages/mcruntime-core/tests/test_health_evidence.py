@@ -13,8 +13,8 @@ import operator
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import AsyncExitStack, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from functools import partial
 
 import pytest
@@ -310,34 +310,46 @@ async def test_inconclusive_probes_give_no_verdict_until_a_run_of_them_counts() 
     assert record.unreachable and "event loop ran late" in (record.reason or "")
 
 
+@asynccontextmanager
+async def _lead_and_member(
+    answer: ProbeResult, interval: float
+) -> AsyncIterator[tuple[HealthRecord, HealthRecord, dict[str, int]]]:
+    """Two probe loops on one scripted server, each probe answering ``answer``; probes counted by name."""
+    server = ServerLiveness("scripted server")
+    lead, member = HealthRecord("lead"), HealthRecord("member")
+    probed: dict[str, int] = {"lead": 0, "member": 0}
+
+    def script(name: str) -> Callable[[float], Awaitable[ProbeResult]]:
+        async def probe(_timeout: float) -> ProbeResult:
+            probed[name] += 1
+            return answer
+
+        return probe
+
+    tasks = [
+        asyncio.create_task(
+            record.probe_forever(
+                script(record.cluster), interval=interval, timeout=1.0, backoff=_NO_RETRY_SOON, server=server
+            )
+        )
+        for record in (lead, member)
+    ]
+    try:
+        yield lead, member, probed
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def test_a_server_that_answers_again_does_not_probe_its_unvouched_members_at_once() -> None:
     """Members never vouched for when an outage began are judged as at a cold start: a request vouches.
 
     A server's thousand unvouched members would otherwise all probe the
     moment it answers again (the storm that S12 showed at 10,000 clusters).
     """
-    server = ServerLiveness("scripted server")
-    lead, member = HealthRecord("lead"), HealthRecord("member")
-    probed: dict[str, int] = {"lead": 0, "member": 0}
     silent: ProbeResult = ("no answer to GET /version in 1s", True, True)
-
-    def script(name: str) -> Callable[[float], Awaitable[ProbeResult]]:
-        async def probe(_timeout: float) -> ProbeResult:
-            probed[name] += 1
-            return silent
-
-        return probe
-
-    hour = 3600.0
-    tasks = [
-        asyncio.create_task(
-            record.probe_forever(
-                script(record.cluster), interval=hour, timeout=1.0, backoff=_NO_RETRY_SOON, server=server
-            )
-        )
-        for record in (lead, member)
-    ]
-    try:
+    async with _lead_and_member(silent, interval=3600.0) as (lead, member, probed):
         await wait_until(lambda: lead.unreachable and member.unreachable, what="the outage")
         await wait_until(lambda: probed["member"] == 1, what="the member's one probe in the outage")
         assert member.state is HealthState.UNHEALTHY
@@ -346,47 +358,20 @@ async def test_a_server_that_answers_again_does_not_probe_its_unvouched_members_
         member.contact(200)  # the member's own first request after it: this vouches for it
         await wait_until(lambda: member.state is HealthState.HEALTHY, what="the member vouched for")
         assert probed["member"] == 1  # healthy by its request, not by a probe of its own
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def test_a_member_whose_own_request_is_on_its_way_is_not_probed_for_it() -> None:
     """A cold start of thousands queues its first requests for turns: their answers vouch, not probes."""
-    server = ServerLiveness("scripted server")
-    lead, member = HealthRecord("lead"), HealthRecord("member")
-    probed: dict[str, int] = {"lead": 0, "member": 0}
-    on_its_way = [True]
-    member.outstanding = lambda: on_its_way[0]
-
-    def script(name: str) -> Callable[[float], Awaitable[ProbeResult]]:
-        async def probe(_timeout: float) -> ProbeResult:
-            probed[name] += 1
-            return None
-
-        return probe
-
     grace = 0.05  # the member's first check is due this long after it joined, unless vouched for
-    tasks = [
-        asyncio.create_task(
-            record.probe_forever(
-                script(record.cluster), interval=grace, timeout=1.0, backoff=_NO_RETRY_SOON, server=server
-            )
-        )
-        for record in (lead, member)
-    ]
-    try:
+    async with _lead_and_member(None, interval=grace) as (lead, member, probed):
+        on_its_way = [True]
+        member.outstanding = lambda: on_its_way[0]
         await wait_until(lambda: lead.state is HealthState.HEALTHY, what="the lead's probe")
         await asyncio.sleep(20 * grace)  # the window itself: twenty graces in which no probe may go
         assert probed["member"] == 0 and member.state is HealthState.UNKNOWN
         on_its_way[0] = False  # its request ended without vouching (a 401, say): now it is checked
         await wait_until(lambda: probed["member"] == 1, what="the member's first check")
         await wait_until(lambda: member.state is HealthState.HEALTHY, what="its verdict")
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def test_a_probe_unanswered_while_the_server_answers_others_blames_no_server() -> None:
