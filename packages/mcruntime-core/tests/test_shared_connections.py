@@ -9,11 +9,10 @@ a client-certificate identity stays that cluster's own business.
 from __future__ import annotations
 
 import asyncio
-import os
 from contextlib import AsyncExitStack
 
 import pytest
-from kube_helpers import CONFIGMAP, configmap, unique
+from kube_helpers import CONFIGMAP, configmap, connections_to, unique
 
 import mcruntime as mcr
 from mcruntime._client.pool import REQUESTS_IN_FLIGHT, Turns, session_pool
@@ -23,28 +22,6 @@ from mcruntime.testing import ControlPlane, wait_until
 
 def _config(plane: ControlPlane, user: object = None) -> mcr.ClusterConfig:
     return mcr.kubeconfig_from_dict(plane.kubeconfig(user))  # type: ignore[arg-type]
-
-
-def _connections_to(port: int) -> int:
-    """This process's established TCP connections to ``port`` on loopback, read from /proc."""
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    found = 0
-    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
-        with open(table) as lines:
-            next(lines)
-            for line in lines:
-                fields = line.split()
-                remote_port = int(fields[2].rsplit(":", 1)[1], 16)
-                if remote_port == port and fields[3] == "01" and fields[9] in inodes:
-                    found += 1
-    return found
 
 
 async def _open_one_by_one(
@@ -73,11 +50,11 @@ async def test_token_users_of_one_server_share_connections_and_keep_their_own_id
     users: list[object] = [plane.add_token_user(unique("shared")) for _ in range(8)]
     async with AsyncExitStack() as stack:
         apart = await _open_one_by_one(stack, plane, users, share=False)
-        unshared = _connections_to(port)
+        unshared = connections_to(port)
         assert not any(cluster.transport.shared for cluster in apart)
     async with AsyncExitStack() as stack:
         clusters = await _open_one_by_one(stack, plane, users, share=True)
-        shared = _connections_to(port)
+        shared = connections_to(port)
         assert all(cluster.transport.shared for cluster in clusters)
         # A client certificate is part of the handshake: pooled only with the very same certificate.
         admin = await stack.enter_async_context(mcr.Cluster("admin", _config(plane)))
@@ -156,7 +133,7 @@ async def test_a_burst_from_many_clusters_reuses_a_bounded_set_of_connections(
         await wait_until(lambda: all(cluster.health.healthy for cluster in clusters), timeout=60)
         assert len(answers) == count and all(cluster.transport.shared for cluster in clusters)
         assert session_pool().turns(clusters[0].transport._sharing_key() or "") is not None
-        connections = _connections_to(port)
+        connections = connections_to(port)
         print(f"{count} clusters probing and listing at once: {connections} connections to the server")
         # Every probe and list went out, through at most REQUESTS_IN_FLIGHT connections at once.
         assert connections <= REQUESTS_IN_FLIGHT

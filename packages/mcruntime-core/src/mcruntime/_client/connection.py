@@ -27,7 +27,7 @@ from .._config.exec import ExecLimits
 from .._config.kubeconfig import ClusterConfig, redacted_url
 from .._config.material import MaterialFiles
 from .health import HealthRecord
-from .pool import REQUESTS_IN_FLIGHT, Turns, session_pool
+from .pool import REQUESTS_IN_FLIGHT, Turns, close_session, companion, session_pool
 from .retry import RetryPolicy
 from .tls import MaterialPaths, certificate_of, tune_tls_read_buffer
 from .wording import describe_connection_error
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     # Imported where used: kubernetes-asyncio's generated models take ~0.3 s and
     # ~35 MiB to import, and only typed-API users need them.
     from kubernetes_asyncio import client as k8s_client
+
+    from .multiplex import Multiplexer, WatchResponse
 
 _KEEPALIVE_SECONDS = 75.0
 """How long an idle pooled connection is kept (aiohttp's default is 15 s)."""
@@ -63,6 +65,7 @@ class Connection:
         share_connections: bool = True,
         exec_limits: ExecLimits | None = None,
         requests_in_flight: int = REQUESTS_IN_FLIGHT,
+        http2_watches: bool = True,
     ) -> None:
         self.config: ClusterConfig = config
         self._exec_limits = exec_limits or ExecLimits()
@@ -75,7 +78,10 @@ class Connection:
         self._connect_timeout = connect_timeout
         # Requests waiting on the server and open watches, interrupted when the circuit opens.
         self._waiting: set[asyncio.Timeout] = set()
-        self._streams: set[aiohttp.ClientResponse] = set()
+        self._streams: set[WatchResponse] = set()
+        self._http2 = http2_watches
+        self._user: Mapping[str, Any] | None = None  # the user entry of a certificate from _swap_context
+        self._mux: Multiplexer | None = None  # the HTTP/2 connections of the last watch opened
         self._retry = retry or RetryPolicy()
         self._material: MaterialFiles | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -233,7 +239,7 @@ class Connection:
             if old is None:
                 continue
             if key is None:
-                await old.close()
+                await close_session(old)
             else:
                 await session_pool().release(key, old)
         if self._material is not None:
@@ -281,6 +287,7 @@ class Connection:
             raise Unreachable(message, cluster=self.cluster) from None
         if self._closed or self._session is None:
             return
+        self._user = user
         old, self._session = self._session, self._new_session(context)
         old_lease, self._lease = self._lease, None  # a certificate identity never shares
         self._turns = None
@@ -288,7 +295,7 @@ class Connection:
         while len(self._retired) > 2:  # bound them: a watch this old has reconnected long since
             key, oldest = self._retired.pop(0)
             if key is None:
-                await oldest.close()
+                await close_session(oldest)
             else:
                 await session_pool().release(key, oldest)
 
@@ -351,6 +358,49 @@ class Connection:
             headers["Authorization"] = authorization
         return headers
 
+    def _multiplexer(self) -> Multiplexer | None:
+        """The HTTP/2 connections this cluster's watches open on, or ``None`` to use HTTP/1.1.
+
+        Shared with the session (and so with every cluster sharing it). Not
+        for a server behind a proxy (the proxy speaks HTTP/1.1 CONNECT), nor
+        for plain HTTP, nor once the server has answered without ``h2``.
+        """
+        session = self._session
+        if not self._http2 or session is None or self.config.cluster.get("proxy-url"):
+            return None
+        if not self.server.startswith("https://"):
+            return None
+        from .multiplex import Multiplexer  # h2 is imported with the first watch
+
+        found = companion(
+            session,
+            lambda: Multiplexer(
+                self.server,
+                self._http2_context,
+                server_hostname=self.config.cluster.get("tls-server-name"),
+                connect_timeout=self._connect_timeout,
+            ),
+        )
+        if found.unsupported is not None or found.closed:
+            return None
+        self._mux = found
+        return found
+
+    async def _http2_context(self) -> ssl.SSLContext:
+        """A TLS context like the session's, offering ``h2`` (the session's must stay HTTP/1.1)."""
+        user = self._user
+
+        def build() -> ssl.SSLContext:
+            context = self._ssl_context(user)
+            context.set_alpn_protocols(["h2"])
+            return context
+
+        try:
+            return await asyncio.to_thread(build)
+        except (ssl.SSLError, OSError, ValueError) as error:
+            message = f"unusable TLS configuration: {describe_connection_error(error)}"
+            raise Unreachable(message, cluster=self.cluster) from None
+
     def _request_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {}
         if self.config.cluster.get("proxy-url"):
@@ -384,3 +434,7 @@ class Connection:
                     waiting.reschedule(now)
         for response in list(self._streams):
             response.close()
+        if self._mux is not None and not self._closed:
+            # A connection the server went silent on would otherwise carry the next
+            # watches until each read timeout: an unanswered PING drops it.
+            self._mux.check_alive()

@@ -26,7 +26,7 @@ import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 if TYPE_CHECKING:
     import aiohttp
@@ -229,12 +229,12 @@ class SessionPool:
         """Give a lease back; the last one closes the session."""
         entry = self._shared.get(key)
         if entry is None or entry.session is not session:
-            await session.close()  # replaced meanwhile (it had closed): nobody else holds it
+            await close_session(session)  # replaced meanwhile (it had closed): nobody else holds it
             return
         entry.users -= 1
         if entry.users <= 0:
             del self._shared[key]
-            await session.close()
+            await close_session(session)
 
     def __len__(self) -> int:
         return len(self._shared)
@@ -255,3 +255,27 @@ def session_pool() -> SessionPool:
     if pool is None:
         pool = _pools[loop] = SessionPool()
     return pool
+
+
+class _Companion(Protocol):
+    def close(self) -> None: ...
+
+
+_C = TypeVar("_C", bound=_Companion)
+_companions: weakref.WeakKeyDictionary[aiohttp.ClientSession, _Companion] = weakref.WeakKeyDictionary()
+
+
+def companion(session: aiohttp.ClientSession, make: Callable[[], _C]) -> _C:
+    """What lives and dies with ``session`` (its HTTP/2 watch connections), made on first use."""
+    found = _companions.get(session)
+    if found is None:
+        found = _companions[session] = make()
+    return cast("_C", found)  # one kind of companion per session
+
+
+async def close_session(session: aiohttp.ClientSession) -> None:
+    """Close ``session`` and what lives with it."""
+    found = _companions.pop(session, None)
+    if found is not None:
+        found.close()
+    await session.close()

@@ -14,6 +14,7 @@ import math
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import aiohttp
 
@@ -24,6 +25,9 @@ from .pool import NoTurn, Turns
 from .retry import RETRY_STATUSES, retry_after_seconds
 from .retry import RetryPolicy as RetryPolicy  # a transport option, importable here too
 from .wording import NoAnswer, Unsendable, describe_connection_error, unexpected
+
+if TYPE_CHECKING:
+    from .multiplex import WatchResponse
 
 _LATE_LOOP = 1.0
 """A probe's timeout that fired this many seconds late (or half its timeout) says nothing about the server."""
@@ -295,18 +299,38 @@ class Transport(Connection):
         params: Mapping[str, str] | None = None,
         read_timeout: float | None = None,
         accept: str = "application/json",
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """Open a long-lived GET (a watch); ``read_timeout`` bounds silence on the socket.
+    ) -> AsyncIterator[WatchResponse]:
+        """Open a long-lived GET (a watch); ``read_timeout`` bounds silence on it.
 
-        The caller checks the status; a silent connection raises a timeout within
+        The caller checks the status; a silent watch raises a timeout within
         ``read_timeout`` instead of hanging forever. While the cluster is known
         to be unreachable no stream opens, and open ones are closed when that
-        becomes known.
+        becomes known. Where the server speaks HTTP/2 the watch is a stream of
+        a connection shared with its server's other watches (``multiplex.py``);
+        otherwise it holds an HTTP/1.1 connection of its own.
         """
         self._fail_fast("GET", path)
         await self.open()
         assert self._credentials is not None
         headers = await self._headers(accept, None)
+        multiplexer = self._multiplexer()
+        if multiplexer is not None:
+            from .multiplex import ChannelUnavailable
+
+            try:
+                stream = await multiplexer.open(path, params, headers, read_timeout)
+            except ChannelUnavailable as error:
+                cause = error.error
+                message = describe_connection_error(cause) if cause is not None else str(error)
+                self.health.failure(message)
+                raise Unreachable(message, cluster=self.cluster) from None
+            if stream is not None:
+                try:
+                    async with self._watching(stream) as response:
+                        yield response
+                finally:
+                    stream.close()
+                return
         session = self._session
         if session is None:
             raise Unreachable("the cluster was stopped", cluster=self.cluster)
@@ -317,18 +341,31 @@ class Transport(Connection):
             sock_read=read_timeout,
         )
         try:
-            async with session.get(
-                self.server + path, params=params, headers=headers, timeout=timeout, **self._request_options()
-            ) as response:
-                self.health.contact(response.status)
-                if response.status == 401:
-                    self._credentials.invalidate()
-                self._streams.add(response)
-                try:
-                    yield response
-                finally:
-                    self._streams.discard(response)
+            async with (
+                session.get(
+                    self.server + path,
+                    params=params,
+                    headers=headers,
+                    timeout=timeout,
+                    **self._request_options(),
+                ) as response,
+                self._watching(response) as watched,
+            ):
+                yield watched
         except (aiohttp.ClientConnectorError, ssl.SSLError) as error:
             message = describe_connection_error(error)
             self.health.failure(message)
             raise Unreachable(message, cluster=self.cluster) from None
+
+    @asynccontextmanager
+    async def _watching(self, response: WatchResponse) -> AsyncIterator[WatchResponse]:
+        """An open watch's response: counted as contact, and closed when the circuit opens."""
+        self.health.contact(response.status)
+        if response.status == 401:
+            assert self._credentials is not None
+            self._credentials.invalidate()
+        self._streams.add(response)
+        try:
+            yield response
+        finally:
+            self._streams.discard(response)

@@ -96,6 +96,16 @@ class ClusterOptions:
     others of its server. The wait counts against the request's timeout. The
     cluster that opens the pool sets the bound for every cluster sharing it;
     an unshared cluster (``share_connections=False``) has no bound."""
+    http2_watches: bool = True
+    """Open watches as HTTP/2 streams where the server offers HTTP/2.
+
+    The watches of every cluster sharing a connection pool (see
+    ``share_connections``), or of one cluster when it shares none, then ride
+    a few connections per server instead of one connection each: 10,000
+    clusters on 10 servers hold about 10 sockets for their watches, not
+    10,000. Each watch keeps its own flow-control window, so a reader that
+    falls behind stalls only its own stream. Servers that do not offer
+    HTTP/2, or that are reached through a proxy, get HTTP/1.1 as before."""
     exec_timeout: float = DEFAULT_EXEC_TIMEOUT
     """Seconds an exec credential plugin may run before it is killed and its run fails.
 
@@ -160,6 +170,7 @@ class Cluster:
             share_connections=self.options.share_connections,
             exec_limits=ExecLimits(self.options.exec_timeout, self.options.exec_max_output),
             requests_in_flight=self.options.server_requests_in_flight,
+            http2_watches=self.options.http2_watches,
         )
         self.client: Client = Client(
             self.transport,

@@ -1,0 +1,513 @@
+"""Watches multiplexed over HTTP/2: a few connections carry every watch of a server.
+
+Under HTTP/1.1 each open watch holds a TLS connection of its own, so a
+process watching 10,000 clusters holds 10,000 sockets, and their API servers
+pay a handshake and a credential check for each. Where the server offers
+HTTP/2 (ALPN ``h2``, as kube-apiserver does), the watches of every cluster
+sharing a session (same server and trust, see ``connection.py``) open as
+streams of one connection, and of another only when the server's limit of
+concurrent streams is reached.
+
+Isolation holds through flow control. Each stream has a window of its own,
+opened again only as its reader consumes what arrived, and the connection's
+window is large enough that readers who stop cannot hold it shut: one
+cluster's slow watch stalls its own stream only. A reader who hears nothing
+for its read timeout asks the connection for a PING. An answered PING says
+the server is alive and only that watch is quiet; an unanswered one closes
+the connection, and every stream on it fails as a dropped HTTP/1.1 watch
+does, for its informer to reopen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Protocol
+from urllib.parse import urlencode, urlsplit
+
+import aiohttp
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+
+STREAM_WINDOW = 1 << 20
+"""Bytes one watch may leave unread before its server waits for it (not the others)."""
+_CONNECTION_WINDOW = (1 << 31) - 1
+_IDLE_SECONDS = 60.0
+"""A connection with no stream for this long is closed; a new watch opens another."""
+_PING = b"mcruntme"
+
+
+class WatchResponse(Protocol):
+    """What a watch's reader uses of its response, over HTTP/1.1 (aiohttp's) or a stream here."""
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def content(self) -> _Content: ...
+
+    async def read(self) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+class _Content(Protocol):
+    def iter_any(self) -> AsyncIterator[bytes]: ...
+
+
+class StreamClosed(aiohttp.ClientConnectionError):
+    """A multiplexed watch ended before its end: reset, its connection lost, or closed here.
+
+    A :class:`aiohttp.ClientConnectionError`, so its reader treats it as a
+    dropped HTTP/1.1 watch.
+    """
+
+
+class ChannelUnavailable(Exception):
+    """No HTTP/2 connection could be opened; the message says why, for the cluster's health."""
+
+    def __init__(self, message: str, error: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+class Stream:
+    """One watch on a shared HTTP/2 connection, read like aiohttp's response."""
+
+    __slots__ = (
+        "_channel",
+        "_chunks",
+        "_ended",
+        "_error",
+        "_read_timeout",
+        "_wakeup",
+        "headers",
+        "status",
+        "stream_id",
+    )
+
+    def __init__(self, channel: _Channel, stream_id: int, read_timeout: float | None) -> None:
+        self._channel = channel
+        self.stream_id = stream_id
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self._chunks: deque[tuple[bytes, int]] = deque()
+        self._ended = False
+        self._error: BaseException | None = None
+        self._wakeup: asyncio.Future[None] | None = None
+        self._read_timeout = read_timeout
+
+    @property
+    def content(self) -> Stream:
+        return self
+
+    @property
+    def unread(self) -> int:
+        """Bytes received and not yet read: at most the stream's window."""
+        return sum(flowed for _data, flowed in self._chunks)
+
+    async def response(self) -> None:
+        """Wait for the response's headers (within the read timeout, as aiohttp's ``sock_read``)."""
+        while not self.status:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        """Each chunk as it arrived; its window reopens once it is taken."""
+        while True:
+            while not self._chunks:
+                if self._error is not None:
+                    raise self._error
+                if self._ended:
+                    return
+                await self._wait()
+            data, flowed = self._chunks.popleft()
+            self._channel.consumed(self.stream_id, flowed)
+            if data:
+                yield data
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.iter_any()])
+
+    def close(self) -> None:
+        """Reset the stream if it is still open; a reader waiting on it raises :class:`StreamClosed`."""
+        if self._ended or self._error is not None:
+            self._release()
+            return
+        self._error = StreamClosed("the watch stream was closed")
+        self._release()
+        self._channel.reset(self.stream_id)
+        self._wake()
+
+    def _release(self) -> None:
+        """Give the connection's window back for what was received and never read."""
+        unread = self.unread
+        self._chunks.clear()
+        if unread:
+            self._channel.consumed(self.stream_id, unread)
+
+    async def _wait(self) -> None:
+        wakeup = self._wakeup = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(self._read_timeout):
+                await wakeup
+        except TimeoutError:
+            self._channel.check_alive()
+            raise
+        finally:
+            self._wakeup = None
+
+    def _wake(self) -> None:
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
+
+    # --- fed by the connection ------------------------------------------------
+
+    def _answered(self, status: int, headers: dict[str, str]) -> None:
+        self.status, self.headers = status, headers
+        self._wake()
+
+    def _feed(self, data: bytes, flowed: int) -> None:
+        self._chunks.append((data, flowed))
+        self._wake()
+
+    def _end(self) -> None:
+        self._ended = True
+        self._wake()
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None and not self._ended:
+            self._error = error
+        self._wake()
+
+
+class _Channel(asyncio.Protocol):
+    """One HTTP/2 connection and the streams open on it."""
+
+    def __init__(self, owner: Multiplexer) -> None:
+        self._owner = owner
+        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+        self._h2 = h2.connection.H2Connection(config)
+        self._h2.local_settings = h2.settings.Settings(
+            client=True,
+            initial_values={
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+                h2.settings.SettingCodes.ENABLE_PUSH: 0,
+            },
+        )
+        self._transport: asyncio.Transport | None = None
+        self.streams: dict[int, Stream] = {}
+        self.lost: str | None = None
+        self.draining = False
+        self.negotiated: str | None = None
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ping: asyncio.TimerHandle | None = None
+        self._idle: asyncio.TimerHandle | None = None
+
+    @property
+    def has_room(self) -> bool:
+        if self.lost is not None or self.draining or not self.ready.done():
+            return False
+        # Counted here: h2's own count walks every stream of the connection on each call.
+        return len(self.streams) < self._h2.remote_settings.max_concurrent_streams
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        tls = transport.get_extra_info("ssl_object")
+        self.negotiated = tls.selected_alpn_protocol() if tls is not None else None
+        if self.negotiated != "h2":
+            return  # the multiplexer closes it and remembers that the server speaks HTTP/1.1 only
+        self._h2.initiate_connection()
+        self._h2.increment_flow_control_window(_CONNECTION_WINDOW - 65535)
+        self._flush()
+
+    def open_stream(self, headers: list[tuple[bytes, bytes]], read_timeout: float | None) -> Stream:
+        stream_id = self._h2.get_next_available_stream_id()
+        self._h2.send_headers(stream_id, headers, end_stream=True)
+        stream = self.streams[stream_id] = Stream(self, stream_id, read_timeout)
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        self._flush()
+        return stream
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self._h2.receive_data(data)
+        except h2.exceptions.ProtocolError as error:
+            self.abort(f"HTTP/2 protocol error from the server: {error}")
+            return
+        for event in events:
+            self._dispatch(event)
+        self._flush()
+
+    def _dispatch(self, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.DataReceived):
+            stream = self.streams.get(event.stream_id or 0)
+            if stream is None:  # in flight when we reset it
+                self.consumed(event.stream_id or 0, event.flow_controlled_length or 0)
+            else:
+                stream._feed(event.data or b"", event.flow_controlled_length or 0)
+        elif isinstance(event, h2.events.ResponseReceived):
+            stream = self.streams.get(event.stream_id or 0)
+            if stream is not None:
+                stream._answered(*_status_and_headers(event.headers or []))
+        elif isinstance(event, h2.events.StreamEnded):
+            stream = self._forget(event.stream_id or 0)
+            if stream is not None:
+                stream._end()
+        elif isinstance(event, h2.events.StreamReset):
+            stream = self._forget(event.stream_id or 0)
+            if stream is not None:
+                code = _error_name(event.error_code)
+                stream._fail(StreamClosed(f"the server reset the watch stream ({code})"))
+        elif isinstance(event, h2.events.RemoteSettingsChanged):
+            if not self.ready.done():
+                self.ready.set_result(None)
+        elif isinstance(event, h2.events.PingAckReceived):
+            if self._ping is not None:
+                self._ping.cancel()
+                self._ping = None
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self._terminated(event)
+
+    def _terminated(self, event: h2.events.ConnectionTerminated) -> None:
+        """GOAWAY: streams the server kept run on; no new ones open here."""
+        self.draining = True
+        last = event.last_stream_id or 0
+        reason = f"the server closed the connection (GOAWAY {_error_name(event.error_code)})"
+        for stream_id in [stream_id for stream_id in self.streams if stream_id > last]:
+            stream = self._forget(stream_id)
+            if stream is not None:
+                stream._fail(StreamClosed(reason))
+        if not self.streams:
+            self.close()
+
+    def _forget(self, stream_id: int) -> Stream | None:
+        stream = self.streams.pop(stream_id, None)
+        if stream is not None and not self.streams and self.lost is None:
+            if self.draining:
+                self.close()
+            elif self._idle is None:
+                self._idle = asyncio.get_running_loop().call_later(_IDLE_SECONDS, self._close_if_idle)
+        return stream
+
+    def _close_if_idle(self) -> None:
+        self._idle = None
+        if not self.streams:
+            self.close()
+
+    def consumed(self, stream_id: int, flowed: int) -> None:
+        """``flowed`` bytes of ``stream_id`` were read (or dropped): open its windows again."""
+        if self.lost is not None or not flowed:
+            return
+        self._h2.acknowledge_received_data(flowed, stream_id)
+        self._flush()
+
+    def reset(self, stream_id: int) -> None:
+        if self._forget(stream_id) is None or self.lost is not None:
+            return
+        with contextlib.suppress(h2.exceptions.H2Error):
+            self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+        self._flush()
+
+    def check_alive(self) -> None:
+        """A reader heard nothing for its timeout: PING, and close the connection if unanswered."""
+        if self._ping is not None or self.lost is not None or self._transport is None:
+            return
+        self._h2.ping(_PING)
+        self._flush()
+        timeout = self._owner.connect_timeout
+        self._ping = asyncio.get_running_loop().call_later(
+            timeout, self.abort, f"no answer to an HTTP/2 PING in {timeout:g}s"
+        )
+
+    def _flush(self) -> None:
+        data = self._h2.data_to_send()
+        if data and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
+
+    def abort(self, reason: str) -> None:
+        """Drop the connection now; every stream on it fails with ``reason``."""
+        if self.lost is None:
+            self.lost = reason
+        if self._transport is not None:
+            self._transport.abort()
+
+    def close(self) -> None:
+        """Close politely (GOAWAY): nothing is open on it, or the process is done with it."""
+        if self.lost is not None or self._transport is None:
+            return
+        self.lost = "the connection was closed"
+        with contextlib.suppress(h2.exceptions.H2Error):
+            self._h2.close_connection()
+            self._flush()
+        self._transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.lost is None:
+            self.lost = f"connection lost: {exc}" if exc is not None else "the server closed the connection"
+        for timer in (self._ping, self._idle):
+            if timer is not None:
+                timer.cancel()
+        self._ping = self._idle = None
+        streams, self.streams = self.streams, {}
+        for stream in streams.values():
+            stream._fail(StreamClosed(self.lost))
+        if not self.ready.done():
+            self.ready.set_exception(ChannelUnavailable(self.lost, exc))
+            self.ready.exception()  # retrieved here: a connect that failed is reported by its opener
+        self._owner._lost(self)
+
+
+def _status_and_headers(raw: list[tuple[bytes, bytes]] | list[tuple[str, str]]) -> tuple[int, dict[str, str]]:
+    status = 0
+    headers: dict[str, str] = {}
+    for name, value in raw:
+        key = name.decode("latin-1") if isinstance(name, bytes) else name
+        text = value.decode("latin-1") if isinstance(value, bytes) else value
+        if key == ":status":
+            status = int(text)
+        else:
+            headers[key] = text
+    return status, headers
+
+
+def _error_name(code: int | h2.errors.ErrorCodes | None) -> str:
+    if isinstance(code, h2.errors.ErrorCodes):
+        return code.name
+    return f"error code {code}"
+
+
+class Multiplexer:
+    """The HTTP/2 connections of one session: watches open as streams, on as few as the server allows."""
+
+    def __init__(
+        self,
+        server: str,
+        context: Callable[[], Awaitable[ssl.SSLContext]],
+        *,
+        server_hostname: str | None,
+        connect_timeout: float,
+    ) -> None:
+        url = urlsplit(server)
+        self._host = url.hostname or ""
+        self._port = url.port or 443
+        self._authority = url.netloc.rsplit("@", 1)[-1].encode()
+        self._prefix = url.path.rstrip("/")
+        self._server_hostname = server_hostname
+        self._context_factory: Callable[[], Awaitable[ssl.SSLContext]] | None = context
+        self._context: ssl.SSLContext | None = None
+        self.connect_timeout = connect_timeout
+        self._channels: list[_Channel] = []
+        self._connecting = asyncio.Lock()
+        self.unsupported: str | None = None
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._channels)
+
+    async def open(
+        self,
+        path: str,
+        params: Mapping[str, str] | None,
+        headers: Mapping[str, str],
+        read_timeout: float | None,
+    ) -> Stream | None:
+        """Open a watch's stream and wait for its response's headers; ``None`` without HTTP/2 here.
+
+        Raises :class:`ChannelUnavailable` when no connection could be made.
+        """
+        channel = self._with_room()
+        if channel is None:
+            async with self._connecting:
+                channel = self._with_room()
+                if channel is None:
+                    if self.unsupported is not None or self.closed:
+                        return None
+                    channel = await self._connect()
+                    if channel is None:
+                        return None
+        query = f"?{urlencode(params)}" if params else ""
+        request = [
+            (b":method", b"GET"),
+            (b":scheme", b"https"),
+            (b":authority", self._authority),
+            (b":path", f"{self._prefix}{path}{query}".encode()),
+            (b"user-agent", b"mcruntime"),
+            *((name.lower().encode(), value.encode("latin-1")) for name, value in headers.items()),
+        ]
+        stream = channel.open_stream(request, read_timeout)
+        try:
+            await stream.response()
+        except BaseException:
+            stream.close()
+            raise
+        return stream
+
+    def _with_room(self) -> _Channel | None:
+        for channel in self._channels:
+            if channel.has_room:
+                return channel
+        return None
+
+    async def _connect(self) -> _Channel | None:
+        loop = asyncio.get_running_loop()
+        try:
+            if self._context is None:
+                assert self._context_factory is not None
+                self._context = await self._context_factory()
+                self._context_factory = None  # holds the cluster that made it: let it go
+            async with asyncio.timeout(self.connect_timeout):
+                transport, channel = await loop.create_connection(
+                    lambda: _Channel(self),
+                    self._host,
+                    self._port,
+                    ssl=self._context,
+                    server_hostname=self._server_hostname or self._host,
+                )
+                if channel.negotiated != "h2":
+                    offered = channel.negotiated or "no protocol"
+                    self.unsupported = f"the server offered {offered} over ALPN, not h2"
+                    transport.close()
+                    return None
+                self._channels.append(channel)
+                await asyncio.shield(channel.ready)
+        except ChannelUnavailable:
+            raise
+        except TimeoutError as error:
+            message = f"no HTTP/2 connection within {self.connect_timeout:g}s"
+            raise ChannelUnavailable(message, error) from None
+        except (OSError, ssl.SSLError) as error:
+            raise ChannelUnavailable(str(error) or type(error).__name__, error) from None
+        return channel
+
+    def _lost(self, channel: _Channel) -> None:
+        with contextlib.suppress(ValueError):
+            self._channels.remove(channel)
+
+    def check_alive(self) -> None:
+        """PING every connection: a cluster of this server stopped answering (its circuit opened)."""
+        for channel in self._channels:
+            channel.check_alive()
+
+    def close(self) -> None:
+        """Drop every connection now: its session closed (the last cluster using it stopped).
+
+        Aborted rather than closed politely, so no socket outlives the stop
+        waiting on a TLS shutdown the server may never answer.
+        """
+        self.closed = True
+        for channel in list(self._channels):
+            channel.abort("the cluster was stopped")
+        self._channels.clear()
