@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack
 from typing import Any, cast
@@ -25,7 +27,7 @@ import mcruntime as mcr
 from mcruntime._client.multiplex import STREAM_WINDOW, Multiplexer, Stream
 from mcruntime.cache import Informer
 from mcruntime.client import WatchEvent
-from mcruntime.testing import ControlPlane, wait_until
+from mcruntime.testing import ControlPlane, Fleet, wait_until
 
 
 def _config(plane: ControlPlane, user: object = None) -> mcr.ClusterConfig:
@@ -116,6 +118,24 @@ async def test_the_watches_of_a_servers_clusters_share_one_connection(fresh_clus
         # A socket per watch, and then one for all of them (plus the pool's few for requests, and the admin's).
         assert counted[False] >= len(users)
         assert counted[True] <= counted[False] - len(users) + 2
+
+
+async def test_watches_beyond_the_servers_stream_limit_open_another_connection(testbed: Fleet) -> None:
+    """The server allows 3 streams per connection: 7 watches ride 3 connections, none refused."""
+    plane = testbed.add(extra_args=("--http2-max-streams-per-connection=3",))
+    try:
+        users: list[object] = [plane.add_token_user(unique("limit")) for _ in range(7)]
+        async with running_cluster(plane) as admin, AsyncExitStack() as stack:
+            namespace = await new_namespace(admin)
+            clusters = await _fleet(stack, plane, users, http2=True)
+            async with _watching(clusters, namespace) as seen:
+                await admin.client.create(configmap("limited", namespace))
+                await wait_until(_all_saw(seen, "limited"), timeout=30)
+                multiplexer = _multiplexer(clusters[0])
+                assert len(multiplexer) == 3
+                assert all(isinstance(s, Stream) for c in clusters for s in c.transport._streams)
+    finally:
+        testbed.remove(plane.name)
 
 
 async def test_each_watch_carries_its_own_clusters_credential(fresh_cluster: ControlPlane) -> None:
@@ -239,3 +259,14 @@ async def test_without_http2_each_watch_keeps_a_connection_of_its_own(fresh_clus
             await wait_until(lambda: "plain" in seen[0], timeout=30)
             assert cluster.transport._multiplexer() is None
             assert not any(isinstance(s, Stream) for s in cluster.transport._streams)
+
+
+def test_h2_is_imported_with_the_first_watch_not_with_mcruntime() -> None:
+    """A program that never watches (a CLI, a webhook) does not pay for the HTTP/2 stack at import."""
+    code = (
+        "import sys, mcruntime; print(sorted(m for m in ('h2', 'hpack', 'hyperframe') if m in sys.modules))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert found.stdout.strip() == "[]", found.stdout

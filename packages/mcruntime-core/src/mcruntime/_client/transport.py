@@ -318,7 +318,7 @@ class Transport(Connection):
             from .multiplex import ChannelUnavailable
 
             try:
-                stream = await multiplexer.open(path, params, headers, read_timeout)
+                stream = await multiplexer.open(path, params, headers, read_timeout, self._http2_context)
             except ChannelUnavailable as error:
                 cause = error.error
                 message = describe_connection_error(cause) if cause is not None else str(error)
