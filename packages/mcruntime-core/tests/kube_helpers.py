@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from kubernetes_asyncio import client, config
@@ -158,3 +159,18 @@ def connections_to(port: int) -> int:
                 if remote_port == port and fields[3] == "01" and fields[9] in inodes:
                     found += 1
     return found
+
+
+@contextmanager
+def hung(plane: ControlPlane) -> Iterator[None]:
+    """The plane's kube-apiserver stopped (SIGSTOP, not killed) for the block: it hangs, it does not refuse.
+
+    Continued (SIGCONT) afterwards, even when the block fails.
+    """
+    process = plane.apiserver.process
+    assert process is not None and process.pid is not None
+    os.kill(process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(process.pid, signal.SIGCONT)

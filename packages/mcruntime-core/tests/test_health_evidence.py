@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import operator
-import os
-import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 
 import pytest
-from kube_helpers import CONFIGMAP, configmap, unique
+from kube_helpers import CONFIGMAP, configmap, hung, unique
 
 import mcruntime as mcr
 from mcruntime._client.health import (
@@ -35,18 +33,6 @@ from mcruntime.testing import ControlPlane, wait_until
 
 def _config(plane: ControlPlane, user: object = None) -> mcr.ClusterConfig:
     return mcr.kubeconfig_from_dict(plane.kubeconfig(user))  # type: ignore[arg-type]
-
-
-@contextmanager
-def _hung(plane: ControlPlane) -> Iterator[None]:
-    """The plane's kube-apiserver stopped (not killed) for the block: it hangs, it does not refuse."""
-    process = plane.apiserver.process
-    assert process is not None and process.pid is not None
-    os.kill(process.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(process.pid, signal.SIGCONT)
 
 
 _NO_RETRY_SOON = mcr.Backoff(base=3600.0, cap=3600.0)
@@ -148,7 +134,7 @@ async def test_a_write_right_after_a_hung_server_answers_again_goes_through(
     async with mcr.Cluster("resumed", _config(fresh_cluster), options) as cluster:
         await wait_until(lambda: cluster.health.healthy, timeout=30)
         health = cluster.transport.health
-        with _hung(fresh_cluster):
+        with hung(fresh_cluster):
             health.suspect()  # as a failed request would: the probe looks at once and finds no answer
             await _until_trial_ready(cluster)
             probes = health.probes  # the probe that found no answer is the last for an hour
@@ -169,7 +155,7 @@ async def test_an_open_circuit_lets_one_trial_through_and_refuses_the_rest(
         await wait_until(lambda: cluster.health.healthy, timeout=30)
         await cluster.client.get(mcr.Kind("v1", "Namespace"), "default")  # discovery known: one request each
         health = cluster.transport.health
-        with _hung(fresh_cluster):
+        with hung(fresh_cluster):
             health.suspect()
             await _until_trial_ready(cluster)
             trial = asyncio.create_task(cluster.client.get(mcr.Kind("v1", "Namespace"), "default"))
@@ -198,7 +184,7 @@ async def test_a_hung_server_opens_every_circuit_of_it_and_one_answer_closes_the
         ]
         await wait_until(lambda: all(cluster.health.healthy for cluster in clusters), timeout=30)
         before = {cluster.name: cluster.transport.health.probes for cluster in clusters}
-        with _hung(plane):
+        with hung(plane):
             clusters[-1].transport.health.suspect()
             await wait_until(lambda: all(cluster.health.unreachable for cluster in clusters), timeout=30)
             for cluster in clusters[:-1]:
@@ -224,7 +210,7 @@ async def test_suspicion_during_an_outage_costs_no_probe_but_the_leads(fresh_clu
         lead = _server(clusters[0]).lead
         leader = next(cluster for cluster in clusters if cluster.transport.health is lead)
         others = [cluster for cluster in clusters if cluster is not leader]
-        with _hung(plane):
+        with hung(plane):
             leader.transport.health.suspect()
             await wait_until(lambda: all(cluster.health.unreachable for cluster in clusters), timeout=30)
             counts = [cluster.transport.health.probes for cluster in others]
@@ -263,7 +249,7 @@ async def test_a_probe_timeout_fired_late_by_our_own_loop_blames_no_server(
     async with mcr.Cluster("late-loop", _config(fresh_cluster), options) as cluster:
         await wait_until(lambda: cluster.health.healthy, timeout=30)
         transport = cluster.transport
-        with _hung(fresh_cluster):
+        with hung(fresh_cluster):
             # On time: a hung server's silence is the server's, also past aiohttp's rounding of
             # timeouts over 5 s up to a whole second of the loop's clock.
             for timeout in (0.3, 5.5):

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import subprocess
 import sys
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from typing import Any, cast
 
 import pytest
-from kube_helpers import CONFIGMAP, configmap, connections_to, new_namespace, running_cluster, unique
+from kube_helpers import CONFIGMAP, configmap, connections_to, hung, new_namespace, running_cluster, unique
 
 import mcruntime as mcr
 from mcruntime._client.multiplex import STREAM_WINDOW, Multiplexer, Stream
@@ -210,17 +208,6 @@ async def _past_bookmarks(watch: AsyncGenerator[WatchEvent, None]) -> None:
         assert event.type == "BOOKMARK", event
 
 
-@contextlib.contextmanager
-def _hung(plane: ControlPlane) -> Iterator[None]:
-    process = plane.apiserver.process
-    assert process is not None and process.pid is not None
-    os.kill(process.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(process.pid, signal.SIGCONT)
-
-
 async def test_a_connection_whose_server_stops_answering_is_dropped_after_a_ping(
     fresh_cluster: ControlPlane,
 ) -> None:
@@ -233,7 +220,7 @@ async def test_a_connection_whose_server_stops_answering_is_dropped_after_a_ping
         assert (await anext(watch)).type == "ADDED"
         multiplexer = _multiplexer(cluster)
         assert len(multiplexer) == 1
-        with _hung(fresh_cluster):
+        with hung(fresh_cluster):
             with pytest.raises(mcr.Unreachable, match=r"silent for 1\.0s"):
                 await _past_bookmarks(watch)
             await watch.aclose()

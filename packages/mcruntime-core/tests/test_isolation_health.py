@@ -9,16 +9,12 @@ failed; requests to a hung server fail at once instead of holding a worker.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import aiohttp
 import pytest
-from kube_helpers import CONFIGMAP, configmap, running_cluster, unique
+from kube_helpers import CONFIGMAP, configmap, hung, running_cluster, unique
 
 import mcruntime as mcr
 from mcruntime._base.backoff import Backoff
@@ -36,18 +32,6 @@ PROMISE = 10.0
 
 def config_of(plane: ControlPlane, user: object = None) -> mcr.ClusterConfig:
     return mcr.kubeconfig_from_dict(plane.kubeconfig(user))  # type: ignore[arg-type]
-
-
-@contextmanager
-def hung(plane: ControlPlane) -> Iterator[None]:
-    """The plane's kube-apiserver stopped (not killed) for the block: it hangs, it does not refuse."""
-    process = plane.apiserver.process
-    assert process is not None and process.pid is not None
-    os.kill(process.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(process.pid, signal.SIGCONT)
 
 
 async def _get(url: str) -> tuple[int, str]:

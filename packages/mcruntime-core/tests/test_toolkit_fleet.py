@@ -10,16 +10,12 @@ the Widget go.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kube_helpers import CONFIGMAP, configmap, install_widget_crd, running_cluster, unique
+from kube_helpers import CONFIGMAP, configmap, hung, install_widget_crd, running_cluster, unique
 
 import mcruntime as mcr
 from mcruntime import toolkit
@@ -31,18 +27,6 @@ HUB = mcr.LOCAL_CLUSTER
 
 def config_of(plane: ControlPlane) -> mcr.ClusterConfig:
     return mcr.kubeconfig_from_dict(plane.kubeconfig())
-
-
-@contextlib.contextmanager
-def hung(plane: ControlPlane) -> Iterator[None]:
-    """The plane's kube-apiserver stopped (SIGSTOP) for the block, continued afterwards even on failure."""
-    process = plane.apiserver.process
-    assert process is not None and process.pid is not None
-    os.kill(process.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(process.pid, signal.SIGCONT)
 
 
 class WidgetFanout:
