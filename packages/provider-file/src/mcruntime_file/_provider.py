@@ -173,6 +173,7 @@ class KubeconfigFileProvider(ClusterSetProvider):
         self._problems: dict[Path, str] = {}  # paths that could not be searched, from the last pass
         self._reported: dict[tuple[str, str], str] = {}  # (path, context or "") -> the problem logged
         self._changed = asyncio.Event()
+        self._watcher: DirectoryWatcher | None = None
         self.passes = 0
         self.failed_passes = 0
         # What the last settled pass saw: a rescan that finds the very same readings (the
@@ -224,7 +225,7 @@ class KubeconfigFileProvider(ClusterSetProvider):
 
     async def run(self, aware: mcr.Aware) -> None:
         """Watch the files and keep the engaged clusters equal to them until cancelled."""
-        watcher = DirectoryWatcher(self._changed, step=self.debounce, owner=self._owner)
+        watcher = self._watcher = DirectoryWatcher(self._changed, step=self.debounce, owner=self._owner)
         engaging = asyncio.create_task(self.clusters.run(aware), name=f"{self._owner}:clusters")
         watching = asyncio.create_task(watcher.run(), name=f"{self._owner}:watcher")
         try:
@@ -277,7 +278,7 @@ class KubeconfigFileProvider(ClusterSetProvider):
         layout = await asyncio.to_thread(find_files, self.inputs, self.include, self.recursive)
         readings = await asyncio.to_thread(self._reader.read_all, layout.files)
         referenced = frozenset().union(*(reading.watch for reading in readings)) if readings else frozenset()
-        watcher.want(layout.watch | referenced, layout.watch_recursive)
+        watcher.want(layout.watch | referenced, layout.watch_recursive, layout.interest.including(referenced))
         if self._unchanged(layout, readings):
             self.passes += 1  # 10,000 unchanged files: no O(N) fold, sync and report on the event loop
             return None

@@ -30,6 +30,7 @@ from typing import Any
 import mcruntime as mcr
 from mcruntime.kubeconfig import list_contexts, parse_kubeconfig
 
+from ._interest import Interest
 from ._naming import current_context_only
 
 DEFAULT_INCLUDE: tuple[str, ...] = (
@@ -87,6 +88,8 @@ class Layout:
     """Directories searched recursively, watched with everything below them."""
     problems: tuple[tuple[Path, str], ...] = ()
     """Paths that could not be searched or followed, each with a message naming it."""
+    interest: Interest = field(default_factory=Interest)
+    """Which changes in the watched directories can change what is read."""
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -110,8 +113,10 @@ def find_files(inputs: Sequence[Path], include: Sequence[str], recursive: bool) 
     watch: set[Path] = set()
     watch_recursive: set[Path] = set()
     problems: dict[Path, str] = {}
+    directories: list[Path] = []
     for path in inputs:
         if path.is_dir():
+            directories.append(path)
             (watch_recursive if recursive else watch).add(path)
             watch.add(_nearest_existing(path.parent))  # notices the directory itself being replaced
             search = _Search(include, recursive, problems)
@@ -125,6 +130,12 @@ def find_files(inputs: Sequence[Path], include: Sequence[str], recursive: bool) 
         frozenset(watch),
         frozenset(watch_recursive - watch),
         tuple(problems.items()),
+        Interest.of(
+            directories=directories,
+            files=[found.path for found in files.values() if found.explicit],
+            recursive=recursive,
+            include=include,
+        ),
     )
 
 

@@ -5,7 +5,9 @@ editors, ``kubectl config`` and the kubelet write) replaces the inode a
 per-file watch was attached to, and the watch goes silent. A directory watch
 sees the rename, the creation of a file that did not exist, and the
 ``..data`` symlink swap of a Secret volume alike. Events carry no meaning here:
-any of them only says "look again", and the provider compares content.
+any of them only says "look again", and the provider compares content. Changes
+that touch nothing the provider reads (see :class:`Interest`) are dropped
+before they wake it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import asyncio
 import logging
 from pathlib import Path
 
-from watchfiles import awatch
+from watchfiles import Change, awatch
+
+from ._interest import Interest
 
 log = logging.getLogger("mcruntime.providers.file")
 
@@ -36,12 +40,19 @@ class DirectoryWatcher:
         self._owner = owner
         self._flat: frozenset[Path] = frozenset()
         self._recursive: frozenset[Path] = frozenset()
+        self._interest = Interest()
         self._restart = asyncio.Event()
         self._closed = False
         self.restarts = 0
+        self.ignored = 0
+        """Changes dropped as touching nothing the provider reads."""
 
-    def want(self, flat: frozenset[Path], recursive: frozenset[Path]) -> None:
-        """Watch these directories (their entries; everything below for ``recursive``) from now on."""
+    def want(self, flat: frozenset[Path], recursive: frozenset[Path], interest: Interest) -> None:
+        """Watch these directories (their entries; everything below for ``recursive``) from now on.
+
+        Only changes ``interest`` accepts wake the provider; it applies at once, without a restart.
+        """
+        self._interest = interest
         if (flat, recursive) != (self._flat, self._recursive):
             self._flat, self._recursive = flat, recursive
             self._restart.set()
@@ -74,7 +85,7 @@ class DirectoryWatcher:
             try:
                 async for _changes in awatch(
                     *sorted(roots),
-                    watch_filter=None,  # dot entries matter: ``..data`` is what a Secret volume swaps
+                    watch_filter=self._relevant,
                     debounce=self._group_ms,
                     step=self._step_ms,
                     stop_event=stop,
@@ -95,3 +106,9 @@ class DirectoryWatcher:
                         await stop.wait()
                 except TimeoutError:
                     pass
+
+    def _relevant(self, change: Change, path: str) -> bool:
+        if self._interest(change, path):
+            return True
+        self.ignored += 1
+        return False
