@@ -11,14 +11,25 @@ watched directory would otherwise wake the next pass, forever.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from watchfiles import Change
+
+
+@functools.lru_cache(maxsize=16)
+def name_matcher(include: tuple[str, ...]) -> Callable[[str], bool]:
+    """Whether a name matches any of the globs (case-sensitive): one regex, not a glob at a time."""
+    if not include:
+        return lambda _name: False
+    pattern = re.compile("|".join(fnmatch.translate(glob) for glob in include))
+    return lambda name: pattern.match(name) is not None
 
 
 def _key(path: Path | str) -> str:
@@ -100,6 +111,6 @@ class Interest:
             return True
         if name.startswith(".") and (parent in self.searched or parent in self.named_parents):
             return True
-        if parent in self.searched and any(fnmatch.fnmatchcase(name, glob) for glob in self.include):
+        if parent in self.searched and name_matcher(self.include)(name):
             return True
         return path.startswith(self._tree_prefixes)

@@ -19,7 +19,6 @@ symlink loop) is returned as a problem naming its path, never skipped quietly.
 from __future__ import annotations
 
 import errno
-import fnmatch
 import hashlib
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -30,7 +29,7 @@ from typing import Any
 import mcruntime as mcr
 from mcruntime.kubeconfig import list_contexts, parse_kubeconfig
 
-from ._interest import Interest
+from ._interest import Interest, name_matcher
 from ._naming import current_context_only
 
 DEFAULT_INCLUDE: tuple[str, ...] = (
@@ -159,11 +158,12 @@ class _Search:
             self.problems[directory] = f"{directory}: cannot list the directory: {error.strerror}"
             return []
         found: list[Path] = []
+        matches = name_matcher(tuple(self.include))
         for entry in entries:
             if entry.name.startswith("."):
                 continue
             path = directory / entry.name
-            wanted = any(fnmatch.fnmatchcase(entry.name, glob) for glob in self.include)
+            wanted = matches(entry.name)
             try:
                 if entry.is_dir():
                     if self.recursive:
