@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -32,10 +32,13 @@ from prometheus_client.registry import Collector
 
 from .._base.metric import Metrics
 from .._reconcile.request import Request
+from .hot_series import CounterFamily, HistogramFamily
 
 if TYPE_CHECKING:
     from .._control.controller import Controller
     from .._fleet.cluster import Cluster
+
+_F = TypeVar("_F", CounterFamily, HistogramFamily)
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -98,42 +101,58 @@ class ManagerMetrics:
         # so forgetting a cluster costs its own series, not a scan of the whole fleet's.
         self._live: dict[str, list[tuple[Any, tuple[str, ...]]]] = {}
         metric = Metrics(registry)
-        self.reconcile_total: Counter = metric.counter(
-            "controller_runtime_reconcile_total",
-            "Reconciles per controller, result and cluster.",
-            ("controller", "result", "cluster"),
+        # The series every event touches are plain numbers read at scrape time (hot_series.py).
+        self.reconcile_total = self._hot(
+            CounterFamily(
+                "controller_runtime_reconcile_total",
+                "Reconciles per controller, result and cluster.",
+                ("controller", "result", "cluster"),
+            )
         )
-        self.reconcile_errors: Counter = metric.counter(
-            "controller_runtime_reconcile_errors_total",
-            "Reconciles that raised, per controller and cluster.",
-            ("controller", "cluster"),
+        self.reconcile_errors = self._hot(
+            CounterFamily(
+                "controller_runtime_reconcile_errors_total",
+                "Reconciles that raised, per controller and cluster.",
+                ("controller", "cluster"),
+            )
         )
-        self.terminal_errors: Counter = metric.counter(
-            "controller_runtime_terminal_reconcile_errors_total",
-            "Reconciles that raised TerminalError, per controller and cluster.",
-            ("controller", "cluster"),
+        self.terminal_errors = self._hot(
+            CounterFamily(
+                "controller_runtime_terminal_reconcile_errors_total",
+                "Reconciles that raised TerminalError, per controller and cluster.",
+                ("controller", "cluster"),
+            )
         )
-        self.reconcile_time: Histogram = metric.histogram(
-            "controller_runtime_reconcile_time_seconds",
-            "How long reconciles take, per controller and cluster.",
-            ("controller", "cluster"),
-            buckets=_BUCKETS,
+        self.reconcile_time = self._hot(
+            HistogramFamily(
+                "controller_runtime_reconcile_time_seconds",
+                "How long reconciles take, per controller and cluster.",
+                ("controller", "cluster"),
+                buckets=_BUCKETS,
+            )
         )
         queue = ("name", "controller")
-        self.queue_adds: Counter = metric.counter(
-            "workqueue_adds_total", "Adds to the work queue.", (*queue, "cluster")
+        self.queue_adds = self._hot(
+            CounterFamily("workqueue_adds_total", "Adds to the work queue.", (*queue, "cluster"))
         )
         self.queue_retries: Counter = metric.counter(
             "workqueue_retries_total", "Rate-limited re-adds.", (*queue, "cluster")
         )
-        self.queue_latency: Histogram = metric.histogram(
-            "workqueue_queue_duration_seconds",
-            "How long a request waits in the queue before a worker takes it.",
-            queue,
-            buckets=_BUCKETS,
+        self.queue_latency = self._hot(
+            HistogramFamily(
+                "workqueue_queue_duration_seconds",
+                "How long a request waits in the queue before a worker takes it.",
+                queue,
+                buckets=_BUCKETS,
+            )
         )
-        self.work_duration: Histogram = metric.histogram(
-            "workqueue_work_duration_seconds", "How long a worker holds a request.", queue, buckets=_BUCKETS
+        self.work_duration = self._hot(
+            HistogramFamily(
+                "workqueue_work_duration_seconds",
+                "How long a worker holds a request.",
+                queue,
+                buckets=_BUCKETS,
+            )
         )
         self.engage_duration: Histogram = metric.histogram(
             "mcruntime_cluster_engage_duration_seconds",
@@ -155,6 +174,10 @@ class ManagerMetrics:
             ("loop",),
         )
         registry.register(_LiveCollector(controllers, clusters, states))
+
+    def _hot(self, family: _F) -> _F:
+        self.registry.register(family)
+        return family
 
     def child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, cached; the last value must be the cluster's label.
