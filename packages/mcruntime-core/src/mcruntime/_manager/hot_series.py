@@ -23,6 +23,7 @@ from typing import Generic, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 
@@ -43,12 +44,13 @@ class CounterSeries:
 class HistogramSeries:
     """One labelled histogram: a count per bucket, and the sum of what was observed."""
 
-    __slots__ = ("bounds", "counts", "sum")
+    __slots__ = ("bounds", "counts", "created", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)  # the last is +Inf
         self.sum = 0.0
+        self.created = time.time()
 
     def observe(self, amount: float) -> None:
         """Count ``amount`` in the first bucket whose bound is at least it."""
@@ -121,6 +123,9 @@ class HistogramFamily(_Family[HistogramSeries]):
                 total += count
                 buckets.append((label, total))
             family.add_metric(list(values), buckets, series.sum)
+            # prometheus_client's histograms say when each series began; the family has no parameter for it.
+            created = dict(zip(self.labelnames, values, strict=True))
+            family.samples.append(Sample(f"{self.name}_created", created, series.created))
         yield family
 
 
