@@ -33,8 +33,8 @@ class CounterSeries:
     __slots__ = ("created", "value")
 
     def __init__(self) -> None:
-        self.value = 0.0
-        self.created = time.time()
+        self.value: float = 0.0
+        self.created: float = time.time()
 
     def inc(self, amount: float = 1.0) -> None:
         """Add ``amount`` (one by default)."""
@@ -47,10 +47,10 @@ class HistogramSeries:
     __slots__ = ("bounds", "counts", "created", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last is +Inf
-        self.sum = 0.0
-        self.created = time.time()
+        self.bounds: tuple[float, ...] = bounds
+        self.counts: list[int] = [0] * (len(bounds) + 1)  # the last is +Inf
+        self.sum: float = 0.0
+        self.created: float = time.time()
 
     def observe(self, amount: float) -> None:
         """Count ``amount`` in the first bucket whose bound is at least it."""
@@ -63,9 +63,9 @@ _S = TypeVar("_S", CounterSeries, HistogramSeries)
 
 class _Family(Collector, Generic[_S]):
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
-        self.name = name
-        self.documentation = documentation
-        self.labelnames = tuple(labelnames)
+        self.name: str = name
+        self.documentation: str = documentation
+        self.labelnames: tuple[str, ...] = tuple(labelnames)
         self._series: dict[tuple[str, ...], _S] = {}
 
     def labels(self, *values: str) -> _S:
@@ -108,7 +108,7 @@ class HistogramFamily(_Family[HistogramSeries]):
         bounds = tuple(float(bound) for bound in buckets if not math.isinf(bound))
         if list(bounds) != sorted(set(bounds)):
             raise ValueError(f"{self.name}: bucket bounds must be distinct and ascending")
-        self.bounds = bounds
+        self.bounds: tuple[float, ...] = bounds
 
     def _new(self) -> HistogramSeries:
         return HistogramSeries(self.bounds)

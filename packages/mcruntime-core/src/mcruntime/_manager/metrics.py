@@ -102,28 +102,28 @@ class ManagerMetrics:
         self._live: dict[str, list[tuple[Any, tuple[str, ...]]]] = {}
         metric = Metrics(registry)
         # The series every event touches are plain numbers read at scrape time (hot_series.py).
-        self.reconcile_total = self._hot(
+        self.reconcile_total: CounterFamily = self._hot(
             CounterFamily(
                 "controller_runtime_reconcile_total",
                 "Reconciles per controller, result and cluster.",
                 ("controller", "result", "cluster"),
             )
         )
-        self.reconcile_errors = self._hot(
+        self.reconcile_errors: CounterFamily = self._hot(
             CounterFamily(
                 "controller_runtime_reconcile_errors_total",
                 "Reconciles that raised, per controller and cluster.",
                 ("controller", "cluster"),
             )
         )
-        self.terminal_errors = self._hot(
+        self.terminal_errors: CounterFamily = self._hot(
             CounterFamily(
                 "controller_runtime_terminal_reconcile_errors_total",
                 "Reconciles that raised TerminalError, per controller and cluster.",
                 ("controller", "cluster"),
             )
         )
-        self.reconcile_time = self._hot(
+        self.reconcile_time: HistogramFamily = self._hot(
             HistogramFamily(
                 "controller_runtime_reconcile_time_seconds",
                 "How long reconciles take, per controller and cluster.",
@@ -132,13 +132,13 @@ class ManagerMetrics:
             )
         )
         queue = ("name", "controller")
-        self.queue_adds = self._hot(
+        self.queue_adds: CounterFamily = self._hot(
             CounterFamily("workqueue_adds_total", "Adds to the work queue.", (*queue, "cluster"))
         )
         self.queue_retries: Counter = metric.counter(
             "workqueue_retries_total", "Rate-limited re-adds.", (*queue, "cluster")
         )
-        self.queue_latency = self._hot(
+        self.queue_latency: HistogramFamily = self._hot(
             HistogramFamily(
                 "workqueue_queue_duration_seconds",
                 "How long a request waits in the queue before a worker takes it.",
@@ -146,7 +146,7 @@ class ManagerMetrics:
                 buckets=_BUCKETS,
             )
         )
-        self.work_duration = self._hot(
+        self.work_duration: HistogramFamily = self._hot(
             HistogramFamily(
                 "workqueue_work_duration_seconds",
                 "How long a worker holds a request.",
