@@ -14,7 +14,6 @@ in ``docs/guides/architecture.md`` and enforced by ``tests/test_layer_contract.p
 
 from __future__ import annotations
 
-from importlib.metadata import version as _distribution_version
 from typing import TYPE_CHECKING, Any
 
 from ._base.backoff import Backoff
@@ -105,9 +104,6 @@ from ._reconcile.request import LOCAL_CLUSTER, ReconcileFunction, Reconciler, Re
 from ._webhook.handlers import ConversionFailed
 from ._webhook.options import WebhookOptions
 from ._webhook.review import AdmissionRequest, Denied
-
-__version__: str = _distribution_version("mcruntime-core")
-"""The installed distribution's version: one source of truth, ``pyproject.toml``."""
 
 __all__ = [
     "EVERY_CLUSTER",
@@ -214,11 +210,19 @@ __all__ = [
 
 if TYPE_CHECKING:
     from ._manager.settings import ManagerSettings, SettingsError
+
+    __version__: str
+    """The installed distribution's version: one source of truth, ``pyproject.toml``."""
 else:
     # Hidden from type checkers: a module-level __getattr__ would make every
     # ``mcruntime.<anything>`` type-check as Any, so a stale name would pass mypy.
 
     def __getattr__(name: str) -> Any:
+        if name == "__version__":  # importlib.metadata costs ~25 ms of import time; read when asked
+            from importlib.metadata import version
+
+            value = globals()["__version__"] = version("mcruntime-core")
+            return value
         # The settings pull in pydantic (~0.1 s of import time) and only programs
         # configured from the environment need them.
         if name in ("ManagerSettings", "SettingsError"):

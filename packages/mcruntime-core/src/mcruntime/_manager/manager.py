@@ -38,7 +38,6 @@ from .._fleet.protocols import Aware, Provider, ProviderRunnable
 from .._fleet.status import ClusterStatus
 from .._reconcile.request import LOCAL_CLUSTER
 from .._webhook.options import WebhookOptions
-from .._webhook.server import WebhookServer
 from .gcfreeze import CacheFreezer
 from .metrics import ManagerMetrics
 from .readiness import cluster_not_ready, readiness_lines
@@ -47,6 +46,7 @@ from .serving import Check, CheckLine, Checks, Endpoints
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
+    from .._webhook.server import WebhookServer
     from .settings import ManagerSettings
 
 log = logging.getLogger("mcruntime.manager")
@@ -236,6 +236,10 @@ class Manager:
     def webhook(self) -> WebhookServer:
         """The admission and conversion webhook server (``webhook_managed_by`` registers into it)."""
         if self._webhook is None:
+            # Imported here: the server brings aiohttp's server side (~25 ms), which a
+            # manager without webhooks never needs.
+            from .._webhook.server import WebhookServer
+
             self._webhook = WebhookServer(
                 self._webhook_options,
                 clusters=self.clusters,
