@@ -10,7 +10,6 @@ import hashlib
 import hmac
 import os
 import uuid
-from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -22,23 +21,9 @@ import yaml
 import mcruntime as mcr
 import mcruntime.provider as mcrp
 from mcruntime.testing import ControlPlane, User, wait_until
+from mcruntime.testing._harness import EngagementRecorder
 from mcruntime.testing.conformance import CLUSTER_OPTIONS, PROBE_INTERVAL
 from mcruntime_file import KubeconfigFileProvider
-
-
-class Recorder:
-    """An Aware that remembers every distinct cluster object engaged under each name."""
-
-    def __init__(self) -> None:
-        self.engaged: defaultdict[str, list[mcr.Cluster]] = defaultdict(list)
-
-    async def engage(self, name: str, cluster: mcr.Cluster) -> None:
-        history = self.engaged[name]
-        if not history or history[-1] is not cluster:
-            history.append(cluster)
-
-    def count(self, name: str) -> int:
-        return len(self.engaged.get(name, []))
 
 
 def provider_for(paths: Any, **kwargs: Any) -> KubeconfigFileProvider:
@@ -50,9 +35,9 @@ def provider_for(paths: Any, **kwargs: Any) -> KubeconfigFileProvider:
 
 
 @asynccontextmanager
-async def running(provider: KubeconfigFileProvider) -> AsyncIterator[Recorder]:
+async def running(provider: KubeconfigFileProvider) -> AsyncIterator[EngagementRecorder]:
     """Run the provider for the block; afterwards every cluster it engaged must be stopped."""
-    recorder = Recorder()
+    recorder = EngagementRecorder()
     task = asyncio.create_task(provider.run(recorder), name="test:file-provider")
     try:
         yield recorder
