@@ -27,8 +27,9 @@ async def test_the_heap_is_frozen_once_after_a_burst_of_cluster_syncs(fleet: Fle
     mcr.controller_managed_by(manager).for_(CONFIGMAP).complete(_nothing)
     gc.unfreeze()
     async with running(manager):
-        await wait_until(lambda: manager.freezer.freezes >= 1, timeout=30)
-        assert gc.get_freeze_count() > 0
+        # Once at start, before any cache fills: the program's own objects.
+        assert manager.freezer.freezes >= 1 and gc.get_freeze_count() > 0
+        await wait_until(lambda: manager.freezer.freezes >= 2, timeout=30)
     gc.unfreeze()
 
 
@@ -43,6 +44,20 @@ async def test_a_burst_of_syncs_leads_to_one_freeze() -> None:
     freezer.synced()  # the next burst: frozen again, once the first freeze's cost allows
     await wait_until(lambda: freezer.freezes == 2, timeout=60)
     gc.unfreeze()
+
+
+async def test_the_program_itself_is_frozen_at_start() -> None:
+    """Modules and configuration live as long as the process: no full collection should walk them."""
+    gc.unfreeze()
+    kept = object.__new__(type("Kept", (), {}))  # a container alive before the start
+    CacheFreezer(False).started()
+    assert gc.get_freeze_count() == 0  # turned off: nothing moves
+    freezer = CacheFreezer(True)
+    freezer.started()
+    assert freezer.freezes == 1 and gc.get_freeze_count() > 0
+    assert all(kept is not candidate for candidate in gc.get_objects())  # frozen: out of every generation
+    gc.unfreeze()
+    assert any(kept is candidate for candidate in gc.get_objects())
 
 
 async def test_freezing_can_be_turned_off_from_the_environment(

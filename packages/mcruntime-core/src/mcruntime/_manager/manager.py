@@ -99,7 +99,8 @@ class Manager:
         reachable for ``/readyz`` to pass (the local cluster always must).
         ``gc_freeze`` moves the objects of freshly synced caches out of the
         cyclic garbage collector's reach (``gc.freeze()``, once per burst of
-        syncs), so reconcile latency does not grow with the size of the cache;
+        syncs, and once at start for the program's own modules and objects),
+        so reconcile latency does not grow with the size of the cache;
         turn it off if your program builds reference cycles it expects the
         collector to reclaim.
         ``field_manager`` names this program in the ``managedFields`` of what it
@@ -457,6 +458,7 @@ class Manager:
             raise RuntimeError("the manager is already running")
         self._running = True
         raise_open_files_limit()  # a fleet needs an fd per connection: soft -> hard, as Go does
+        self.freezer.started()
         restore = self._install_signal_handlers()
         provider_task: asyncio.Task[None] | None = None
         try:
