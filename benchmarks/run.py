@@ -29,7 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from harness import GO_SOURCE, build_go_peer, go_version, peer_kinds, raise_fd_limit, seed
+from harness import (
+    GO_SOURCE,
+    build_go_peer,
+    compile_python_peers,
+    go_version,
+    peer_kinds,
+    raise_fd_limit,
+    seed,
+)
 from report import render
 from report_fleet import losing
 from scenarios import (
@@ -192,6 +200,7 @@ def run(
     """Build, start the fleet, run, write results.json, RESULTS.md and PNGs; return the exit status."""
     out.mkdir(parents=True, exist_ok=True)
     go_binary = build_go_peer(log) if any(name.startswith("go") for name in peers) else None
+    compile_python_peers(log)
     description = machine()
     description["load average at start"] = _load()
     clusters = (large_fleet or large_fleet_sizes(sizes).clusters) if "s12" in only else sizes.fleet_clusters
