@@ -57,11 +57,14 @@ def json_copy(value: Any) -> Any:
     """
     if isinstance(value, dict):
         return {
-            key: json_copy(item) if isinstance(item, dict | list) else item for key, item in value.items()
+            key: json_copy(item) if isinstance(item, _CONTAINERS) else item for key, item in value.items()
         }
     if isinstance(value, list):
-        return [json_copy(item) if isinstance(item, dict | list) else item for item in value]
+        return [json_copy(item) if isinstance(item, _CONTAINERS) else item for item in value]
     return value
+
+
+_CONTAINERS = (dict, list)  # a tuple, built once: ``dict | list`` would build a union on every item
 
 
 def object_key(obj: Mapping[str, Any]) -> str:

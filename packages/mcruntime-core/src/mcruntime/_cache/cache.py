@@ -239,6 +239,9 @@ class Cache:
             raise NamespaceNotCached(self.cluster, kind, namespace, cached)
 
     async def _synced(self, kind: Kind, metadata_only: bool = False) -> Informer:
+        informer = self._default_views.get((kind, metadata_only))
+        if informer is not None and informer.has_synced:
+            return informer  # every read after the first: no scope to work out, nothing to wait for
         informer = self.informer(kind, metadata_only=metadata_only)
         return await synced(informer, self.cluster, self._sync_timeout)
 
