@@ -46,10 +46,14 @@ async def test_a_burst_of_syncs_leads_to_one_freeze() -> None:
     gc.unfreeze()
 
 
+class _Kept:
+    """An object the collector tracks."""
+
+
 async def test_the_program_itself_is_frozen_at_start() -> None:
     """Modules and configuration live as long as the process: no full collection should walk them."""
     gc.unfreeze()
-    kept = object.__new__(type("Kept", (), {}))  # a container alive before the start
+    kept = _Kept()  # a container alive before the start
     CacheFreezer(False).started()
     assert gc.get_freeze_count() == 0  # turned off: nothing moves
     freezer = CacheFreezer(True)
