@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import subprocess
 import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -235,6 +236,35 @@ async def test_a_connection_whose_server_stops_answering_is_dropped_after_a_ping
             assert event.object["metadata"]["name"] == "after" and len(multiplexer) == 1
         finally:
             await again.aclose()
+
+
+async def test_a_server_shutting_down_sends_goaway_and_its_watches_reopen_once_it_is_back(
+    fresh_cluster: ControlPlane, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A graceful stop of kube-apiserver sends GOAWAY: it is named in the log, and nothing is lost."""
+    caplog.set_level(logging.INFO, logger="mcruntime.transport")
+    options = mcr.ClusterOptions(retry=mcr.RetryPolicy(attempts=1))
+    async with running_cluster(fresh_cluster, options=options) as cluster:
+        namespace = await new_namespace(cluster)
+        informer = cluster.cache.informer(CONFIGMAP, namespace=namespace)
+        assert await informer.wait_for_sync(30)
+        await cluster.client.create(configmap("before", namespace))  # seen through the watch: it is open
+        await wait_until(lambda: informer.get(f"{namespace}/before") is not None, what="the watch")
+        multiplexer = _multiplexer(cluster)
+        assert len(multiplexer) == 1 and multiplexer.goaways == 0
+
+        await fresh_cluster.apiserver.stop_async()  # SIGTERM: the server drains its HTTP/2 connections
+        await wait_until(lambda: multiplexer.goaways == 1, what="the server's GOAWAY")
+        await wait_until(lambda: len(multiplexer) == 0, what="the drained connection closed")
+        said = [r.getMessage() for r in caplog.records if "GOAWAY" in r.getMessage()]
+        assert said and multiplexer.name in said[0], said
+
+        await fresh_cluster.apiserver.start_async()
+        await cluster.client.create(configmap("after", namespace))
+        await wait_until(
+            lambda: informer.get(f"{namespace}/after") is not None, timeout=60, what="the reopened watch"
+        )
+        assert len(multiplexer) == 1 and multiplexer.goaways == 1
 
 
 async def test_without_http2_each_watch_keeps_a_connection_of_its_own(fresh_cluster: ControlPlane) -> None:

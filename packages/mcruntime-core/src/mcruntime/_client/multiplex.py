@@ -42,6 +42,7 @@ from hpack import NeverIndexedHeaderTuple
 # hpack logs each header block it encodes at DEBUG, and a block holds a cluster's
 # bearer token: a process that turns on debug logging must not write credentials.
 logging.getLogger("hpack").setLevel(logging.INFO)
+log = logging.getLogger("mcruntime.transport")
 
 STREAM_WINDOW = 1 << 20
 """Bytes one watch may leave unread before its server waits for it (not the others)."""
@@ -327,8 +328,19 @@ class _Channel(asyncio.Protocol):
         """GOAWAY: streams the server kept run on; no new ones open here."""
         self.draining = True
         last = event.last_stream_id or 0
-        reason = f"the server closed the connection (GOAWAY {_error_name(event.error_code)})"
-        for stream_id in [stream_id for stream_id in self.streams if stream_id > last]:
+        code = _error_name(event.error_code)
+        reason = f"the server closed the connection (GOAWAY {code})"
+        refused = [stream_id for stream_id in self.streams if stream_id > last]
+        self._owner.goaways += 1
+        log.info(
+            "%s sent GOAWAY (%s): %d watch stream(s) on the connection run until the server ends them, "
+            "%d reopen on a new connection",
+            self._owner.name,
+            code,
+            len(self.streams) - len(refused),
+            len(refused),
+        )
+        for stream_id in refused:
             stream = self._forget(stream_id)
             if stream is not None:
                 stream._fail(StreamClosed(reason))
@@ -447,6 +459,13 @@ class Multiplexer:
         self._connecting = asyncio.Lock()
         self.unsupported: str | None = None
         self.closed = False
+        self.goaways = 0
+        """GOAWAY frames received: the server shutting down, or rebalancing its clients."""
+
+    @property
+    def name(self) -> str:
+        """The server, for log lines: ``host:port``."""
+        return f"{self._host}:{self._port}"
 
     def __len__(self) -> int:
         return len(self._channels)
