@@ -53,6 +53,25 @@ async def test_a_hung_cluster_holds_only_its_own_lane() -> None:
     await runner
 
 
+async def test_a_worker_goes_on_with_the_next_ready_request_clusters_taking_turns() -> None:
+    """A backlog is worked through by the task already running, not by a task per request."""
+    seen: list[tuple[str, asyncio.Task[object] | None]] = []
+
+    async def reconcile(request: mcr.Request) -> None:
+        seen.append((request.cluster, asyncio.current_task()))
+
+    controller, _channel = _controller(reconcile, total=1)
+    for index in range(10):
+        for cluster in ("a", "b"):
+            controller.queue.add(mcr.Request(cluster, "ns", str(index)))
+    runner = asyncio.create_task(controller.start())
+    await wait_until(lambda: len(seen) == 20)
+    assert [cluster for cluster, _ in seen] == ["a", "b"] * 10  # the round robin, as before
+    assert len({id(task) for _, task in seen}) == 1
+    await controller.shutdown(1)
+    await runner
+
+
 async def test_lane_width_and_global_bound_both_hold() -> None:
     running: Counter[str] = Counter()
     peak: Counter[str] = Counter()

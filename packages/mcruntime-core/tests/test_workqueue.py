@@ -116,6 +116,22 @@ async def test_done_needs_a_held_key() -> None:
         queue.done("a")
 
 
+async def test_get_nowait_hands_out_what_get_would_or_nothing() -> None:
+    queue = WorkQueue[str](group=lambda key: key.split("/")[0], group_limit=1)
+    assert queue.get_nowait() is None  # nothing ready: no waiting, no key
+    for key in ["a/1", "a/2", "b/1"]:
+        queue.add(key)
+    first = queue.get_nowait()
+    assert first == "a/1" and queue.processing_count == 1
+    assert queue.get_nowait() == "b/1"  # a's lane is full: b's turn
+    assert queue.get_nowait() is None  # a/2 waits for a/1's done
+    queue.done("a/1")
+    assert queue.get_nowait() == "a/2"
+    queue.done("a/2")
+    queue.done("b/1")
+    assert (len(queue), queue.processing_count) == (0, 0)
+
+
 # -- fairness between groups ----------------------------------------------------------------
 
 

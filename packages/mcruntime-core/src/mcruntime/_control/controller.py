@@ -417,9 +417,7 @@ class Controller:
                 if self.gate is not None and not self.gate.admits(request.cluster):
                     self.queue.forget(request)  # queued before its cluster moved to another replica
                     continue
-                task = asyncio.create_task(
-                    self._run(request), name=f"controller:{self.name}:reconcile:{request}"
-                )
+                task = asyncio.create_task(self._run(request), name=f"controller:{self.name}:reconciles")
                 self._current[task] = request
                 self._inflight.add(task)
                 self.active_workers += 1
@@ -435,9 +433,30 @@ class Controller:
                         self.queue.done(request)
 
     async def _run(self, request: Request) -> None:
-        """One reconcile in its own task; always gives back its request and its slot."""
+        """Reconcile ``request``, then each request ready next, in this task; give back the slot at the end.
+
+        Going on with the next ready request in the same task, instead of a
+        task per request, saves creating and scheduling one per reconcile
+        (about 5 us, a tenth of what an object of a cold start costs). The
+        queue still decides what comes next (lanes, their limits, the round
+        robin over clusters), so fairness is unchanged. The task ends when
+        nothing is ready, when intake stops, or when it is cancelled.
+        """
         worker = asyncio.current_task()
         assert worker is not None
+        try:
+            current: Request | None = request
+            while current is not None:
+                if not await self._run_one(worker, current):
+                    return
+                current = self._next_for(worker)
+        finally:
+            self._inflight.discard(worker)
+            self.active_workers -= 1
+            self._slots.release()
+
+    async def _run_one(self, worker: asyncio.Task[None], request: Request) -> bool:
+        """One reconcile; always gives back its request. False: the worker was cancelled, stop."""
         try:
             await self._reconcile_one(request)
         except asyncio.CancelledError:
@@ -446,19 +465,30 @@ class Controller:
                 raise
             # Its cluster was released: drop the request; the lanes of the others go on.
             self.queue.forget(request)
+            return False
         except Exception:
             # _reconcile_one handles the reconciler's own errors; this is a bug in ours.
             log.exception("controller %s: handling %s failed; retrying it", self.name, request)
             self.queue.add_rate_limited(request)
         finally:
             self._revoked.discard(worker)
-            self._inflight.discard(worker)
             self._current.pop(worker, None)
-            self.active_workers -= 1
-            self._slots.release()
             self.queue.done(request)
             if self._released:
                 self._notify_released()
+        return True
+
+    def _next_for(self, worker: asyncio.Task[None]) -> Request | None:
+        """The next ready request this worker may take, now; ``None`` ends the worker."""
+        if worker.cancelling() or self.queue.shutting_down:
+            return None  # a cancel the reconcile swallowed, or a shutdown: the dispatcher decides
+        while (request := self.queue.get_nowait()) is not None:
+            if self.gate is None or self.gate.admits(request.cluster):
+                self._current[worker] = request
+                return request
+            self.queue.forget(request)  # queued before its cluster moved to another replica
+            self.queue.done(request)
+        return None
 
     async def _reconcile_one(self, request: Request) -> None:
         token = enter_reconcile(self.name, request)

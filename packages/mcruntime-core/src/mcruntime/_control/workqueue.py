@@ -252,6 +252,15 @@ class WorkQueue(Generic[K]):
                 raise
         return self._take_next()
 
+    def get_nowait(self) -> K | None:
+        """A ready key, as :meth:`get` would hand it out, or ``None`` if none is ready now.
+
+        For a worker that has just finished a key and would rather go on with
+        the next than wait: the lanes, their limits and the round robin are the
+        same as for :meth:`get`, and the caller must call ``done`` with the key.
+        """
+        return self._take_next() if self._turns else None
+
     def done(self, key: K) -> None:
         """Tell the queue a worker has finished ``key`` (successfully or not).
 
