@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
 
@@ -68,6 +69,33 @@ async def test_a_worker_goes_on_with_the_next_ready_request_clusters_taking_turn
     await wait_until(lambda: len(seen) == 20)
     assert [cluster for cluster, _ in seen] == ["a", "b"] * 10  # the round robin, as before
     assert len({id(task) for _, task in seen}) == 1
+    await controller.shutdown(1)
+    await runner
+
+
+async def test_a_worker_whose_release_cancel_was_swallowed_takes_no_further_request() -> None:
+    """A released cluster's reconcile that catches the cancellation ends its task; others go on elsewhere."""
+    entered = asyncio.Event()
+    tasks: dict[str, asyncio.Task[object] | None] = {}
+
+    async def reconcile(request: mcr.Request) -> None:
+        tasks[request.name] = asyncio.current_task()
+        if request.cluster == "released":
+            entered.set()
+            # A reconciler that swallows its cancellation: it must not be handed more work.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.Event().wait()
+
+    controller, _channel = _controller(reconcile, total=1)
+    controller.queue.add(mcr.Request("released", "ns", "r"))
+    for index in range(3):
+        controller.queue.add(mcr.Request("kept", "ns", f"k{index}"))
+    runner = asyncio.create_task(controller.start())
+    await entered.wait()
+    await controller.release("released")
+    await wait_until(lambda: len(tasks) == 4)
+    assert tasks["k0"] is not tasks["r"]  # the kept cluster's requests ran in a task of their own
+    assert tasks["r"] is not None and tasks["r"].done()
     await controller.shutdown(1)
     await runner
 
