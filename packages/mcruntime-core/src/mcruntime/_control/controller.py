@@ -27,8 +27,9 @@ from .._base.backoff import DEFAULT_BACKOFF, Backoff
 from .._base.errors import ClusterNotFound, Conflict, Forbidden, Unreachable
 from .._base.tasks import TaskSet
 from .._reconcile.context import enter_reconcile, leave_reconcile
-from .._reconcile.request import ReconcileFunction, Request, Result, TerminalError
+from .._reconcile.request import ReconcileFunction, Request, TerminalError
 from .gates import LeaderGate, RequestGate
+from .outcomes import ParkedRequests, ReconcileStats, apply_result
 from .predicate import ObjectEvent, Predicate, matches
 from .ratelimit import RateLimiter, default_rate_limiter
 from .source import Attachment, ChannelSource, KindSource
@@ -47,18 +48,6 @@ class _Engagement:
     unregister: Callable[[], None] | None = None
     synced: bool = False
     sync_error: str | None = None
-
-
-@dataclass
-class ReconcileStats:
-    """Counts per outcome, for tests and metrics."""
-
-    success: int = 0
-    requeue: int = 0
-    requeue_after: int = 0
-    error: int = 0
-    terminal: int = 0
-    dropped_cluster_gone: int = 0
 
 
 ReconcileObserver = Callable[[str, Request, str, float], None]
@@ -137,7 +126,7 @@ class Controller:
         self._released: list[tuple[str, asyncio.Future[None]]] = []
         # Requests that failed because a cluster does not answer, by that cluster: they
         # wait for its health probe to get an answer instead of burning their backoff.
-        self._parked: dict[str, set[Request]] = {}
+        self._parked = ParkedRequests(name, self._add)
 
     def __repr__(self) -> str:
         return f"<Controller {self.name!r} clusters={sorted(self._engaged)}>"
@@ -229,7 +218,7 @@ class Controller:
         if engagement.unregister is not None:
             engagement.unregister()
         purged = self.queue.purge(name)
-        self._drop_parked(name)
+        self._parked.drop(name)
         log.info("controller %s: disengaged cluster %r (%d queued requests dropped)", self.name, name, purged)
 
     def engaged(self) -> dict[str, Cluster]:
@@ -304,7 +293,7 @@ class Controller:
         already have shut the gate for ``cluster``, or requests come back.
         """
         self.queue.purge(cluster)
-        self._drop_parked(cluster)
+        self._parked.drop(cluster)
         if not self._running_in(cluster):
             return
         finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -414,8 +403,7 @@ class Controller:
                     request = await self.queue.get()
                 except QueueShutDown:
                     return
-                if self.gate is not None and not self.gate.admits(request.cluster):
-                    self.queue.forget(request)  # queued before its cluster moved to another replica
+                if not self._admitted(request):
                     continue
                 task = asyncio.create_task(self._run(request), name=f"controller:{self.name}:reconciles")
                 self._current[task] = request
@@ -483,12 +471,18 @@ class Controller:
         if worker.cancelling() or self.queue.shutting_down:
             return None  # a cancel the reconcile swallowed, or a shutdown: the dispatcher decides
         while (request := self.queue.get_nowait()) is not None:
-            if self.gate is None or self.gate.admits(request.cluster):
+            if self._admitted(request):
                 self._current[worker] = request
                 return request
-            self.queue.forget(request)  # queued before its cluster moved to another replica
             self.queue.done(request)
         return None
+
+    def _admitted(self, request: Request) -> bool:
+        """Whether this replica may run ``request``; one queued before its cluster moved away is forgotten."""
+        if self.gate is None or self.gate.admits(request.cluster):
+            return True
+        self.queue.forget(request)
+        return False
 
     async def _reconcile_one(self, request: Request) -> None:
         token = enter_reconcile(self.name, request)
@@ -545,7 +539,7 @@ class Controller:
                 self.queue.num_requeues(request),
             )
         else:
-            outcome = self._apply_result(request, result)
+            outcome = apply_result(self.name, self.queue, self.stats, request, result)
         finally:
             leave_reconcile(token)
         elapsed = time.monotonic() - started
@@ -564,56 +558,9 @@ class Controller:
         request goes back to the queue, its backoff forgotten, when the probe
         gets an answer. Returns False when the cluster is not known unreachable.
         """
-        engagement = self._engaged.get(error.cluster) or self._engaged.get(request.cluster)
-        if engagement is None:
-            return False
         name = error.cluster if error.cluster in self._engaged else request.cluster
-        recovered = engagement.cluster.transport.health.recovery()
-        if recovered is None:
+        engagement = self._engaged.get(name)
+        if engagement is None or not self._parked.park(name, engagement.cluster, request):
             return False
-        parked = self._parked.get(name)
-        if parked is None:
-            parked = self._parked[name] = set()
-            engagement.cluster.tasks.spawn(self._unpark(name, recovered), f"parked:{self.name}")
-        parked.add(request)
         self.queue.forget(request)
         return True
-
-    async def _unpark(self, name: str, recovered: asyncio.Event) -> None:
-        await recovered.wait()
-        for request in self._parked.pop(name, set()):
-            self._add(request)
-
-    def _drop_parked(self, name: str) -> None:
-        self._parked.pop(name, None)
-        for cluster, parked in list(self._parked.items()):
-            parked.difference_update({request for request in parked if request.cluster == name})
-            if not parked:
-                del self._parked[cluster]
-
-    def _apply_result(self, request: Request, result: object) -> str:
-        if result is not None and not isinstance(result, Result):
-            # A reconciler bug, but a worker must not die of it: treat it as a failed reconcile.
-            self.stats.error += 1
-            self.queue.add_rate_limited(request)
-            log.error(
-                "controller %s: reconcile of %s returned a %s; expected Result or None; "
-                "counted as an error and retried (retry %d)",
-                self.name,
-                request,
-                type(result).__name__,
-                self.queue.num_requeues(request),
-            )
-            return "error"
-        if result is not None and result.requeue_after:
-            self.stats.requeue_after += 1
-            self.queue.forget(request)
-            self.queue.add_after(request, result.requeue_after)
-            return "requeue_after"
-        if result is not None and result.requeue:
-            self.stats.requeue += 1
-            self.queue.add_rate_limited(request)
-            return "requeue"
-        self.stats.success += 1
-        self.queue.forget(request)
-        return "success"

@@ -1,0 +1,106 @@
+"""What a reconcile's outcome does to its request: forget it, requeue it, or park it.
+
+A reconcile that returned is counted and its request forgotten, requeued with
+backoff or requeued after a delay, as its :class:`Result` says. A reconcile
+that failed because its cluster does not answer is parked: held until that
+cluster's health probe gets an answer, instead of burning its backoff on
+retries that would fail at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .._reconcile.request import Request, Result
+from .workqueue import WorkQueue
+
+if TYPE_CHECKING:
+    from .._fleet.cluster import Cluster
+
+log = logging.getLogger("mcruntime.controller")
+
+
+@dataclass
+class ReconcileStats:
+    """Counts per outcome, for tests and metrics."""
+
+    success: int = 0
+    requeue: int = 0
+    requeue_after: int = 0
+    error: int = 0
+    terminal: int = 0
+    dropped_cluster_gone: int = 0
+
+
+def apply_result(
+    controller: str, queue: WorkQueue[Request], stats: ReconcileStats, request: Request, result: object
+) -> str:
+    """Count a returned reconcile and queue its request as ``result`` asks; the outcome's name."""
+    if result is not None and not isinstance(result, Result):
+        # A reconciler bug, but a worker must not die of it: treat it as a failed reconcile.
+        stats.error += 1
+        queue.add_rate_limited(request)
+        log.error(
+            "controller %s: reconcile of %s returned a %s; expected Result or None; "
+            "counted as an error and retried (retry %d)",
+            controller,
+            request,
+            type(result).__name__,
+            queue.num_requeues(request),
+        )
+        return "error"
+    if result is not None and result.requeue_after:
+        stats.requeue_after += 1
+        queue.forget(request)
+        queue.add_after(request, result.requeue_after)
+        return "requeue_after"
+    if result is not None and result.requeue:
+        stats.requeue += 1
+        queue.add_rate_limited(request)
+        return "requeue"
+    stats.success += 1
+    queue.forget(request)
+    return "success"
+
+
+class ParkedRequests:
+    """Requests held until the cluster that did not answer answers again, by that cluster's name.
+
+    Each parked cluster has one waiter, a task of that cluster's own (it ends
+    with the cluster): when the cluster's circuit closes, its requests go back
+    through ``requeue``. ``drop`` forgets a cluster that left, and its requests
+    wherever they are parked.
+    """
+
+    def __init__(self, controller: str, requeue: Callable[[Request], None]) -> None:
+        self._controller = controller
+        self._requeue = requeue
+        self._parked: dict[str, set[Request]] = {}
+
+    def park(self, name: str, cluster: Cluster, request: Request) -> bool:
+        """Hold ``request`` until ``cluster`` (engaged as ``name``) answers; False if not known unreachable."""
+        recovered = cluster.transport.health.recovery()
+        if recovered is None:
+            return False
+        parked = self._parked.get(name)
+        if parked is None:
+            parked = self._parked[name] = set()
+            cluster.tasks.spawn(self._unpark(name, recovered), f"parked:{self._controller}")
+        parked.add(request)
+        return True
+
+    async def _unpark(self, name: str, recovered: asyncio.Event) -> None:
+        await recovered.wait()
+        for request in self._parked.pop(name, set()):
+            self._requeue(request)
+
+    def drop(self, name: str) -> None:
+        self._parked.pop(name, None)
+        for cluster, parked in list(self._parked.items()):
+            parked.difference_update({request for request in parked if request.cluster == name})
+            if not parked:
+                del self._parked[cluster]
