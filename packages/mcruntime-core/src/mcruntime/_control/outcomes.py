@@ -82,7 +82,7 @@ class ParkedRequests:
         self._parked: dict[str, set[Request]] = {}
 
     def park(self, name: str, cluster: Cluster, request: Request) -> bool:
-        """Hold ``request`` until ``cluster`` (engaged as ``name``) answers; False if not known unreachable."""
+        """Hold ``request`` until ``cluster`` (engaged as ``name``) answers; False if not unreachable."""
         recovered = cluster.transport.health.recovery()
         if recovered is None:
             return False
