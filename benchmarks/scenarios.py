@@ -47,6 +47,7 @@ class Sizes:
     writes_repeats: int
     cpu_rate: float  # S8: watch events per second
     cpu_seconds: float
+    cpu_repeats: int  # S8 runs per peer, the order drawn anew each round
     fleet_clusters: int  # S9: kubeconfigs, one token user each, over every plane
     fleet_objects: int  # ConfigMaps per plane in the fleet namespace
     fleet_idle_seconds: float
@@ -75,6 +76,7 @@ FULL = Sizes(
     writes_repeats=2,
     cpu_rate=200.0,
     cpu_seconds=15.0,
+    cpu_repeats=3,
     fleet_clusters=1000,
     fleet_objects=2,
     fleet_idle_seconds=10.0,
@@ -102,6 +104,7 @@ SMOKE = Sizes(
     writes_repeats=1,
     cpu_rate=40.0,
     cpu_seconds=3.0,
+    cpu_repeats=1,
     fleet_clusters=12,
     fleet_objects=2,
     fleet_idle_seconds=3.0,
