@@ -121,6 +121,8 @@ class Stream:
         "_ended",
         "_error",
         "_read_timeout",
+        "_silence",
+        "_waiting_since",
         "_wakeup",
         "headers",
         "status",
@@ -137,6 +139,8 @@ class Stream:
         self._error: BaseException | None = None
         self._wakeup: asyncio.Future[None] | None = None
         self._read_timeout = read_timeout
+        self._silence: asyncio.TimerHandle | None = None
+        self._waiting_since = 0.0
 
     @property
     def content(self) -> Stream:
@@ -182,22 +186,48 @@ class Stream:
         self._wake()
 
     def _release(self) -> None:
-        """Give the connection's window back for what was received and never read."""
+        """Stop the read timer; give the connection's window back for what was received and never read."""
+        if self._silence is not None:
+            self._silence.cancel()
+            self._silence = None
         unread = self.unread
         self._chunks.clear()
         if unread:
             self._channel.consumed(self.stream_id, unread)
 
     async def _wait(self) -> None:
-        wakeup = self._wakeup = asyncio.get_running_loop().create_future()
+        """Wait to be woken; :class:`TimeoutError` after the read timeout without a wake-up.
+
+        One timer per stream serves every wait (see :meth:`_check_silence`):
+        a watch waits once per event, and a timeout context per wait (a timer
+        armed and cancelled each time) was a tenth of the event path's cost.
+        """
+        loop = asyncio.get_running_loop()
+        wakeup = self._wakeup = loop.create_future()
+        if self._read_timeout is not None:
+            self._waiting_since = loop.time()
+            if self._silence is None:
+                self._silence = loop.call_at(self._waiting_since + self._read_timeout, self._check_silence)
         try:
-            async with asyncio.timeout(self._read_timeout):
-                await wakeup
+            await wakeup
         except TimeoutError:
             self._channel.check_alive()
             raise
         finally:
             self._wakeup = None
+
+    def _check_silence(self) -> None:
+        """The read timeout's timer: fail a wait that lasted it, or move on to the current wait's end."""
+        self._silence = None
+        wakeup = self._wakeup
+        if wakeup is None or wakeup.done() or self._read_timeout is None:
+            return  # nobody waits now: the next wait arms the timer again
+        loop = asyncio.get_running_loop()
+        deadline = self._waiting_since + self._read_timeout
+        if loop.time() < deadline:
+            self._silence = loop.call_at(deadline, self._check_silence)
+        else:
+            wakeup.set_exception(TimeoutError())
 
     def _wake(self) -> None:
         wakeup = self._wakeup
