@@ -13,7 +13,7 @@ from importlib.metadata import version
 
 import mcruntime
 
-DEFERRED = ("aiohttp.web", "mcruntime._webhook.server", "pydantic", "h2")
+DEFERRED = ("aiohttp.web", "mcruntime._webhook.server", "pydantic", "mcruntime._client.wire", "hpack")
 
 
 def test_import_mcruntime_leaves_the_server_side_and_settings_out() -> None:

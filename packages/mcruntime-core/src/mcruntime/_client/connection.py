@@ -372,7 +372,7 @@ class Connection:
             return None
         if not self.server.startswith("https://"):
             return None
-        from .multiplex import Multiplexer  # h2 is imported with the first watch
+        from .multiplex import Multiplexer  # HTTP/2 (hpack) is imported with the first watch
 
         found = companion(
             session,

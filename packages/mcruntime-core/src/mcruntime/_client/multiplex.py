@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import ssl
 from collections import deque
@@ -31,13 +30,9 @@ from typing import Protocol
 from urllib.parse import urlencode, urlsplit
 
 import aiohttp
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
 from hpack import NeverIndexedHeaderTuple
+
+from .wire import CANCEL, Wire, WireError, error_name
 
 # hpack logs each header block it encodes at DEBUG, and a block holds a cluster's
 # bearer token: a process that turns on debug logging must not write credentials.
@@ -255,28 +250,11 @@ class Stream:
 
 
 class _Channel(asyncio.Protocol):
-    """One HTTP/2 connection and the streams open on it."""
+    """One HTTP/2 connection and the streams open on it; hears its :class:`Wire` as its listener."""
 
     def __init__(self, owner: Multiplexer) -> None:
         self._owner = owner
-        config = h2.config.H2Configuration(
-            client_side=True,
-            header_encoding=None,
-            validate_outbound_headers=False,  # built valid by request_headers
-            normalize_outbound_headers=False,
-        )
-        self._h2 = h2.connection.H2Connection(config)
-        # No Huffman coding of header values: each watch sends its cluster's token
-        # (a JWT of a kilobyte or so, never indexed), and coding it in pure Python
-        # was 8 % of a 10,000-cluster engage for a few hundred bytes saved on the wire.
-        self._h2.encoder.encode = functools.partial(self._h2.encoder.encode, huffman=False)  # type: ignore[method-assign]
-        self._h2.local_settings = h2.settings.Settings(
-            client=True,
-            initial_values={
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
-                h2.settings.SettingCodes.ENABLE_PUSH: 0,
-            },
-        )
+        self._wire = Wire(self, stream_window=STREAM_WINDOW, connection_window=_CONNECTION_WINDOW)
         self._transport: asyncio.Transport | None = None
         self.streams: dict[int, Stream] = {}
         self.lost: str | None = None
@@ -288,10 +266,9 @@ class _Channel(asyncio.Protocol):
 
     @property
     def has_room(self) -> bool:
-        if self.lost is not None or self.draining or not self.ready.done():
+        if self.lost is not None or self.draining or not self.ready.done() or self._wire.exhausted:
             return False
-        # Counted here: h2's own count walks every stream of the connection on each call.
-        return len(self.streams) < self._h2.remote_settings.max_concurrent_streams
+        return len(self.streams) < self._wire.max_concurrent_streams
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -300,13 +277,11 @@ class _Channel(asyncio.Protocol):
         self.negotiated = tls.selected_alpn_protocol() if tls is not None else None
         if self.negotiated != "h2":
             return  # the multiplexer closes it and remembers that the server speaks HTTP/1.1 only
-        self._h2.initiate_connection()
-        self._h2.increment_flow_control_window(_CONNECTION_WINDOW - 65535)
+        self._wire.initiate()
         self._flush()
 
     def open_stream(self, headers: list[tuple[bytes, bytes]], read_timeout: float | None) -> Stream:
-        stream_id = self._h2.get_next_available_stream_id()
-        self._h2.send_headers(stream_id, headers, end_stream=True)
+        stream_id = self._wire.open_stream(headers)
         stream = self.streams[stream_id] = Stream(self, stream_id, read_timeout)
         if self._idle is not None:
             self._idle.cancel()
@@ -316,49 +291,54 @@ class _Channel(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            events = self._h2.receive_data(data)
-        except h2.exceptions.ProtocolError as error:
+            self._wire.receive(data)
+        except WireError as error:
+            self._wire.goaway(error.code)
+            self._flush()
             self.abort(f"HTTP/2 protocol error from the server: {error}")
             return
-        for event in events:
-            self._dispatch(event)
         self._flush()
 
-    def _dispatch(self, event: h2.events.Event) -> None:
-        if isinstance(event, h2.events.DataReceived):
-            stream = self.streams.get(event.stream_id or 0)
-            if stream is None:  # in flight when we reset it
-                self.consumed(event.stream_id or 0, event.flow_controlled_length or 0)
-            else:
-                stream._feed(event.data or b"", event.flow_controlled_length or 0)
-        elif isinstance(event, h2.events.ResponseReceived):
-            stream = self.streams.get(event.stream_id or 0)
-            if stream is not None:
-                stream._answered(*_status_and_headers(event.headers or []))
-        elif isinstance(event, h2.events.StreamEnded):
-            stream = self._forget(event.stream_id or 0)
-            if stream is not None:
-                stream._end()
-        elif isinstance(event, h2.events.StreamReset):
-            stream = self._forget(event.stream_id or 0)
-            if stream is not None:
-                code = _error_name(event.error_code)
-                stream._fail(StreamClosed(f"the server reset the watch stream ({code})"))
-        elif isinstance(event, h2.events.RemoteSettingsChanged):
-            if not self.ready.done():
-                self.ready.set_result(None)
-        elif isinstance(event, h2.events.PingAckReceived):
-            if self._ping is not None:
-                self._ping.cancel()
-                self._ping = None
-        elif isinstance(event, h2.events.ConnectionTerminated):
-            self._terminated(event)
+    # --- what the server sent, from the wire ------------------------------------------
 
-    def _terminated(self, event: h2.events.ConnectionTerminated) -> None:
+    def on_settings(self) -> None:
+        if not self.ready.done():
+            self.ready.set_result(None)
+
+    def on_response(self, stream_id: int, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        stream = self.streams.get(stream_id)
+        if stream is not None:
+            stream._answered(*_status_and_headers(headers))
+
+    def on_data(self, stream_id: int, data: bytes, flowed: int) -> None:
+        stream = self.streams.get(stream_id)
+        if stream is None:  # in flight when we reset it
+            self.consumed(stream_id, flowed)
+        else:
+            stream._feed(data, flowed)
+
+    def on_end(self, stream_id: int) -> None:
+        stream = self._forget(stream_id)
+        if stream is not None:
+            stream._end()
+
+    def on_reset(self, stream_id: int, code: int) -> None:
+        stream = self._forget(stream_id)
+        if stream is not None:
+            stream._fail(StreamClosed(f"the server reset the watch stream ({error_name(code)})"))
+
+    def on_ping_ack(self) -> None:
+        if self._ping is not None:
+            self._ping.cancel()
+            self._ping = None
+
+    def on_goaway(self, last_stream_id: int, code: int) -> None:
+        self._terminated(last_stream_id, code)
+
+    def _terminated(self, last: int, error_code: int) -> None:
         """GOAWAY: streams the server kept run on; no new ones open here."""
         self.draining = True
-        last = event.last_stream_id or 0
-        code = _error_name(event.error_code)
+        code = error_name(error_code)
         reason = f"the server closed the connection (GOAWAY {code})"
         refused = [stream_id for stream_id in self.streams if stream_id > last]
         self._owner.goaways += 1
@@ -395,21 +375,20 @@ class _Channel(asyncio.Protocol):
         """``flowed`` bytes of ``stream_id`` were read (or dropped): open its windows again."""
         if self.lost is not None or not flowed:
             return
-        self._h2.acknowledge_received_data(flowed, stream_id)
+        self._wire.consumed(stream_id, flowed)
         self._flush()
 
     def reset(self, stream_id: int) -> None:
         if self._forget(stream_id) is None or self.lost is not None:
             return
-        with contextlib.suppress(h2.exceptions.H2Error):
-            self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+        self._wire.reset(stream_id, CANCEL)
         self._flush()
 
     def check_alive(self) -> None:
         """A reader heard nothing for its timeout: PING, and close the connection if unanswered."""
         if self._ping is not None or self.lost is not None or self._transport is None:
             return
-        self._h2.ping(_PING)
+        self._wire.ping(_PING)
         self._flush()
         timeout = self._owner.connect_timeout
         self._ping = asyncio.get_running_loop().call_later(
@@ -417,7 +396,7 @@ class _Channel(asyncio.Protocol):
         )
 
     def _flush(self) -> None:
-        data = self._h2.data_to_send()
+        data = self._wire.data_to_send()
         if data and self._transport is not None and not self._transport.is_closing():
             self._transport.write(data)
 
@@ -433,9 +412,8 @@ class _Channel(asyncio.Protocol):
         if self.lost is not None or self._transport is None:
             return
         self.lost = "the connection was closed"
-        with contextlib.suppress(h2.exceptions.H2Error):
-            self._h2.close_connection()
-            self._flush()
+        self._wire.goaway()
+        self._flush()
         self._transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -465,12 +443,6 @@ def _status_and_headers(raw: list[tuple[bytes, bytes]] | list[tuple[str, str]]) 
         else:
             headers[key] = text
     return status, headers
-
-
-def _error_name(code: int | h2.errors.ErrorCodes | None) -> str:
-    if isinstance(code, h2.errors.ErrorCodes):
-        return code.name
-    return f"error code {code}"
 
 
 class Multiplexer:
