@@ -312,3 +312,12 @@ def test_the_first_frame_must_be_settings() -> None:
     wire.initiate()
     with pytest.raises(WireError, match="first frame was not SETTINGS"):
         wire.receive(frame(6, 0, 0, b"12345678"))
+
+
+def test_a_servers_larger_header_table_is_not_taken_up() -> None:
+    """Our encoder's table stays at the default: a server cannot make us keep more of what we sent."""
+    pair = Pair()
+    pair.to_client(frame(4, 0, 0, (1).to_bytes(2, "big") + (1 << 30).to_bytes(4, "big")))
+    assert pair.wire._encoder.header_table_size == 4096
+    stream_id = pair.open()  # and the server still reads what we send
+    assert stream_id == 1

@@ -67,6 +67,7 @@ MAX_HEADER_BLOCK = 1 << 18
 """A response's header block, CONTINUATION frames included, coded and decoded."""
 _LAST_STREAM_ID = (1 << 31) - 1
 _DEFAULT_WINDOW = 65535
+_DEFAULT_TABLE_SIZE = 4096
 
 
 def error_name(code: int) -> str:
@@ -363,8 +364,8 @@ class Wire:
         for offset in range(0, len(payload), 6):
             ident = int.from_bytes(payload[offset : offset + 2], "big")
             value = int.from_bytes(payload[offset + 2 : offset + 6], "big")
-            if ident == _HEADER_TABLE_SIZE:
-                self._encoder.header_table_size = value
+            if ident == _HEADER_TABLE_SIZE:  # never more than the default: a larger table gains us nothing
+                self._encoder.header_table_size = min(value, _DEFAULT_TABLE_SIZE)
             elif ident == _MAX_CONCURRENT_STREAMS:
                 self.max_concurrent_streams = value
             elif ident == _INITIAL_WINDOW_SIZE and value > _LAST_STREAM_ID:
