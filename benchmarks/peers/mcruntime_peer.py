@@ -132,7 +132,9 @@ async def serve(
 
     builder = mcr.controller_managed_by(manager).named("bench").for_(CONFIGMAP, namespace=namespace)
     if workers is not None:  # otherwise the controller's defaults, whatever they are in this version
-        builder = builder.with_options(max_concurrent_reconciles=workers)
+        # Go's MaxConcurrentReconciles: that many reconciles at once over all clusters, any
+        # of which may be one cluster's. Here: the total bound, and a lane as wide as it.
+        builder = builder.with_options(max_concurrent_reconciles=workers, max_total_reconciles=workers)
     builder.complete(reconcile)
     runner = asyncio.create_task(manager.start())
     try:
@@ -148,7 +150,7 @@ def main() -> None:
     parser.add_argument("--kubeconfig-dir", type=Path, required=True)
     parser.add_argument("--namespace", required=True)
     parser.add_argument(
-        "--workers", type=int, default=None, help="max_concurrent_reconciles (default: the controller's own)"
+        "--workers", type=int, default=None, help="reconciles at once over all clusters, as Go's MaxConcurrentReconciles (default: the controller's own)"
     )
     parser.add_argument("--run-id", default="0", help="write mode: marks this run's patches")
     parser.add_argument("--debounce", type=float, default=None, help="the file provider's (default: its own)")

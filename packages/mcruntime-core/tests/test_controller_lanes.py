@@ -15,7 +15,7 @@ from mcruntime.workqueue import ExponentialBackoff
 
 
 def _controller(
-    reconcile: mcr.ReconcileFunction, *, lane: int = 1, total: int = 256
+    reconcile: mcr.ReconcileFunction, *, lane: int = 1, total: int = 256, turn: int = 32
 ) -> tuple[mcr.Controller, asyncio.Queue[mcr.Request | mcr.ObjectEvent]]:
     channel: asyncio.Queue[mcr.Request | mcr.ObjectEvent] = asyncio.Queue()
     controller = mcr.Controller(
@@ -24,6 +24,7 @@ def _controller(
         rate_limiter=ExponentialBackoff(base=0.001, cap=0.05),
         max_concurrent_reconciles=lane,
         max_total_reconciles=total,
+        keys_per_turn=turn,
     )
     controller.watch(mcr.ChannelSource(channel))
     return controller, channel
@@ -54,20 +55,25 @@ async def test_a_hung_cluster_holds_only_its_own_lane() -> None:
     await runner
 
 
-async def test_a_worker_goes_on_with_the_next_ready_request_clusters_taking_turns() -> None:
+@pytest.mark.parametrize(
+    ("turn", "order"), [(1, "ab" * 10), (3, "aaabbb" * 3 + "ab"), (32, "a" * 10 + "b" * 10)]
+)
+async def test_a_worker_goes_on_with_the_next_ready_request_clusters_taking_turns(
+    turn: int, order: str
+) -> None:
     """A backlog is worked through by the task already running, not by a task per request."""
     seen: list[tuple[str, asyncio.Task[object] | None]] = []
 
     async def reconcile(request: mcr.Request) -> None:
         seen.append((request.cluster, asyncio.current_task()))
 
-    controller, _channel = _controller(reconcile, total=1)
+    controller, _channel = _controller(reconcile, total=1, turn=turn)
     for index in range(10):
         for cluster in ("a", "b"):
             controller.queue.add(mcr.Request(cluster, "ns", str(index)))
     runner = asyncio.create_task(controller.start())
     await wait_until(lambda: len(seen) == 20)
-    assert [cluster for cluster, _ in seen] == ["a", "b"] * 10  # the round robin, as before
+    assert "".join(cluster for cluster, _ in seen) == order  # turns of ``turn`` requests each
     assert len({id(task) for _, task in seen}) == 1
     await controller.shutdown(1)
     await runner
@@ -114,7 +120,7 @@ async def test_lane_width_and_global_bound_both_hold() -> None:
         await gate.wait()
         running[request.cluster] -= 1
 
-    controller, channel = _controller(reconcile, lane=3, total=5)
+    controller, channel = _controller(reconcile, lane=3, total=5, turn=1)
     runner = asyncio.create_task(controller.start())
     for index in range(6):
         await channel.put(mcr.Request("a", "ns", str(index)))
@@ -127,6 +133,32 @@ async def test_lane_width_and_global_bound_both_hold() -> None:
     gate.set()
     await wait_until(lambda: controller.stats.success == 18)
     assert peak_total == 5 and max(peak.values()) == 3
+    await controller.shutdown(1)
+    await runner
+
+
+async def test_with_turns_of_several_the_free_slots_go_to_the_cluster_whose_turn_it_is() -> None:
+    running: Counter[str] = Counter()
+    gate = asyncio.Event()
+
+    async def reconcile(request: mcr.Request) -> None:
+        running[request.cluster] += 1
+        await gate.wait()
+        running[request.cluster] -= 1
+
+    controller, channel = _controller(reconcile, lane=3, total=5, turn=4)
+    runner = asyncio.create_task(controller.start())
+    for index in range(6):
+        await channel.put(mcr.Request("a", "ns", str(index)))
+    await wait_until(lambda: controller.active_workers == 3)
+    for cluster in ("b", "c"):
+        for index in range(6):
+            await channel.put(mcr.Request(cluster, "ns", str(index)))
+    await wait_until(lambda: controller.active_workers == 5)
+    # "b" came first: both free slots are its turn; "c" waits for the next (at most 4 requests).
+    assert dict(running) == {"a": 3, "b": 2}
+    gate.set()
+    await wait_until(lambda: controller.stats.success == 18)
     await controller.shutdown(1)
     await runner
 

@@ -3,7 +3,8 @@
 Work is isolated per cluster: each cluster gets a lane of at most
 ``max_concurrent_reconciles`` reconciles at once, and all lanes together share
 at most ``max_total_reconciles``. A cluster whose API server hangs fills its
-own lane and nothing else; the queue serves the other clusters in turn.
+own lane and nothing else; the queue serves the other clusters in turn, up to
+``keys_per_turn`` requests each.
 
 ``engage`` attaches the controller's sources to a cluster's shared informers and
 returns at once: cache sync is waited for in the background, in a task owned by
@@ -56,6 +57,15 @@ ReconcileObserver = Callable[[str, Request, str, float], None]
 DEFAULT_MAX_TOTAL_RECONCILES = 256
 """The default bound on one controller's concurrent reconciles across all its clusters."""
 
+DEFAULT_KEYS_PER_TURN = 32
+"""The default number of requests one cluster is handed in a row when slots are scarce.
+
+Requests sent to one API server together cost it less than the same requests
+spread over every cluster in turn (S7: about 1.7 against 2.7 ms of API server
+CPU per patch), and 32 in a row kept most of that gain while a cluster waits
+at most 32 requests for each cluster ahead of it.
+"""
+
 
 class Controller:
     """Reconciles requests from its sources in one lane per cluster, under a global bound.
@@ -68,7 +78,9 @@ class Controller:
     once over all clusters, so a large fleet does not open thousands of
     requests together; when it is reached, clusters take turns for the free
     slots. Keep it above the number of clusters you expect to hang at once,
-    or hung lanes can use it all up.
+    or hung lanes can use it all up. ``keys_per_turn`` is how many requests
+    a cluster is handed in a row before the next cluster's turn, when more
+    clusters have work than there are free slots.
     """
 
     def __init__(
@@ -78,6 +90,7 @@ class Controller:
         *,
         max_concurrent_reconciles: int = 1,
         max_total_reconciles: int = DEFAULT_MAX_TOTAL_RECONCILES,
+        keys_per_turn: int = DEFAULT_KEYS_PER_TURN,
         rate_limiter: RateLimiter | None = None,
         cache_sync_timeout: float = 60.0,
         event_filters: tuple[Predicate, ...] = (),
@@ -93,14 +106,18 @@ class Controller:
             raise ValueError(
                 f"controller {name!r}: max_total_reconciles must be at least 1, not {max_total_reconciles}"
             )
+        if keys_per_turn < 1:
+            raise ValueError(f"controller {name!r}: keys_per_turn must be at least 1, not {keys_per_turn}")
         self.name = name
         self._reconcile = reconcile
         self.max_concurrent_reconciles = max_concurrent_reconciles
         self.max_total_reconciles = max_total_reconciles
+        self.keys_per_turn = keys_per_turn
         self.queue: WorkQueue[Request] = WorkQueue(
             rate_limiter=rate_limiter or default_rate_limiter(),
             metrics=queue_metrics,
             group_limit=max_concurrent_reconciles,
+            keys_per_turn=keys_per_turn,
         )
         self._slots = asyncio.Semaphore(max_total_reconciles)
         self.tasks: TaskSet = TaskSet(f"controller:{name}")

@@ -9,8 +9,8 @@ reconcile, and call ``done``. The queue guarantees what a controller relies on:
 * failures are retried after a delay from a rate limiter (``add_rate_limited``),
   and reconcilers can ask to run again later (``add_after``);
 * clusters share the workers fairly: keys are grouped (by the key's ``cluster``
-  by default) and groups take turns, so a cluster with ten thousand pending
-  keys does not starve one with ten;
+  by default) and groups take turns of at most ``keys_per_turn`` keys, so a
+  cluster with ten thousand pending keys does not starve one with ten;
 * a group can be held to a limit of keys in processing (``group_limit``): a
   group at its limit is passed over by ``get`` until one of its keys is done,
   so a cluster whose reconciles hang occupies its own lane and no other;
@@ -101,10 +101,11 @@ class WorkQueue(Generic[K]):
     Every ``get`` must be paired with one ``done``.
 
     Ready keys wait in one first-in, first-out line per group, and ``get`` serves
-    the groups that have ready keys in turn, one key each. Within a group keys
-    come out in the order they became ready. With ``group_limit``, a group that
-    holds that many keys in processing sits out (its ready keys wait) until a
-    worker calls ``done`` for one of them; it then rejoins the back of the turns.
+    the groups that have ready keys in turn, up to ``keys_per_turn`` keys each.
+    Within a group keys come out in the order they became ready. With
+    ``group_limit``, a group that holds that many keys in processing sits out
+    (its ready keys wait) until a worker calls ``done`` for one of them; it then
+    goes on with its turn if that was unfinished, or rejoins the back of the turns.
 
     Delayed keys (``add_after``, ``add_rate_limited``) wait on the event loop's
     timers and are added when their time comes; waiting for a delay is separate
@@ -119,6 +120,12 @@ class WorkQueue(Generic[K]):
         group_limit: the most keys of one group in processing at once; ``None``
             (the default) sets no limit. This is what keeps one hung cluster
             from taking every worker: its reconciles fill its own lane only.
+        keys_per_turn: the most keys a group is handed in a row while other
+            groups have keys ready (1 by default). A larger turn sends the
+            requests of one cluster's reconciles together, which costs its
+            API server less per request than requests spread over every
+            cluster in turn; another group then waits at most this many keys
+            per group ahead of it.
         clock: monotonic seconds used to time waits and processing for
             ``metrics`` and ``longest_processing_seconds``. Delays always run on
             the event loop's own clock.
@@ -131,12 +138,16 @@ class WorkQueue(Generic[K]):
         rate_limiter: RateLimiter | None = None,
         metrics: QueueMetrics | None = None,
         group_limit: int | None = None,
+        keys_per_turn: int = 1,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if group_limit is not None and group_limit < 1:
             raise ValueError(f"WorkQueue group_limit must be at least 1 (or None), not {group_limit}")
+        if keys_per_turn < 1:
+            raise ValueError(f"WorkQueue keys_per_turn must be at least 1, not {keys_per_turn}")
         self._group_of = group
         self._group_limit = group_limit
+        self._keys_per_turn = keys_per_turn
         self._rate_limiter: RateLimiter = default_rate_limiter() if rate_limiter is None else rate_limiter
         self._metrics: QueueMetrics = NoMetrics() if metrics is None else metrics
         self._clock = clock
@@ -147,6 +158,9 @@ class WorkQueue(Generic[K]):
         # Groups with ready keys that sit out: they hold ``group_limit`` keys in processing.
         # Every group in ``_ready`` is in exactly one of ``_turns`` and ``_parked``.
         self._parked: set[Hashable] = set()
+        # Keys handed out in the current, unfinished turn, per group: the group at the
+        # front of ``_turns`` and parked groups that reached their limit mid-turn.
+        self._served: dict[Hashable, int] = {}
         # Keys in processing per group (only groups with any).
         self._busy: dict[Hashable, int] = {}
         self._ready_count = 0
@@ -286,7 +300,10 @@ class WorkQueue(Generic[K]):
             self._make_ready(key, group)
         if group in self._parked and not self._at_limit(group):
             self._parked.discard(group)
-            self._turns.append(group)
+            if group in self._served:  # back to the front to finish its turn
+                self._turns.appendleft(group)
+            else:
+                self._turns.append(group)
             self._wake_one_getter()
         self._release_idle_getters()
         if not self._processing:
@@ -310,6 +327,7 @@ class WorkQueue(Generic[K]):
         """
         dropped: set[K] = set()
         line = self._ready.pop(group, None)
+        self._served.pop(group, None)
         if line is not None:
             if group in self._parked:
                 self._parked.discard(group)
@@ -393,6 +411,11 @@ class WorkQueue(Generic[K]):
         return self._group_limit
 
     @property
+    def keys_per_turn(self) -> int:
+        """The most keys a group is handed in a row while others have keys ready."""
+        return self._keys_per_turn
+
+    @property
     def delayed_count(self) -> int:
         """The number of keys waiting for a delay (``add_after``, ``add_rate_limited``)."""
         return len(self._delayed)
@@ -430,16 +453,27 @@ class WorkQueue(Generic[K]):
             self._wake_one_getter()
 
     def _take_next(self) -> K:
-        group = self._turns.popleft()
+        group = self._turns[0]
         line = self._ready[group]
         key, ready_since = line.popleft()
         self._busy[group] = self._busy.get(group, 0) + 1
-        if not line:
+        served = self._served.get(group, 0) + 1
+        if not line:  # its turn ends with its line
+            self._turns.popleft()
             del self._ready[group]
-        elif self._at_limit(group):
-            self._parked.add(group)
-        else:
-            self._turns.append(group)
+            self._served.pop(group, None)
+        elif served >= self._keys_per_turn:  # its turn is over: to the back
+            self._turns.popleft()
+            self._served.pop(group, None)
+            if self._at_limit(group):
+                self._parked.add(group)
+            else:
+                self._turns.append(group)
+        else:  # its turn goes on, now or once a key of its own is done
+            self._served[group] = served
+            if self._at_limit(group):
+                self._turns.popleft()
+                self._parked.add(group)
         self._ready_count -= 1
         self._needs_processing.discard(key)
         now = self._clock()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from .._base.kind import Kind
 from .._base.permissions import READ, WRITE, Permission, Role
-from .._control.controller import DEFAULT_MAX_TOTAL_RECONCILES, Controller
+from .._control.controller import DEFAULT_KEYS_PER_TURN, DEFAULT_MAX_TOTAL_RECONCILES, Controller
 from .._control.handler import EventHandler, enqueue_for_object, enqueue_for_owner
 from .._control.predicate import ObjectEvent, Predicate
 from .._control.ratelimit import RateLimiter
@@ -67,6 +67,7 @@ class Builder:
         settings = getattr(manager, "settings", None)
         self._max_concurrent: int = settings.max_concurrent_reconciles if settings else 1
         self._max_total: int = settings.max_total_reconciles if settings else DEFAULT_MAX_TOTAL_RECONCILES
+        self._keys_per_turn: int = settings.keys_per_turn if settings else DEFAULT_KEYS_PER_TURN
         self._rate_limiter: RateLimiter | None = None
         self._cache_sync_timeout: float = settings.cache_sync_timeout if settings else 60.0
         self._problems: list[str] = []
@@ -220,13 +221,18 @@ class Builder:
         max_total_reconciles: int | None = None,
         rate_limiter: RateLimiter | None = None,
         cache_sync_timeout: float | None = None,
+        keys_per_turn: int | None = None,
     ) -> Builder:
         """Concurrency, retry pacing and how long a cluster's cache may take to sync.
 
         ``max_concurrent_reconciles`` is the width of each cluster's lane (how
         many reconciles of one cluster run at once), so a hung cluster can
         only ever hold that many; ``max_total_reconciles`` bounds them over all
-        clusters together. Unset options take the manager's ``MCRUNTIME_*``
+        clusters together. When more clusters have work than there are free
+        slots, each is handed up to ``keys_per_turn`` requests in a row: one
+        API server's requests sent together cost it less than requests spread
+        over every cluster, and no cluster waits more than that many per
+        cluster ahead of it. Unset options take the manager's ``MCRUNTIME_*``
         settings when it was built with ``Manager.from_settings``.
         """
         if max_concurrent_reconciles is not None:
@@ -239,6 +245,10 @@ class Builder:
             if max_total_reconciles < 1:
                 self._problems.append(f"max_total_reconciles must be at least 1, not {max_total_reconciles}")
             self._max_total = max_total_reconciles
+        if keys_per_turn is not None:
+            if keys_per_turn < 1:
+                self._problems.append(f"keys_per_turn must be at least 1, not {keys_per_turn}")
+            self._keys_per_turn = keys_per_turn
         if rate_limiter is not None:
             self._rate_limiter = rate_limiter
         if cache_sync_timeout is not None:
@@ -284,6 +294,7 @@ class Builder:
             reconcile,
             max_concurrent_reconciles=self._max_concurrent,
             max_total_reconciles=self._max_total,
+            keys_per_turn=self._keys_per_turn,
             rate_limiter=self._rate_limiter,
             cache_sync_timeout=self._cache_sync_timeout,
             event_filters=self._filters,

@@ -64,6 +64,11 @@ class ManagerSettings(BaseSettings):
         ge=1,
         description="default bound on a controller's concurrent reconciles over all clusters",
     )
+    keys_per_turn: int = Field(
+        default=32,
+        ge=1,
+        description="default number of requests a cluster is handed in a row while others wait for a slot",
+    )
     cache_sync_timeout: float = Field(
         default=60.0,
         gt=0,
