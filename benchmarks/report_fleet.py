@@ -305,6 +305,7 @@ def goals(results: dict[str, Any]) -> list[str]:
         times = ratio(median(s8, "mcruntime", "cpu_ms_per_1000"), median(s8, BASELINE, "cpu_ms_per_1000"))
         text = f"S8 CPU per event ≤ 3x {BASELINE}'s: {times:.2f}x"
         lines.append(_goal(_check(times, 3.0, below=True), text))
+    lines += speed_goals(results)
     s9 = results.get("s9", {})
     if "peers" in s9:
         engage = median(s9, "mcruntime", "engage_all_s")
@@ -352,6 +353,26 @@ def goals(results: dict[str, Any]) -> list[str]:
             text += " (but none of the hung cluster's work was pending when it stopped: isolation untested)"
         lines.append(_goal(every, text))
         lines.append(_goal(_check(p99, 1000.0, below=True), f"S11 healthy p99 under 1 s: {p99:.0f} ms"))
+    return lines
+
+
+def speed_goals(results: dict[str, Any]) -> list[str]:
+    """Issue 32's goals against the concurrent Go variant: S1's CPU, S7's patches/s, S8's CPU per event."""
+    lines = []
+    s1 = results.get("s1", {})
+    if "peers" in s1:
+        times = ratio(median(s1, "mcruntime", "cpu_s"), median(s1, BASELINE, "cpu_s"))
+        lines.append(_goal(_check(times, 1.5, below=True), f"S1 CPU ≤ 1.5x {BASELINE}'s: {times:.2f}x"))
+    s7 = results.get("s7", {})
+    if "peers" in s7:
+        share = ratio(median(s7, "mcruntime", "per_second"), median(s7, BASELINE, "per_second"))
+        text = f"S7 ≥ 1.0x {BASELINE}'s patches/s: {share:.2f}x"
+        lines.append(_goal(_check(share, 1.0, below=False), text))
+    s8 = results.get("s8", {})
+    if "peers" in s8:
+        times = ratio(median(s8, "mcruntime", "cpu_ms_per_1000"), median(s8, BASELINE, "cpu_ms_per_1000"))
+        text = f"S8 CPU per event ≤ 1.0x {BASELINE}'s: {times:.2f}x"
+        lines.append(_goal(_check(times, 1.0, below=True), text))
     return lines
 
 
