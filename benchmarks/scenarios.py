@@ -50,6 +50,9 @@ class Sizes:
     cpu_repeats: int  # S8 runs per peer, the order drawn anew each round
     fleet_clusters: int  # S9: kubeconfigs, one token user each, over every plane
     fleet_objects: int  # ConfigMaps per plane in the fleet namespace
+    # Idle CPU's window: a whole minute, the API servers' bookmark period (every watch gets one a
+    # minute) and two of the file provider's 30 s rescans. 10 s right after the engage fell in
+    # the lull before the first bookmarks: 4 to 5 ms/s there, 15 to 60 in later 5 s slices.
     fleet_idle_seconds: float
     gc_objects: int  # S10: ConfigMaps per plane (cached objects = planes x this)
     gc_rate: float
@@ -79,7 +82,7 @@ FULL = Sizes(
     cpu_repeats=3,
     fleet_clusters=1000,
     fleet_objects=2,
-    fleet_idle_seconds=10.0,
+    fleet_idle_seconds=60.0,
     gc_objects=10_000,
     gc_rate=50.0,
     gc_seconds=15.0,
