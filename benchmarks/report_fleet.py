@@ -295,16 +295,9 @@ def goals(results: dict[str, Any]) -> list[str]:
         share = ratio(mc, go)
         text = f"S1 ≥ 0.5x {BASELINE}'s reconciles/s: {share:.2f}x"
         lines.append(_goal(_check(share, 0.5, below=False), text))
-    s7 = results.get("s7", {})
-    if "peers" in s7:
-        share = ratio(median(s7, "mcruntime", "per_second"), median(s7, BASELINE, "per_second"))
-        text = f"S7 ≥ 0.5x {BASELINE}'s patches/s: {share:.2f}x"
-        lines.append(_goal(_check(share, 0.5, below=False), text))
-    s8 = results.get("s8", {})
-    if "peers" in s8:
-        times = ratio(median(s8, "mcruntime", "cpu_ms_per_1000"), median(s8, BASELINE, "cpu_ms_per_1000"))
-        text = f"S8 CPU per event ≤ 3x {BASELINE}'s: {times:.2f}x"
-        lines.append(_goal(_check(times, 3.0, below=True), text))
+    lines += _baseline_goal(results, "s7", "per_second", 0.5, False, f"S7 ≥ 0.5x {BASELINE}'s patches/s")
+    s8_text = f"S8 CPU per event ≤ 3x {BASELINE}'s"
+    lines += _baseline_goal(results, "s8", "cpu_ms_per_1000", 3.0, True, s8_text)
     lines += speed_goals(results)
     s9 = results.get("s9", {})
     if "peers" in s9:
@@ -356,24 +349,24 @@ def goals(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _baseline_goal(
+    results: dict[str, Any], scenario: str, key: str, limit: float, below: bool, text: str
+) -> list[str]:
+    """A goal on mcruntime's median ``key`` over the baseline's: ``text``, then the ratio."""
+    data = results.get(scenario, {})
+    if "peers" not in data:
+        return []
+    times = ratio(median(data, "mcruntime", key), median(data, BASELINE, key))
+    return [_goal(_check(times, limit, below=below), f"{text}: {times:.2f}x")]
+
+
 def speed_goals(results: dict[str, Any]) -> list[str]:
     """Issue 32's goals against the concurrent Go variant: S1's CPU, S7's patches/s, S8's CPU per event."""
-    lines = []
-    s1 = results.get("s1", {})
-    if "peers" in s1:
-        times = ratio(median(s1, "mcruntime", "cpu_s"), median(s1, BASELINE, "cpu_s"))
-        lines.append(_goal(_check(times, 1.5, below=True), f"S1 CPU ≤ 1.5x {BASELINE}'s: {times:.2f}x"))
-    s7 = results.get("s7", {})
-    if "peers" in s7:
-        share = ratio(median(s7, "mcruntime", "per_second"), median(s7, BASELINE, "per_second"))
-        text = f"S7 ≥ 1.0x {BASELINE}'s patches/s: {share:.2f}x"
-        lines.append(_goal(_check(share, 1.0, below=False), text))
-    s8 = results.get("s8", {})
-    if "peers" in s8:
-        times = ratio(median(s8, "mcruntime", "cpu_ms_per_1000"), median(s8, BASELINE, "cpu_ms_per_1000"))
-        text = f"S8 CPU per event ≤ 1.0x {BASELINE}'s: {times:.2f}x"
-        lines.append(_goal(_check(times, 1.0, below=True), text))
-    return lines
+    return [
+        *_baseline_goal(results, "s1", "cpu_s", 1.5, True, f"S1 CPU ≤ 1.5x {BASELINE}'s"),
+        *_baseline_goal(results, "s7", "per_second", 1.0, False, f"S7 ≥ 1.0x {BASELINE}'s patches/s"),
+        *_baseline_goal(results, "s8", "cpu_ms_per_1000", 1.0, True, f"S8 CPU per event ≤ 1.0x {BASELINE}'s"),
+    ]
 
 
 S12_ENGAGE_S = 60.0
