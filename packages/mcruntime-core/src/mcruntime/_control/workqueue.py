@@ -158,8 +158,9 @@ class WorkQueue(Generic[K]):
         # Groups with ready keys that sit out: they hold ``group_limit`` keys in processing.
         # Every group in ``_ready`` is in exactly one of ``_turns`` and ``_parked``.
         self._parked: set[Hashable] = set()
-        # Keys handed out in the current, unfinished turn, per group: the group at the
-        # front of ``_turns`` and parked groups that reached their limit mid-turn.
+        # Keys handed out in each unfinished turn, per group: the group at the front of
+        # ``_turns``, a parked group that reached its limit mid-turn (it goes back to the
+        # front when a key of its own is done), and a group such a return went ahead of.
         self._served: dict[Hashable, int] = {}
         # Keys in processing per group (only groups with any).
         self._busy: dict[Hashable, int] = {}
