@@ -3,29 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import pytest
 
 from mcruntime._control.workqueue import WorkQueue
 
 
+@dataclass(frozen=True)
 class Key:
-    """A request of one cluster; equal by value so the queue can deduplicate it."""
-
-    __slots__ = ("cluster", "name")
-
-    def __init__(self, cluster: str, name: str) -> None:
-        self.cluster = cluster
-        self.name = name
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Key) and (self.cluster, self.name) == (other.cluster, other.name)
-
-    def __hash__(self) -> int:
-        return hash((self.cluster, self.name))
-
-    def __repr__(self) -> str:
-        return f"{self.cluster}/{self.name}"
+    cluster: str
+    name: str
 
 
 def _fill(queue: WorkQueue[Key], clusters: str, count: int) -> None:
