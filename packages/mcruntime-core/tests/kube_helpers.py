@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client, config
@@ -169,8 +171,29 @@ def hung(plane: ControlPlane) -> Iterator[None]:
     """
     process = plane.apiserver.process
     assert process is not None and process.pid is not None
-    os.kill(process.pid, signal.SIGSTOP)
+    stop(process.pid)
     try:
         yield
     finally:
         os.kill(process.pid, signal.SIGCONT)
+
+
+def stop(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP ``pid`` and return once every one of its threads is stopped.
+
+    ``kill`` returns when the signal is queued: a thread running on the other
+    core may still answer a request that arrives in that instant (a client
+    that writes it at once sees a "hung" server reply).
+    """
+    os.kill(pid, signal.SIGSTOP)
+    tasks = Path(f"/proc/{pid}/task")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            states = [(task / "stat").read_text().rsplit(")", 1)[1].split()[0] for task in tasks.iterdir()]
+        except (FileNotFoundError, ProcessLookupError):
+            return  # gone, or not visible here (a container's process): nothing more to wait for
+        if all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.001)  # polling the kernel's view of the threads: a few ms at most
+    raise AssertionError(f"process {pid} did not stop within {timeout:g}s of SIGSTOP")

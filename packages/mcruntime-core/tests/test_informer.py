@@ -8,7 +8,7 @@ import signal
 from collections.abc import Iterator
 
 import pytest
-from kube_helpers import CONFIGMAP, configmap, new_namespace, running_cluster
+from kube_helpers import CONFIGMAP, configmap, new_namespace, running_cluster, stop
 
 import mcruntime as mcr
 from mcruntime.cache import Informer
@@ -185,7 +185,7 @@ async def test_a_silent_connection_is_noticed_within_the_read_timeout(fresh_clus
         assert await informer.wait_for_sync(30)
         process = fresh_cluster.apiserver.process
         assert process is not None and process.pid is not None
-        os.kill(process.pid, signal.SIGSTOP)  # the socket stays open, but nothing arrives
+        stop(process.pid)  # the socket stays open, but nothing arrives
         try:
             await wait_until(lambda: informer.stats.last_error is not None, timeout=15)
             # The read timeout, or the health probe's (5 s) if it notices first and closes the watch.

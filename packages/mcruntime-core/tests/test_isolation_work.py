@@ -16,7 +16,7 @@ import statistics
 import time
 
 import aiohttp
-from kube_helpers import CONFIGMAP, configmap, unique
+from kube_helpers import CONFIGMAP, configmap, stop, unique
 
 import mcruntime as mcr
 from mcruntime.testing import ControlPlane, Fleet, running, wait_until
@@ -97,7 +97,7 @@ async def test_a_sigstopped_cluster_costs_the_healthy_ones_no_reconcile_latency(
             process = planes[hung].apiserver.process
             assert process is not None and process.pid is not None
             created: dict[tuple[str, str], float] = {}
-            os.kill(process.pid, signal.SIGSTOP)
+            stop(process.pid)
             try:
                 hang_started.set()
                 hang_began = time.monotonic()

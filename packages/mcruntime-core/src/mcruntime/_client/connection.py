@@ -27,7 +27,8 @@ from .._config.exec import ExecLimits
 from .._config.kubeconfig import ClusterConfig, redacted_url
 from .._config.material import MaterialFiles
 from .health import HealthRecord
-from .pool import REQUESTS_IN_FLIGHT, Turns, close_session, companion, session_pool
+from .http1 import RequestPool
+from .pool import REQUESTS_IN_FLIGHT, Turns, attach_request_pool, close_session, companion, session_pool
 from .retry import RetryPolicy
 from .tls import MaterialPaths, certificate_of, tune_tls_read_buffer
 from .wording import describe_connection_error
@@ -201,12 +202,24 @@ class Connection:
         connector = aiohttp.TCPConnector(
             ssl=context, limit=0, enable_cleanup_closed=_CLEANUP_CLOSED, keepalive_timeout=_KEEPALIVE_SECONDS
         )
-        return aiohttp.ClientSession(
+        session = aiohttp.ClientSession(
             connector=connector,
             trust_env=False,  # a cluster's proxy comes from its kubeconfig, not the environment
             skip_auto_headers=("User-Agent",),
             headers={"User-Agent": "mcruntime"},
         )
+        if not self.config.cluster.get("proxy-url"):  # aiohttp speaks CONNECT to a proxy; we do not
+            try:
+                requests = RequestPool(
+                    self.server,
+                    context,
+                    server_hostname=self.config.cluster.get("tls-server-name"),
+                    keepalive=_KEEPALIVE_SECONDS,
+                )
+            except ValueError:  # a URL with no host: aiohttp's requests fail with their own words
+                return session
+            attach_request_pool(session, requests)
+        return session
 
     def _new_credentials(
         self, config: ClusterConfig, prepare: Callable[[], Awaitable[None]] | None = None

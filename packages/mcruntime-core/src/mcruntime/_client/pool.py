@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 if TYPE_CHECKING:
     import aiohttp
 
+    from .http1 import RequestPool
+
 
 REQUESTS_IN_FLIGHT = 64
 """Requests (watches aside) one shared session sends at once by default; the rest queue
@@ -273,9 +275,25 @@ def companion(session: aiohttp.ClientSession, make: Callable[[], _C]) -> _C:
     return cast("_C", found)  # one kind of companion per session
 
 
+_request_pools: weakref.WeakKeyDictionary[aiohttp.ClientSession, RequestPool] = weakref.WeakKeyDictionary()
+
+
+def attach_request_pool(session: aiohttp.ClientSession, pool: RequestPool) -> None:
+    """Send ``session``'s requests over ``pool`` (``http1.py``); it closes with the session."""
+    _request_pools[session] = pool
+
+
+def request_pool(session: aiohttp.ClientSession) -> RequestPool | None:
+    """The connections ``session``'s requests go over, or ``None`` for aiohttp's own (behind a proxy)."""
+    return _request_pools.get(session)
+
+
 async def close_session(session: aiohttp.ClientSession) -> None:
     """Close ``session`` and what lives with it."""
     found = _companions.pop(session, None)
     if found is not None:
         found.close()
+    requests = _request_pools.pop(session, None)
+    if requests is not None:
+        requests.close()
     await session.close()

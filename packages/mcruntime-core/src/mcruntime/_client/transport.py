@@ -21,7 +21,8 @@ import aiohttp
 from .._base.errors import Unreachable
 from .connection import Connection
 from .health import ProbeInconclusive, ProbeResult
-from .pool import NoTurn, Turns
+from .http1 import RequestFailed
+from .pool import NoTurn, Turns, request_pool
 from .retry import RETRY_STATUSES, retry_after_seconds
 from .retry import RetryPolicy as RetryPolicy  # a transport option, importable here too
 from .wording import NoAnswer, Unsendable, describe_connection_error, unexpected
@@ -221,6 +222,9 @@ class Transport(Connection):
         session = self._session
         if session is None:
             raise Unreachable("the cluster was stopped", cluster=self.cluster)
+        # Our own HTTP/1.1 connections (http1.py), or aiohttp's where a proxy is in the way.
+        pool = request_pool(session) if method != "HEAD" else None
+        response_headers: Mapping[str, str]
         client_timeout = self._timeout(timeout)
         interrupted = False
         loop = asyncio.get_running_loop()
@@ -235,18 +239,29 @@ class Transport(Connection):
                         client_timeout = await self._take_turn(turns, timeout, patient)
                         sent_at = loop.time()
                     try:
-                        async with session.request(
-                            method,
-                            self.server + path,
-                            params=params or None,
-                            data=body,
-                            headers=headers,
-                            timeout=client_timeout,
-                            **self._request_options(),
-                        ) as response:
-                            payload = await response.read()
-                            status = response.status
-                            response_headers: Mapping[str, str] = response.headers  # immutable, kept as is
+                        if pool is not None:
+                            async with asyncio.timeout(client_timeout.total):
+                                status, response_headers, payload = await pool.request(
+                                    method,
+                                    path,
+                                    params,
+                                    headers,
+                                    body,
+                                    client_timeout.connect or self._connect_timeout,
+                                )
+                        else:
+                            async with session.request(
+                                method,
+                                self.server + path,
+                                params=params or None,
+                                data=body,
+                                headers=headers,
+                                timeout=client_timeout,
+                                **self._request_options(),
+                            ) as response:
+                                payload = await response.read()
+                                status = response.status
+                                response_headers = response.headers  # immutable, kept as is
                         if turns is not None:
                             turns.answered()
                     finally:
@@ -257,6 +272,13 @@ class Transport(Connection):
                     interrupted = waiting.expired()
         except (NoAnswer, Unreachable):
             raise
+        except RequestFailed as refused:
+            if interrupted:
+                raise NoAnswer(f"{self.interrupted_by}; the request was interrupted", False, False) from None
+            # A connection refused or not made in time is the server's silence; a TLS handshake
+            # refused is this cluster's trust or identity, and says nothing of the others'.
+            whole_server = refused.timed_out or (refused.never_sent and not refused.tls)
+            raise NoAnswer(refused.message, refused.never_sent, refused.timed_out, whole_server) from None
         except (aiohttp.ClientError, TimeoutError, ssl.SSLError) as error:
             if interrupted:
                 raise NoAnswer(f"{self.interrupted_by}; the request was interrupted", False, False) from None
@@ -269,7 +291,7 @@ class Transport(Connection):
                 # How much later than its deadline the timeout fired: our own event loop's lag.
                 # (aiohttp rounds a deadline over ``ceil_threshold`` seconds up to a whole second.)
                 deadline = sent_at + client_timeout.total
-                if client_timeout.total > client_timeout.ceil_threshold:
+                if pool is None and client_timeout.total > client_timeout.ceil_threshold:
                     deadline = math.ceil(deadline)
                 failure.late = max(0.0, loop.time() - deadline)
             raise failure from None

@@ -22,15 +22,21 @@ from .._base.errors import Unreachable
 def unexpected(error: Exception, doing: str, method: str, path: str) -> str:
     """Words for an error nobody foresaw: its class and, for the HTTP client's own, its text.
 
-    Only aiohttp's messages are quoted (fixed words such as "Forbidden control
-    character detected in headers"); any other error's text might carry the
+    Only aiohttp's messages and our HTTP/1.1 client's refusals are quoted
+    (fixed words such as "Forbidden control character detected in headers",
+    naming at most the header); any other error's text might carry the
     credential it choked on, so only its class is named.
     """
     text = ""
-    if type(error).__module__.startswith("aiohttp") or "aiohttp" in _raised_in(error):
+    if type(error).__module__.startswith("aiohttp") or "aiohttp" in _raised_in(error) or _ours(error):
         text = str(error).splitlines()[0][:200] if str(error) else ""
     detail = f"{type(error).__name__}: {text}" if text else type(error).__name__
     return f"{doing} {method} {path} failed on our side ({detail}); the server was not asked"
+
+
+def _ours(error: Exception) -> bool:
+    """A refusal of our HTTP/1.1 client (``http1.py``), worded without the value it refused."""
+    return isinstance(error, ValueError) and _raised_in(error) == "mcruntime._client.http1"
 
 
 def _raised_in(error: BaseException) -> str:
