@@ -10,7 +10,7 @@ from kube_helpers import CONFIGMAP, configmap, install_widget_crd, new_namespace
 from kubernetes_asyncio import client as k8s
 
 import mcruntime as mcr
-from mcruntime.testing import ControlPlane, Fleet
+from mcruntime.testing import ControlPlane, Fleet, wait_until
 
 DEPLOYMENT = mcr.Kind("apps/v1", "Deployment")
 
@@ -226,8 +226,10 @@ async def test_a_stopped_server_is_unreachable_and_health_says_so(fresh_cluster:
         with pytest.raises(mcr.Unreachable) as raised:
             await cluster.client.list(CONFIGMAP, namespace="default")
         assert raised.value.cluster == fresh_cluster.name
+        # The failed request woke the probe; its verdict follows (it was not there before the
+        # request returned when every attempt's refusal came at once).
+        await wait_until(lambda: not cluster.health.healthy, what="the probe's verdict", timeout=10)
         unhealthy = cluster.health
-        assert not unhealthy.healthy
         assert unhealthy.last_error is not None
         assert "connect" in unhealthy.last_error
 

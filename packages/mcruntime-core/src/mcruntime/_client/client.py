@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-import aiohttp
 import orjson
 
 from .._base.errors import APIError, NotFound, Unreachable, error_from_status
@@ -21,6 +20,7 @@ from .._base.objects import JSON, to_json_shape
 from .discovery import Discovery
 from .permissions import refused_by_authorization, verb_of
 from .transport import Transport
+from .wording import dropped
 
 PatchType = Literal["merge", "json", "strategic"]
 """Which patch format ``Client.patch`` sends: JSON merge patch, JSON patch or strategic merge patch."""
@@ -342,12 +342,14 @@ class Client:
                             yield self._event(line, resource, metadata_only)
                 if buffer and not buffer.isspace():
                     yield self._event(bytes(buffer), resource, metadata_only)
-        except TimeoutError:  # before ClientConnectionError: aiohttp's read timeout is both
+        except TimeoutError:  # before the dropped connections: aiohttp's read timeout is both
             self.transport.health.failure(f"watch of {resource.kind} silent for {read_timeout}s")
             raise Unreachable(
                 f"watch of {resource.plural} silent for {read_timeout}s", cluster=self.cluster
             ) from None
-        except aiohttp.ClientConnectionError as error:  # dropped, reset, or closed by the circuit
+        except Exception as error:
+            if not dropped(error):  # dropped, reset, or closed by the circuit; else not ours to word
+                raise
             health = self.transport.health
             if health.unreachable:
                 message = f"watch of {resource.plural} closed: {health.reason}"

@@ -1,7 +1,7 @@
 """The session and identity one cluster uses to reach its API server.
 
-A :class:`Connection` turns a :class:`ClusterConfig` into an aiohttp session
-with the right TLS context and an ``Authorization`` header that stays fresh
+A :class:`Connection` turns a :class:`ClusterConfig` into a session
+(``session.py``) with the right TLS context and an ``Authorization`` header that stays fresh
 (token files are re-read when they change, exec plugins re-run before expiry
 and after a 401), shares that session with clusters that reach the same server
 the same way (``pool.py``), and swaps it when a client certificate rotates.
@@ -14,12 +14,9 @@ import asyncio
 import base64
 import logging
 import ssl
-import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
-
-import aiohttp
 
 from .._base.errors import Unreachable
 from .._config.credentials import ClusterCredentials
@@ -27,9 +24,9 @@ from .._config.exec import ExecLimits
 from .._config.kubeconfig import ClusterConfig, redacted_url
 from .._config.material import MaterialFiles
 from .health import HealthRecord
-from .http1 import RequestPool
-from .pool import REQUESTS_IN_FLIGHT, Turns, attach_request_pool, close_session, companion, session_pool
+from .pool import REQUESTS_IN_FLIGHT, Turns, close_session, companion, session_pool
 from .retry import RetryPolicy
+from .session import ServerSession
 from .tls import MaterialPaths, certificate_of, tune_tls_read_buffer
 from .wording import describe_connection_error
 
@@ -39,13 +36,6 @@ if TYPE_CHECKING:
     from kubernetes_asyncio import client as k8s_client
 
     from .multiplex import Multiplexer, WatchResponse
-
-_KEEPALIVE_SECONDS = 75.0
-"""How long an idle pooled connection is kept (aiohttp's default is 15 s)."""
-# Aborted TLS connections leaked in CPython until gh-118960 (3.12.8, 3.13.1); aiohttp's
-# workaround for that is deprecated where the fix is in (a DeprecationWarning on every
-# session, an error under -W error), so it is asked for only where it is still needed.
-_CLEANUP_CLOSED = sys.version_info < (3, 12, 8) or (3, 13, 0) <= sys.version_info < (3, 13, 1)
 
 log = logging.getLogger("mcruntime.transport")
 
@@ -85,7 +75,7 @@ class Connection:
         self._mux: Multiplexer | None = None  # the HTTP/2 connections of the last watch opened
         self._retry = retry or RetryPolicy()
         self._material: MaterialFiles | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._session: ServerSession | None = None
         # The sharing key of self._session when it is a pooled one (see pool.py), else None.
         self._lease: str | None = None
         # The shared session's requests in flight (see pool.py); None when unshared.
@@ -95,13 +85,12 @@ class Connection:
         # Sessions replaced by a certificate rotation, with their sharing keys: their
         # open watches keep running on the old identity until they reconnect; closed
         # (or given back) with the transport.
-        self._retired: list[tuple[str | None, aiohttp.ClientSession]] = []
+        self._retired: list[tuple[str | None, ServerSession]] = []
         self._credentials: ClusterCredentials | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._paths: MaterialPaths | None = None
         self._open_lock = asyncio.Lock()
         self._closed = False
-        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self.interrupted_by: str = "the circuit opened"
 
     def __repr__(self) -> str:
@@ -195,31 +184,8 @@ class Connection:
         """Whether this transport's connections are pooled with other clusters' (same server and trust)."""
         return self._lease is not None
 
-    def _new_session(self, context: ssl.SSLContext) -> aiohttp.ClientSession:
-        # Idle connections stay open longer than the slowest paced probe interval of a
-        # large fleet (20 s at 1,000 clusters), so a probe reuses one instead of paying a
-        # TLS handshake, which costs ten times the request itself.
-        connector = aiohttp.TCPConnector(
-            ssl=context, limit=0, enable_cleanup_closed=_CLEANUP_CLOSED, keepalive_timeout=_KEEPALIVE_SECONDS
-        )
-        session = aiohttp.ClientSession(
-            connector=connector,
-            trust_env=False,  # a cluster's proxy comes from its kubeconfig, not the environment
-            skip_auto_headers=("User-Agent",),
-            headers={"User-Agent": "mcruntime"},
-        )
-        if not self.config.cluster.get("proxy-url"):  # aiohttp speaks CONNECT to a proxy; we do not
-            try:
-                requests = RequestPool(
-                    self.server,
-                    context,
-                    server_hostname=self.config.cluster.get("tls-server-name"),
-                    keepalive=_KEEPALIVE_SECONDS,
-                )
-            except ValueError:  # a URL with no host: aiohttp's requests fail with their own words
-                return session
-            attach_request_pool(session, requests)
-        return session
+    def _new_session(self, context: ssl.SSLContext) -> ServerSession:
+        return ServerSession(self.server, context, self.config.cluster)
 
     def _new_credentials(
         self, config: ClusterConfig, prepare: Callable[[], Awaitable[None]] | None = None
@@ -416,25 +382,6 @@ class Connection:
         except (ssl.SSLError, OSError, ValueError) as error:
             message = f"unusable TLS configuration: {describe_connection_error(error)}"
             raise Unreachable(message, cluster=self.cluster) from None
-
-    def _request_options(self) -> dict[str, Any]:
-        options: dict[str, Any] = {}
-        if self.config.cluster.get("proxy-url"):
-            options["proxy"] = self.config.cluster["proxy-url"]
-        if self.config.cluster.get("tls-server-name"):
-            options["server_hostname"] = self.config.cluster["tls-server-name"]
-        return options
-
-    def _timeout(self, total: float) -> aiohttp.ClientTimeout:
-        """The aiohttp timeout of one request; one object per distinct total, made once."""
-        found = self._timeouts.get(total)
-        if found is None:
-            if len(self._timeouts) > 16:  # totals shrunk by a wait for a turn vary: keep few
-                self._timeouts.clear()
-            found = self._timeouts[total] = aiohttp.ClientTimeout(
-                total=total, connect=self._connect_timeout, sock_connect=self._connect_timeout
-            )
-        return found
 
     def _interrupt(self, reason: str) -> None:
         """The circuit opened: end every request waiting on the server and every watch."""

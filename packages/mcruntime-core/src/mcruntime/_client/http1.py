@@ -57,32 +57,41 @@ class RequestFailed(Exception):
 
 
 class Headers(Mapping[str, str]):
-    """An answer's headers, looked up without regard to case; repeated ones joined with ", "."""
+    """An answer's headers, looked up without regard to case; repeated ones joined with ", ".
 
-    __slots__ = ("_items",)
+    Decoded on first use: most answers are read for their status and body only.
+    """
+
+    __slots__ = ("_items", "_raw")
 
     def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
-        items: dict[str, str] = {}
-        for name, value in raw:
-            key = name.decode("latin-1").lower()
-            text = value.decode("latin-1")
-            items[key] = f"{items[key]}, {text}" if key in items else text
-        self._items = items
+        self._raw = raw
+        self._items: dict[str, str] | None = None
+
+    def _decoded(self) -> dict[str, str]:
+        items = self._items
+        if items is None:
+            items = self._items = {}
+            for name, value in self._raw:
+                key = name.decode("latin-1").lower()
+                text = value.decode("latin-1")
+                items[key] = f"{items[key]}, {text}" if key in items else text
+        return items
 
     def __getitem__(self, name: str) -> str:
-        return self._items[name.lower()]
+        return self._decoded()[name.lower()]
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name.lower() in self._items
+        return isinstance(name, str) and name.lower() in self._decoded()
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._items)
+        return iter(self._decoded())
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._decoded())
 
     def __repr__(self) -> str:
-        return f"<Headers {sorted(self._items)}>"  # names only: a value may be a cookie
+        return f"<Headers {sorted(self._decoded())}>"  # names only: a value may be a cookie
 
 
 Answer = tuple[int, Headers, bytes]
@@ -101,6 +110,7 @@ class _Connection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_bytes = 0
         self._status = 0
+        self._encoding = "identity"
         self.reusable = False
         self.closed = False
         self.idle_since = 0.0
@@ -150,6 +160,8 @@ class _Connection(asyncio.Protocol):
         if self._header_bytes > MAX_HEADER_BYTES:
             raise _Refused(f"the server's answer has over {MAX_HEADER_BYTES // 1024} KiB of headers")
         self._headers.append((name, value))
+        if len(name) == 16 and name.lower() == b"content-encoding":
+            self._encoding = value.decode("latin-1").strip().lower()
 
     def on_headers_complete(self) -> None:
         self._status = self._parser.get_status_code()
@@ -164,11 +176,12 @@ class _Connection(asyncio.Protocol):
         waiter, self._waiter = self._waiter, None
         headers = Headers(self._headers)
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        encoding = self._encoding
         self._headers, self._body, self._header_bytes, self._body_bytes = [], [], 0, 0
+        self._encoding = "identity"
         self.reusable = self._parser.should_keep_alive()
         if waiter is None or waiter.done():
             return
-        encoding = headers.get("content-encoding", "identity").lower()
         if encoding == "gzip":
             try:
                 body = _gunzip(body)

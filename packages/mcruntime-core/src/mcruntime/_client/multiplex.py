@@ -29,10 +29,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Protocol
 from urllib.parse import urlencode, urlsplit
 
-import aiohttp
 from hpack import NeverIndexedHeaderTuple
 
 from .wire import CANCEL, Wire, WireError, error_name
+from .wording import StreamClosed as StreamClosed  # raised here; importable from here as before
 
 # hpack logs each header block it encodes at DEBUG, and a block holds a cluster's
 # bearer token: a process that turns on debug logging must not write credentials.
@@ -89,14 +89,6 @@ class WatchResponse(Protocol):
 
 class _Content(Protocol):
     def iter_any(self) -> AsyncIterator[bytes]: ...
-
-
-class StreamClosed(aiohttp.ClientConnectionError):
-    """A multiplexed watch ended before its end: reset, its connection lost, or closed here.
-
-    A :class:`aiohttp.ClientConnectionError`, so its reader treats it as a
-    dropped HTTP/1.1 watch.
-    """
 
 
 class ChannelUnavailable(Exception):

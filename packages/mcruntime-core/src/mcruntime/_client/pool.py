@@ -8,7 +8,7 @@ of file descriptors at rest. client-go shares one transport per TLS
 configuration and sends each client's credential per request; this does the
 same: clusters whose endpoint (server, CA, proxy, TLS server name) is the
 same and whose identity travels in a header (a bearer token, from a file or a
-plugin, or none) share one aiohttp session and its connections.
+plugin, or none) share one session (``session.py``) and its connections.
 
 Where identity is in the TLS handshake, a client certificate shares only
 with clusters presenting the very same certificate, so pooled connections
@@ -29,9 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 if TYPE_CHECKING:
-    import aiohttp
-
-    from .http1 import RequestPool
+    from .session import ServerSession
 
 
 REQUESTS_IN_FLIGHT = 64
@@ -160,7 +158,7 @@ class NoTurn(Exception):
 
 @dataclass
 class _Shared:
-    session: aiohttp.ClientSession
+    session: ServerSession
     users: int
     turns: Turns
 
@@ -200,7 +198,7 @@ class SessionPool:
             if entry.waiting == 0 and self._opening.get(key) is entry:
                 del self._opening[key]
 
-    def existing(self, key: str) -> aiohttp.ClientSession | None:
+    def existing(self, key: str) -> ServerSession | None:
         """The open session of ``key``, leased to the caller (release it), or ``None``."""
         entry = self._shared.get(key)
         if entry is None or entry.session.closed:
@@ -209,8 +207,8 @@ class SessionPool:
         return entry.session
 
     def lease(
-        self, key: str, make: Callable[[], aiohttp.ClientSession], limit: int = REQUESTS_IN_FLIGHT
-    ) -> aiohttp.ClientSession:
+        self, key: str, make: Callable[[], ServerSession], limit: int = REQUESTS_IN_FLIGHT
+    ) -> ServerSession:
         """The session of ``key``, made with ``make()`` if there is none; release it when done.
 
         ``limit`` bounds the requests in flight of a new session; the cluster
@@ -227,7 +225,7 @@ class SessionPool:
         entry = self._shared.get(key)
         return entry.turns if entry is not None else None
 
-    async def release(self, key: str, session: aiohttp.ClientSession) -> None:
+    async def release(self, key: str, session: ServerSession) -> None:
         """Give a lease back; the last one closes the session."""
         entry = self._shared.get(key)
         if entry is None or entry.session is not session:
@@ -251,7 +249,7 @@ _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SessionPool] = weak
 
 
 def session_pool() -> SessionPool:
-    """The running event loop's pool: aiohttp sessions belong to one loop."""
+    """The running event loop's pool: sessions and their connections belong to one loop."""
     loop = asyncio.get_running_loop()
     pool = _pools.get(loop)
     if pool is None:
@@ -264,10 +262,10 @@ class _Companion(Protocol):
 
 
 _C = TypeVar("_C", bound=_Companion)
-_companions: weakref.WeakKeyDictionary[aiohttp.ClientSession, _Companion] = weakref.WeakKeyDictionary()
+_companions: weakref.WeakKeyDictionary[ServerSession, _Companion] = weakref.WeakKeyDictionary()
 
 
-def companion(session: aiohttp.ClientSession, make: Callable[[], _C]) -> _C:
+def companion(session: ServerSession, make: Callable[[], _C]) -> _C:
     """What lives and dies with ``session`` (its HTTP/2 watch connections), made on first use."""
     found = _companions.get(session)
     if found is None:
@@ -275,25 +273,9 @@ def companion(session: aiohttp.ClientSession, make: Callable[[], _C]) -> _C:
     return cast("_C", found)  # one kind of companion per session
 
 
-_request_pools: weakref.WeakKeyDictionary[aiohttp.ClientSession, RequestPool] = weakref.WeakKeyDictionary()
-
-
-def attach_request_pool(session: aiohttp.ClientSession, pool: RequestPool) -> None:
-    """Send ``session``'s requests over ``pool`` (``http1.py``); it closes with the session."""
-    _request_pools[session] = pool
-
-
-def request_pool(session: aiohttp.ClientSession) -> RequestPool | None:
-    """The connections ``session``'s requests go over, or ``None`` for aiohttp's own (behind a proxy)."""
-    return _request_pools.get(session)
-
-
-async def close_session(session: aiohttp.ClientSession) -> None:
+async def close_session(session: ServerSession) -> None:
     """Close ``session`` and what lives with it."""
     found = _companions.pop(session, None)
     if found is not None:
         found.close()
-    requests = _request_pools.pop(session, None)
-    if requests is not None:
-        requests.close()
     await session.close()

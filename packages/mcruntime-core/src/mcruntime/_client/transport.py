@@ -16,19 +16,21 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-import aiohttp
-
 from .._base.errors import Unreachable
 from .connection import Connection
 from .health import ProbeInconclusive, ProbeResult
 from .http1 import RequestFailed
-from .pool import NoTurn, Turns, request_pool
+from .pool import NoTurn, Turns
 from .retry import RETRY_STATUSES, retry_after_seconds
 from .retry import RetryPolicy as RetryPolicy  # a transport option, importable here too
-from .wording import NoAnswer, Unsendable, describe_connection_error, unexpected
+from .wording import NoAnswer, Unsendable, describe_connection_error, is_client_error, unexpected
 
 if TYPE_CHECKING:
     from .multiplex import WatchResponse
+    from .session import ServerSession
+
+_AIOHTTP_CEIL_THRESHOLD = 5.0
+"""aiohttp rounds a deadline further than this many seconds away up to a whole second of the loop's clock."""
 
 _LATE_LOOP = 1.0
 """A probe's timeout that fired this many seconds late (or half its timeout) says nothing about the server."""
@@ -223,9 +225,9 @@ class Transport(Connection):
         if session is None:
             raise Unreachable("the cluster was stopped", cluster=self.cluster)
         # Our own HTTP/1.1 connections (http1.py), or aiohttp's where a proxy is in the way.
-        pool = request_pool(session) if method != "HEAD" else None
+        pool = session.requests if method != "HEAD" else None
         response_headers: Mapping[str, str]
-        client_timeout = self._timeout(timeout)
+        total, connect = timeout, self._connect_timeout
         interrupted = False
         loop = asyncio.get_running_loop()
         sent_at = loop.time()
@@ -236,32 +238,19 @@ class Transport(Connection):
                 self._waiting.add(waiting)
                 try:
                     if turns is not None:
-                        client_timeout = await self._take_turn(turns, timeout, patient)
+                        total = await self._take_turn(turns, timeout, patient)
+                        connect = min(total, connect)
                         sent_at = loop.time()
                     try:
                         if pool is not None:
-                            async with asyncio.timeout(client_timeout.total):
+                            async with asyncio.timeout(total):
                                 status, response_headers, payload = await pool.request(
-                                    method,
-                                    path,
-                                    params,
-                                    headers,
-                                    body,
-                                    client_timeout.connect or self._connect_timeout,
+                                    method, path, params, headers, body, connect
                                 )
                         else:
-                            async with session.request(
-                                method,
-                                self.server + path,
-                                params=params or None,
-                                data=body,
-                                headers=headers,
-                                timeout=client_timeout,
-                                **self._request_options(),
-                            ) as response:
-                                payload = await response.read()
-                                status = response.status
-                                response_headers = response.headers  # immutable, kept as is
+                            status, response_headers, payload = await self._send_by_aiohttp(
+                                session, method, path, params, body, headers, total, connect
+                            )
                         if turns is not None:
                             turns.answered()
                     finally:
@@ -279,39 +268,61 @@ class Transport(Connection):
             # refused is this cluster's trust or identity, and says nothing of the others'.
             whole_server = refused.timed_out or (refused.never_sent and not refused.tls)
             raise NoAnswer(refused.message, refused.never_sent, refused.timed_out, whole_server) from None
-        except (aiohttp.ClientError, TimeoutError, ssl.SSLError) as error:
+        except Exception as error:
+            if not isinstance(error, TimeoutError | ssl.SSLError) and not is_client_error(error):
+                # aiohttp's ValueError for a header it will not send, say: the same on every
+                # attempt, so no retry; the cluster's health says what it was.
+                raise Unsendable(unexpected(error, "sending", method, path), self.cluster) from None
             if interrupted:
                 raise NoAnswer(f"{self.interrupted_by}; the request was interrupted", False, False) from None
-            never_sent = isinstance(error, aiohttp.ClientConnectorError)
+            never_sent = is_client_error(error, "ClientConnectorError")
             timed_out = isinstance(error, TimeoutError)
             # The server's own silence, not this cluster's TLS identity refused: all its clusters are cut off.
-            whole_server = timed_out or (never_sent and not isinstance(error, aiohttp.ClientSSLError))
+            whole_server = timed_out or (never_sent and not is_client_error(error, "ClientSSLError"))
             failure = NoAnswer(describe_connection_error(error), never_sent, timed_out, whole_server)
-            if timed_out and client_timeout.total is not None:
+            if timed_out:
                 # How much later than its deadline the timeout fired: our own event loop's lag.
-                # (aiohttp rounds a deadline over ``ceil_threshold`` seconds up to a whole second.)
-                deadline = sent_at + client_timeout.total
-                if pool is None and client_timeout.total > client_timeout.ceil_threshold:
+                # (aiohttp rounds a deadline over 5 s up to a whole second of the loop's clock.)
+                deadline = sent_at + total
+                if pool is None and total > _AIOHTTP_CEIL_THRESHOLD:
                     deadline = math.ceil(deadline)
                 failure.late = max(0.0, loop.time() - deadline)
             raise failure from None
-        except Exception as error:
-            # aiohttp's ValueError for a header it will not send, say: the same on every
-            # attempt, so no retry; the cluster's health says what it was.
-            raise Unsendable(unexpected(error, "sending", method, path), self.cluster) from None
         self.health.contact(status)
         return status, response_headers, payload
 
-    async def _take_turn(self, turns: Turns, timeout: float, patient: bool) -> aiohttp.ClientTimeout:
-        """A place among the shared session's requests (see :meth:`Turns.wait_turn`); the timeout left."""
+    async def _send_by_aiohttp(
+        self,
+        session: ServerSession,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None,
+        body: bytes | None,
+        headers: Mapping[str, str],
+        total: float,
+        connect: float,
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """One request through aiohttp's client: a cluster behind a proxy, or a ``HEAD``."""
+        import aiohttp  # imported where needed (session.py says why)
+
+        async with session.http().request(
+            method,
+            self.server + path,
+            params=params or None,
+            data=body,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=total, connect=connect, sock_connect=connect),
+            **session.http_options(),
+        ) as response:
+            return response.status, response.headers, await response.read()
+
+    async def _take_turn(self, turns: Turns, timeout: float, patient: bool) -> float:
+        """A place among the shared session's requests (see :meth:`Turns.wait_turn`); the time left."""
         try:
             remaining = await turns.wait_turn(self.cluster, timeout, patient)
         except NoTurn as failure:
             raise NoAnswer(str(failure), True, True, True) from None
-        if remaining is None:
-            return self._timeout(timeout)
-        connect = min(remaining, self._connect_timeout)
-        return aiohttp.ClientTimeout(total=remaining, connect=connect, sock_connect=connect)
+        return timeout if remaining is None else remaining
 
     @asynccontextmanager
     async def stream(
@@ -356,6 +367,8 @@ class Transport(Connection):
         session = self._session
         if session is None:
             raise Unreachable("the cluster was stopped", cluster=self.cluster)
+        import aiohttp  # only watches without HTTP/2 need it (session.py says why)
+
         timeout = aiohttp.ClientTimeout(
             total=None,
             connect=self._connect_timeout,
@@ -364,12 +377,12 @@ class Transport(Connection):
         )
         try:
             async with (
-                session.get(
+                session.http().get(
                     self.server + path,
                     params=params,
                     headers=headers,
                     timeout=timeout,
-                    **self._request_options(),
+                    **session.http_options(),
                 ) as response,
                 self._watching(response) as watched,
             ):

@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
-
-import aiohttp
+import sys
 
 from .._base.errors import Unreachable
 
@@ -56,21 +55,41 @@ def describe_connection_error(error: BaseException) -> str:
     """
     if isinstance(error, TimeoutError | asyncio.TimeoutError):
         return "timed out waiting for the API server"
-    if isinstance(error, aiohttp.ClientConnectorCertificateError):
+    aiohttp = sys.modules.get("aiohttp")  # none of its errors exist until it is imported
+    if aiohttp is not None and isinstance(error, aiohttp.ClientConnectorCertificateError):
         certificate_error = error.certificate_error
         reason = getattr(certificate_error, "verify_message", None) or getattr(
             certificate_error, "reason", None
         )
         return f"TLS verification failed: {plain_word(reason) or type(certificate_error).__name__}"
-    if isinstance(error, aiohttp.ClientConnectorError):
+    if aiohttp is not None and isinstance(error, aiohttp.ClientConnectorError):
         return f"cannot connect: {os_reason(error.os_error)}"
     if isinstance(error, ssl.SSLError):
         return f"TLS error: {plain_word(getattr(error, 'reason', None)) or type(error).__name__}"
-    if isinstance(error, aiohttp.ClientResponseError):
+    if aiohttp is not None and isinstance(error, aiohttp.ClientResponseError):
         return f"{type(error).__name__}: HTTP {error.status}"
     if isinstance(error, OSError):
         return f"{type(error).__name__}: {os_reason(error)}"
     return type(error).__name__
+
+
+def is_client_error(error: BaseException, name: str = "ClientError") -> bool:
+    """Whether ``error`` is aiohttp's ``name`` (a subclass of it included), without importing aiohttp.
+
+    aiohttp is imported only where something needs it (``session.py``); until
+    then none of its errors can have been raised.
+    """
+    aiohttp = sys.modules.get("aiohttp")
+    return aiohttp is not None and isinstance(error, getattr(aiohttp, name))
+
+
+class StreamClosed(ConnectionError):
+    """A watch ended before its end: reset, its connection lost, or closed here (``multiplex.py``)."""
+
+
+def dropped(error: BaseException) -> bool:
+    """Whether a watch's error says its connection was dropped, reset or closed by the circuit."""
+    return isinstance(error, StreamClosed) or is_client_error(error, "ClientConnectionError")
 
 
 def os_reason(error: OSError) -> str:
