@@ -46,33 +46,45 @@ def test_a_manager_still_builds_its_webhook_server_on_first_use() -> None:
     assert type(manager.webhook).__name__ == "WebhookServer"
 
 
-RUN_A_CLUSTER = """
+RUN_A_MANAGER = """
 import asyncio, json, sys
 import mcruntime as mcr
 
 async def main():
     config = mcr.kubeconfig_from_dict(json.loads(open(sys.argv[1]).read()))
-    async with mcr.Cluster("lean", config) as cluster:
-        kind = mcr.Kind("v1", "ConfigMap")
-        name = "import-cost"
-        await cluster.client.apply({"apiVersion": "v1", "kind": "ConfigMap",
+    manager = mcr.Manager(mcr.StaticProvider({"lean": config}), handle_signals=False)
+    kind = mcr.Kind("v1", "ConfigMap")
+    name = "import-cost"
+    seen = asyncio.Event()
+
+    async def reconcile(request):
+        cluster = await manager.get_cluster(request.cluster)
+        found = await cluster.cache.get_or_none(kind, request.name, namespace=request.namespace)
+        if request.name == name and found is not None and found["data"]["a"] == "2":
+            seen.set()
+
+    mcr.controller_managed_by(manager).named("lean").for_(kind, namespace="default").complete(reconcile)
+    running = asyncio.create_task(manager.start())
+    async with mcr.Cluster("writer", config) as writer:
+        await writer.client.apply({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": name, "namespace": "default"}, "data": {"a": "1"}}, field_manager="t")
-        informer = cluster.cache.informer(kind, namespace="default")
-        assert await informer.wait_for_sync(30)
-        await cluster.client.patch(kind, name, {"data": {"a": "2"}}, namespace="default")
-        await cluster.client.delete(kind, name, namespace="default")
+        await writer.client.patch(kind, name, {"data": {"a": "2"}}, namespace="default")
+        await asyncio.wait_for(seen.wait(), 60)
+        await writer.client.delete(kind, name, namespace="default")
+    manager.stop()
+    await running
     print(sorted(m for m in sys.modules if m.split(".")[0] == "aiohttp"))
 
 asyncio.run(main())
 """
 
 
-def test_a_cluster_whose_server_speaks_http2_never_imports_aiohttp(fleet: Fleet, tmp_path: Path) -> None:
-    """Requests go over our own connections and watches over HTTP/2: aiohttp's client is not needed."""
+def test_a_manager_whose_servers_speak_http2_never_imports_aiohttp(fleet: Fleet, tmp_path: Path) -> None:
+    """Requests go over our own connections, watches over HTTP/2, and nothing is served: no aiohttp."""
     kubeconfig = tmp_path / "kubeconfig.json"
     kubeconfig.write_text(json.dumps(fleet["cluster-1"].kubeconfig()))
     found = subprocess.run(
-        [sys.executable, "-c", RUN_A_CLUSTER, str(kubeconfig)],
+        [sys.executable, "-c", RUN_A_MANAGER, str(kubeconfig)],
         capture_output=True,
         text=True,
         timeout=120,

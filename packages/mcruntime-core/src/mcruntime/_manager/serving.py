@@ -116,6 +116,8 @@ class Endpoints:
 
     async def start(self, *, probes: str | None, metrics: str | None) -> None:
         """Listen on ``host:port`` addresses (port 0 picks a free one; see ``addresses``)."""
+        if not probes and not metrics:
+            return  # nothing to serve: aiohttp is not even imported
         from aiohttp import web
 
         routes: dict[str, list[web.RouteDef]] = {}
