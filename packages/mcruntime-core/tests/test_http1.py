@@ -121,6 +121,9 @@ async def test_a_header_with_a_line_break_is_refused_before_anything_is_sent() -
         with pytest.raises(ValueError, match="'Authorization' header") as caught:
             await pool.request("GET", "/", None, {"Authorization": "Bearer x\r\nEvil: 1"}, None, 5.0)
         assert "Bearer" not in str(caught.value)
+        with pytest.raises(ValueError, match="outside ASCII in the 'Authorization' header") as caught:
+            await pool.request("GET", "/", None, {"Authorization": "Bearer s€cret"}, None, 5.0)
+        assert "€" not in str(caught.value) and caught.value.__context__ is None
         assert server.connections == 0
         pool.close()
 
@@ -241,6 +244,7 @@ async def test_a_cancelled_request_drops_its_connection_and_idle_ones_expire() -
         pool.close()
 
 
-def test_a_server_url_without_a_host_is_refused() -> None:
+def test_a_server_url_without_a_host_is_refused_and_a_unicode_one_is_spelled_for_dns() -> None:
     with pytest.raises(ValueError, match="https://host"):
         RequestPool("https://", None)
+    assert "xn--bcher-kva.example:6443" in repr(RequestPool("https://bücher.example:6443", None))

@@ -259,7 +259,10 @@ class RequestPool:
         if url.scheme not in ("https", "http") or not url.hostname:
             raise ValueError("the server URL must be https://host[:port][/path] or http://...")
         secure = url.scheme == "https"
-        self._host = url.hostname
+        try:
+            self._host = url.hostname.encode("idna").decode("ascii")  # an internationalized name, too
+        except UnicodeError:
+            raise ValueError("the server's host name is not a valid DNS name") from None
         self._port = url.port or (443 if secure else 80)
         self._context = context if secure else None
         self._server_hostname = (server_hostname or self._host) if secure else None
@@ -298,7 +301,18 @@ class RequestPool:
         caller bounds the whole request's time; cancelling it drops the
         connection, whose state is then unknown.
         """
-        request = self._encode(method, path, params, headers, body)
+        target = quote(self._prefix + path, safe=_PATH_SAFE)
+        if params:
+            target = f"{target}?{urlencode(params)}"
+        lines = [f"{method} {target} HTTP/1.1\r\n", self._fixed]
+        for name, value in headers.items():
+            if "\r" in value or "\n" in value or "\0" in value or not name.isascii() or ":" in name:
+                raise ValueError(f"a control character or malformed name in the {name!r} header")
+            if not value.isascii():  # refused here, not by the encoder, whose error would quote it
+                raise ValueError(f"a character outside ASCII in the {name!r} header")
+            lines.append(f"{name}: {value}\r\n")
+        lines.append(f"Content-Length: {len(body)}\r\n\r\n" if body is not None else "\r\n")
+        request = "".join(lines).encode("ascii") + (body or b"")  # the path is quoted: all ASCII
         connection = self._take()
         if connection is None:
             connection = await self._connect(connect_timeout)
@@ -312,28 +326,6 @@ class RequestPool:
         else:
             connection.abort()
         return answer
-
-    def _encode(
-        self,
-        method: str,
-        path: str,
-        params: Mapping[str, str] | None,
-        headers: Mapping[str, str],
-        body: bytes | None,
-    ) -> bytes:
-        target = quote(self._prefix + path, safe=_PATH_SAFE)
-        if params:
-            target = f"{target}?{urlencode(params)}"
-        lines = [f"{method} {target} HTTP/1.1\r\n", self._fixed]
-        for name, value in headers.items():
-            if "\r" in value or "\n" in value or "\0" in value or not name.isascii() or ":" in name:
-                raise ValueError(f"a control character or malformed name in the {name!r} header")
-            lines.append(f"{name}: {value}\r\n")
-        if body is not None:
-            lines.append(f"Content-Length: {len(body)}\r\n\r\n")
-            return "".join(lines).encode("latin-1") + body
-        lines.append("\r\n")
-        return "".join(lines).encode("latin-1")
 
     async def _connect(self, timeout: float) -> _Connection:
         loop = asyncio.get_running_loop()
