@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import pytest
 
+from mcruntime import Unreachable
 from mcruntime._client import http1
 from mcruntime._client.http1 import RequestFailed, RequestPool
+from mcruntime._client.session import ServerSession
 from mcruntime.testing import wait_until
 
 Answerer = Callable[[bytes, asyncio.StreamWriter], Awaitable[bool]]
@@ -248,3 +251,13 @@ def test_a_server_url_without_a_host_is_refused_and_a_unicode_one_is_spelled_for
     with pytest.raises(ValueError, match="https://host"):
         RequestPool("https://", None)
     assert "xn--bcher-kva.example:6443" in repr(RequestPool("https://bücher.example:6443", None))
+
+
+async def test_a_closed_session_refuses_aiohttp_requests_instead_of_making_a_session() -> None:
+    """A caller that reaches a closed session must not get an aiohttp session nobody would close."""
+    session = ServerSession("https://127.0.0.1:1", ssl.create_default_context(), {})
+    await session.close()
+    with pytest.raises(Unreachable, match="the cluster was stopped") as caught:
+        session.http("c1")
+    assert caught.value.cluster == "c1"
+    assert "aiohttp=False" in repr(session)

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._base.errors import Unreachable
 from .http1 import RequestPool
 
 if TYPE_CHECKING:
@@ -60,8 +61,15 @@ class ServerSession:
     def __repr__(self) -> str:
         return f"<ServerSession requests={self.requests!r} aiohttp={self._http is not None}>"
 
-    def http(self) -> aiohttp.ClientSession:
-        """The aiohttp session with this context, made (and aiohttp imported) on first use."""
+    def http(self, cluster: str) -> aiohttp.ClientSession:
+        """The aiohttp session with this context, made (and aiohttp imported) on first use.
+
+        ``cluster`` is the asking cluster's name. A closed session refuses with
+        :class:`~mcruntime.Unreachable` rather than make an aiohttp session that
+        nobody would close.
+        """
+        if self.closed:
+            raise Unreachable("the cluster was stopped", cluster=cluster)
         if self._http is None:
             import aiohttp  # deferred: see the module's docstring
 

@@ -305,7 +305,7 @@ class Transport(Connection):
         """One request through aiohttp's client: a cluster behind a proxy, or a ``HEAD``."""
         import aiohttp  # imported where needed (session.py says why)
 
-        async with session.http().request(
+        async with session.http(self.cluster).request(
             method,
             self.server + path,
             params=params or None,
@@ -377,7 +377,7 @@ class Transport(Connection):
         )
         try:
             async with (
-                session.http().get(
+                session.http(self.cluster).get(
                     self.server + path,
                     params=params,
                     headers=headers,
