@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 import mcruntime as mcr
 from mcruntime._coordination.coordinator import WorkGate
 from mcruntime._coordination.heartbeat import own_connection
+from mcruntime._coordination.shardhub import CLUSTER_ANNOTATION
 from mcruntime.coordination import LeaderElector
 from mcruntime.testing import Fleet, wait_until
 
@@ -210,8 +211,10 @@ async def test_the_coordinator_survives_a_missing_lease_kind_and_garbage_and_sha
         seat = Seat(hub, ["", "x"])
         try:
             async with coordinating(coordinator, seat) as task:
-                await wait_until(lambda: coordinator.owned == {"", "x"}, timeout=30)
-                assert seat.work.opened == {"", "x"}
+                # Work opens as the round that took the fences ends: wait for both.
+                await wait_until(
+                    lambda: coordinator.owned == {"", "x"} and seat.work.opened == {"", "x"}, timeout=30
+                )
                 assert (seat.registry.get_sample_value("mcruntime_shard_loop_failures_total") or 0) >= 6
                 assert "KindNotFound" in caplog.text
                 assert not task.done()
@@ -219,6 +222,51 @@ async def test_the_coordinator_survives_a_missing_lease_kind_and_garbage_and_sha
             hub.client = real
         leases = await real.list(LEASE, namespace=namespace)
         assert {item["spec"].get("holderIdentity") for item in leases.items} == {""}
+
+
+class GarbledFence:
+    """A hub client that answers the creation of one cluster's fence with garbage, always."""
+
+    def __init__(self, real: mcr.Client, cluster: str) -> None:
+        self._real = real
+        self._cluster = cluster
+
+    async def create(self, obj: Any, **kwargs: Any) -> Any:
+        if (obj.get("metadata", {}).get("annotations") or {}).get(CLUSTER_ANNOTATION) == self._cluster:
+            return ["<html>502 Bad Gateway</html>"]
+        return await self._real.create(obj, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+async def test_a_fence_that_cannot_be_taken_does_not_keep_the_won_ones_from_working(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every round fails on the fence of "x"; the fence of "" is held, so its work opens all the same."""
+    caplog.set_level(logging.WARNING, "mcruntime.sharding")
+    namespace = unique("garbled-fence")
+    async with running_cluster(fleet["cluster-1"], "hub") as hub:
+        await hub.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        real = hub.client
+        hub.client = GarbledFence(real, "x")  # type: ignore[assignment]
+        coordinator = mcr.ShardedCoordinator(
+            mcr.ShardingConfig(name="garbled", namespace=namespace, identity="one", **FAST),
+            backoff=mcr.Backoff(0.01, 0.05),
+        )
+        seat = Seat(hub, ["", "x"])
+        try:
+            async with coordinating(coordinator, seat) as task:
+                await wait_until(lambda: seat.work.opened == {""}, timeout=30)
+                await wait_until(
+                    lambda: (seat.registry.get_sample_value("mcruntime_shard_loop_failures_total") or 0) >= 2,
+                    timeout=30,
+                )
+                assert coordinator.owned == {""} and seat.work.opened == {""}
+                assert "the hub answered a Lease write (fence-acquire) with no Lease" in caplog.text
+                assert not task.done()
+        finally:
+            hub.client = real
 
 
 async def test_the_coordinator_survives_5000_consecutive_failures_at_its_cap() -> None:

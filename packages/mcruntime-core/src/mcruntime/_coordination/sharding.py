@@ -119,7 +119,12 @@ class ShardedCoordinator:
 
     @property
     def owned(self) -> frozenset[str]:
-        """Clusters whose fence this replica holds, i.e. that it works on now."""
+        """Clusters whose fence this replica holds.
+
+        Work in a cluster opens when the round that took its fence ends (during a
+        long round, at least once per retry period), so for that moment a cluster
+        can be owned before its work has opened.
+        """
         return frozenset(self._fences.held)
 
     def peers(self) -> dict[str, float]:
@@ -362,17 +367,24 @@ class ShardedCoordinator:
         rest is still being taken (a failover of 800 clusters starts work on
         the first while it takes the last), in one replay for all of it: a
         mapping handler's replay reads every cluster's cache, so not one per
-        cluster. No acquisition outlives the round.
+        cluster. No acquisition outlives the round. A fence whose write fails in a
+        way ``acquire`` does not expect (an answer that is no Lease) costs only
+        itself: the others are still taken and opened, then the round fails and
+        is retried with the loop's backoff.
         """
         won: list[str] = [*reopen]
         opened_at = time.monotonic()
         turns = asyncio.Semaphore(CONCURRENT_WRITES)
+        failed: list[Exception] = []
 
         async def take(name: str) -> None:
             nonlocal won, opened_at
             async with turns:
-                if await self._fences.acquire(name, now):
-                    won.append(name)
+                try:
+                    if await self._fences.acquire(name, now):
+                        won.append(name)
+                except Exception as error:  # one fence's failure is its own: the others go on
+                    failed.append(error)
             if time.monotonic() - opened_at >= self.config.retry_period:
                 self._open(won)
                 won, opened_at = [], time.monotonic()
@@ -382,8 +394,12 @@ class ShardedCoordinator:
             await asyncio.gather(*tasks)
         finally:
             for task in tasks:
-                task.cancel()  # after a failure or a cancellation: the round's writes end with it
+                task.cancel()  # after a cancellation: the round's writes end with it
         self._open(won)
+        if failed:
+            # The fences won are held and their work is open; the round still failed, and
+            # is retried with the loop's backoff, worded by the first failure.
+            raise failed[0]
 
     def _open(self, clusters: list[str]) -> None:
         """Open work in ``clusters`` that are still ours, and only while we are alive.
