@@ -193,34 +193,50 @@ async def coordinating(coordinator: mcr.ShardedCoordinator, seat: Seat) -> Async
             await task
 
 
+@contextlib.asynccontextmanager
+async def hub_wrapped(
+    fleet: Fleet, group: str, wrap: Callable[[mcr.Client], Any]
+) -> AsyncIterator[tuple[mcr.Client, mcr.ShardedCoordinator, Seat]]:
+    """A real hub whose client is ``wrap``'s, a fast coordinator for ``group`` there, and its seat.
+
+    Yields the hub's real client too, to read what was written.
+    """
+    namespace = unique(group)
+    async with running_cluster(fleet["cluster-1"], "hub") as hub:
+        await hub.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        real = hub.client
+        hub.client = wrap(real)
+        coordinator = mcr.ShardedCoordinator(
+            mcr.ShardingConfig(name=group, namespace=namespace, identity="survivor", **FAST),
+            backoff=mcr.Backoff(0.01, 0.05),
+        )
+        try:
+            yield real, coordinator, Seat(hub, ["", "x"])
+        finally:
+            hub.client = real
+
+
 async def test_the_coordinator_survives_a_missing_lease_kind_and_garbage_and_shards(
     fleet: Fleet, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, "mcruntime.sharding")
-    namespace = unique("broken-shards")
-    async with running_cluster(fleet["cluster-1"], "hub") as hub:
-        await hub.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-        real = hub.client
-        hub.client = Broken(real, missing=3, garbage=3)  # type: ignore[assignment]
-        coordinator = mcr.ShardedCoordinator(
-            mcr.ShardingConfig(name="broken", namespace=namespace, identity="survivor", **FAST),
-            backoff=mcr.Backoff(0.01, 0.05),
-        )
+
+    def broken(client: mcr.Client) -> Broken:
+        return Broken(client, missing=3, garbage=3)
+
+    async with hub_wrapped(fleet, "broken-shards", broken) as (real, coordinator, seat):
         # The peer renewals (on the heartbeat's own connection) get broken answers too.
-        coordinator._liveness = liveness_through(hub, lambda client: Broken(client, missing=3, garbage=3))
-        seat = Seat(hub, ["", "x"])
-        try:
-            async with coordinating(coordinator, seat) as task:
-                # Work opens as the round that took the fences ends: wait for both.
-                await wait_until(
-                    lambda: coordinator.owned == {"", "x"} and seat.work.opened == {"", "x"}, timeout=30
-                )
-                assert (seat.registry.get_sample_value("mcruntime_shard_loop_failures_total") or 0) >= 6
-                assert "KindNotFound" in caplog.text
-                assert not task.done()
-        finally:
-            hub.client = real
-        leases = await real.list(LEASE, namespace=namespace)
+        coordinator._liveness = liveness_through(seat.local, broken)
+        async with coordinating(coordinator, seat) as task:
+            # Work opens as the round that took the fences ends: wait for both.
+            await wait_until(
+                lambda: coordinator.owned == {"", "x"} and seat.work.opened == {"", "x"}, timeout=30
+            )
+            assert (seat.registry.get_sample_value("mcruntime_shard_loop_failures_total") or 0) >= 6
+            assert "KindNotFound" in caplog.text
+            assert not task.done()
+        # Stopped: every fence and the peer Lease were given back.
+        leases = await real.list(LEASE, namespace=coordinator.config.namespace)
         assert {item["spec"].get("holderIdentity") for item in leases.items} == {""}
 
 
@@ -245,28 +261,16 @@ async def test_a_fence_that_cannot_be_taken_does_not_keep_the_won_ones_from_work
 ) -> None:
     """Every round fails on the fence of "x"; the fence of "" is held, so its work opens all the same."""
     caplog.set_level(logging.WARNING, "mcruntime.sharding")
-    namespace = unique("garbled-fence")
-    async with running_cluster(fleet["cluster-1"], "hub") as hub:
-        await hub.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-        real = hub.client
-        hub.client = GarbledFence(real, "x")  # type: ignore[assignment]
-        coordinator = mcr.ShardedCoordinator(
-            mcr.ShardingConfig(name="garbled", namespace=namespace, identity="one", **FAST),
-            backoff=mcr.Backoff(0.01, 0.05),
+    garbled = hub_wrapped(fleet, "garbled-fence", lambda client: GarbledFence(client, "x"))
+    async with garbled as (_, coordinator, seat), coordinating(coordinator, seat) as task:
+        await wait_until(lambda: seat.work.opened == {""}, timeout=30)
+        await wait_until(
+            lambda: (seat.registry.get_sample_value("mcruntime_shard_loop_failures_total") or 0) >= 2,
+            timeout=30,
         )
-        seat = Seat(hub, ["", "x"])
-        try:
-            async with coordinating(coordinator, seat) as task:
-                await wait_until(lambda: seat.work.opened == {""}, timeout=30)
-                await wait_until(
-                    lambda: (seat.registry.get_sample_value("mcruntime_shard_loop_failures_total") or 0) >= 2,
-                    timeout=30,
-                )
-                assert coordinator.owned == {""} and seat.work.opened == {""}
-                assert "the hub answered a Lease write (fence-acquire) with no Lease" in caplog.text
-                assert not task.done()
-        finally:
-            hub.client = real
+        assert coordinator.owned == {""} and seat.work.opened == {""}
+        assert "the hub answered a Lease write (fence-acquire) with no Lease" in caplog.text
+        assert not task.done()
 
 
 async def test_the_coordinator_survives_5000_consecutive_failures_at_its_cap() -> None:
