@@ -57,7 +57,7 @@ def test_scores_are_deterministic_and_well_formed() -> None:
 def test_shares_hash_only_what_changed_and_agree_with_assign() -> None:
     # The sharding round asks after every fence that changes hands: a round in which
     # nothing changed must hash nothing, whatever the fleet's size.
-    shares = Shares("b")
+    shares: Shares[str] = Shares("b")
     peers = {"a": 1.0, "b": 1.0, "c": 2.0}
     clusters = dict.fromkeys(CLUSTERS)
 

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 _SCALE = 2.0**64
 
@@ -56,27 +59,27 @@ def assign(clusters: Iterable[str], peers: Mapping[str, float]) -> dict[str, str
     return result
 
 
-class Shares:
-    """One replica's clusters under the current peers, hashing only what changed since the last call.
+class Shares(Generic[K]):
+    """One replica's shards (or clusters) under the current peers, hashing only what changed.
 
     The sharding round asks after every fence that changes hands, which at a
     cold start of 10,000 clusters is thousands of times a second across the
     group; hashing every (cluster, peer) pair each time made the rounds most
     of a replica's work. Owners are kept per cluster and computed again only
     for clusters that appeared, or for all when the peers (or their weights)
-    change.
+    change. Keys are hashed by their ``str()``.
     """
 
     def __init__(self, identity: str) -> None:
         self.identity = identity
         self._peers: dict[str, float] = {}
-        self._owners: dict[str, str | None] = {}
-        self._mine: set[str] = set()
+        self._owners: dict[K, str | None] = {}
+        self._mine: set[K] = set()
         self.computed: int = 0
         """Owners computed so far (what the cache saves is visible in tests)."""
 
-    def mine(self, clusters: Mapping[str, object], peers: Mapping[str, float]) -> set[str]:
-        """The clusters (keys of ``clusters``) that ``peers`` give this replica; a fresh set."""
+    def mine(self, clusters: Mapping[K, object], peers: Mapping[str, float]) -> set[K]:
+        """The keys of ``clusters`` that ``peers`` give this replica; a fresh set."""
         if peers != self._peers:
             self._peers = dict(peers)
             self._owners.clear()
@@ -85,7 +88,7 @@ class Shares:
             del self._owners[gone]
             self._mine.discard(gone)
         for name in clusters.keys() - self._owners.keys():
-            chosen = self._owners[name] = owner(name, self._peers)
+            chosen = self._owners[name] = owner(str(name), self._peers)
             self.computed += 1
             if chosen == self.identity:
                 self._mine.add(name)
