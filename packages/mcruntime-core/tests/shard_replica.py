@@ -51,6 +51,7 @@ def sharded_manager(
             renew_deadline=spec["renew_deadline"],
             retry_period=spec["retry_period"],
             peer_gc_after=float(spec.get("peer_gc_after", 300.0)),
+            shards=int(spec.get("shards", mcr.ShardingConfig.shards)),
         )
     )
     loaded: dict[str, mcr.ClusterConfig] = {}

@@ -23,7 +23,6 @@ from prometheus_client import CollectorRegistry
 import mcruntime as mcr
 from mcruntime._coordination.coordinator import WorkGate
 from mcruntime._coordination.heartbeat import own_connection
-from mcruntime._coordination.shardhub import CLUSTER_ANNOTATION
 from mcruntime.coordination import LeaderElector
 from mcruntime.testing import Fleet, wait_until
 
@@ -241,14 +240,14 @@ async def test_the_coordinator_survives_a_missing_lease_kind_and_garbage_and_sha
 
 
 class GarbledFence:
-    """A hub client that answers the creation of one cluster's fence with garbage, always."""
+    """A hub client that answers the creation of one cluster's fence (its shard's) with garbage, always."""
 
-    def __init__(self, real: mcr.Client, cluster: str) -> None:
+    def __init__(self, real: mcr.Client, group: str, cluster: str) -> None:
         self._real = real
-        self._cluster = cluster
+        self._fence = mcr.ShardingConfig(name=group).fence_lease(cluster)
 
     async def create(self, obj: Any, **kwargs: Any) -> Any:
-        if (obj.get("metadata", {}).get("annotations") or {}).get(CLUSTER_ANNOTATION) == self._cluster:
+        if obj.get("metadata", {}).get("name") == self._fence:
             return ["<html>502 Bad Gateway</html>"]
         return await self._real.create(obj, **kwargs)
 
@@ -261,7 +260,7 @@ async def test_a_fence_that_cannot_be_taken_does_not_keep_the_won_ones_from_work
 ) -> None:
     """Every round fails on the fence of "x"; the fence of "" is held, so its work opens all the same."""
     caplog.set_level(logging.WARNING, "mcruntime.sharding")
-    garbled = hub_wrapped(fleet, "garbled-fence", lambda client: GarbledFence(client, "x"))
+    garbled = hub_wrapped(fleet, "garbled-fence", lambda client: GarbledFence(client, "garbled-fence", "x"))
     async with garbled as (_, coordinator, seat), coordinating(coordinator, seat) as task:
         await wait_until(lambda: seat.work.opened == {""}, timeout=30)
         await wait_until(
@@ -463,8 +462,9 @@ class InFlight:
 
 async def test_handing_over_many_clusters_at_once_bounds_the_writes_to_the_hub(fleet: Fleet) -> None:
     # At 10,000 clusters going from three replicas to four, each old replica handed over
-    # about 830 clusters at once: that many writes and new connections to the hub at once,
-    # answered too late for all of them. Releases wait for a turn, like acquisitions.
+    # about 830 clusters at once (before fences were per shard): that many writes and new
+    # connections to the hub at once, answered too late for all of them. Releases wait for
+    # a turn, like acquisitions: here 120 clusters in 95 shards leave at once.
     from mcruntime._coordination.shardhub import CONCURRENT_WRITES
 
     namespace = unique("many-shards")
@@ -477,16 +477,92 @@ async def test_handing_over_many_clusters_at_once_bounds_the_writes_to_the_hub(f
         config = mcr.ShardingConfig(name="many", namespace=namespace, identity="me", **FAST)
         coordinator = mcr.ShardedCoordinator(config)
         seat = Seat(hub, names)
+        shards = {config.shard_of(name) for name in names}
+        assert len(shards) > 4 * CONCURRENT_WRITES
         try:
             async with coordinating(coordinator, seat):
                 await wait_until(lambda: coordinator.owned == set(names), timeout=60, what="all fences held")
                 released = coordinator.metrics.fence_releases if coordinator.metrics else None
                 assert released is not None
                 seat.names.clear()  # every cluster leaves the fleet at once: every fence goes
-                await wait_until(lambda: not coordinator.owned, timeout=60, what="every fence handed over")
-                assert released._value.get() == len(names)
+                await wait_until(
+                    lambda: released._value.get() == len(shards), timeout=60, what="every fence handed over"
+                )
+                assert not coordinator.owned
         finally:
             hub.client = real
         assert 1 < counting.most <= CONCURRENT_WRITES, counting.most
         leases = await real.list(LEASE, namespace=namespace)
         assert not [item for item in leases.items if "-fence-" in item["metadata"]["name"]]
+
+
+async def test_a_peer_that_counts_other_shards_stops_both_and_says_why(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Two shard counts split the fleet into fences of different names: neither would fence
+    # the other off a cluster. So while they disagree, neither holds anything, and says why.
+    caplog.set_level(logging.INFO, "mcruntime.sharding")
+    namespace = unique("disagree")
+    names = ["", "x", "y"]
+    async with running_cluster(fleet["cluster-1"], "hub") as hub:
+        await hub.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+
+        def coordinator(identity: str, shards: int) -> mcr.ShardedCoordinator:
+            config = mcr.ShardingConfig(
+                name="disagree", namespace=namespace, identity=identity, shards=shards, **FAST
+            )
+            return mcr.ShardedCoordinator(config)
+
+        ours, seat = coordinator("ours", 256), Seat(hub, names)
+        async with coordinating(ours, seat):
+            await wait_until(lambda: ours.owned == set(names) and seat.work.opened == set(names), timeout=30)
+            theirs, their_seat = coordinator("theirs", 128), Seat(hub, names)
+            async with coordinating(theirs, their_seat):
+                await wait_until(lambda: not ours._fences.held and not seat.work.opened, timeout=30)
+                assert "peer 'theirs' announces 128 shards; this replica counts 256 shards" in caplog.text
+                said = "peer 'ours' announces 256 shards; this replica counts 128 shards"
+                await wait_until(lambda: said in caplog.text, timeout=10)
+                assert not theirs._fences.held and not their_seat.work.opened
+                leases = await hub.client.list(LEASE, namespace=namespace)
+                assert {
+                    item["metadata"]["name"] for item in leases.items if item["spec"].get("holderIdentity")
+                } == {ours.config.peer_lease("ours"), theirs.config.peer_lease("theirs")}
+            # The other count withdrew its peer Lease on stopping: ours takes everything back.
+            await wait_until(lambda: ours.owned == set(names) and seat.work.opened == set(names), timeout=30)
+            assert "every live peer now counts 256 shards" in caplog.text
+
+
+async def test_a_cluster_that_leaves_stops_alone_and_its_shard_fence_goes_with_the_last(fleet: Fleet) -> None:
+    namespace = unique("leaving")
+    async with running_cluster(fleet["cluster-1"], "hub") as hub:
+        await hub.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        config = mcr.ShardingConfig(name="leaving", namespace=namespace, identity="me", **FAST)
+        partner = next(
+            name
+            for name in (f"p{index}" for index in range(10_000))
+            if config.shard_of(name) == config.shard_of("x")
+        )
+        coordinator = mcr.ShardedCoordinator(config)
+        seat = Seat(hub, ["", "x", partner])
+        async with coordinating(coordinator, seat):
+            await wait_until(lambda: seat.work.opened == {"", "x", partner}, timeout=30)
+            assert coordinator.metrics is not None
+            acquired = coordinator.metrics.fence_acquisitions._value.get()
+            assert acquired == 2  # two shards: the hub's, and the one "x" and its partner share
+            seat.names.discard(partner)  # it leaves the fleet; its shard stays ours for "x"
+            await wait_until(lambda: seat.work.opened == {"", "x"}, timeout=30)
+            assert coordinator.owned == {"", "x"}
+            fence = await hub.client.get(LEASE, config.fence_lease("x"), namespace=namespace)
+            assert fence["spec"]["holderIdentity"] == "me"
+            assert coordinator.metrics.fence_releases._value.get() == 0
+            seat.names.add(partner)  # it comes back: its shard is still ours, so its work reopens
+            await wait_until(lambda: seat.work.opened == {"", "x", partner}, timeout=30)
+            seat.names -= {partner, "x"}  # the last of its shard: the fence goes with them
+
+            async def fence_gone() -> bool:
+                leases = await hub.client.list(LEASE, namespace=namespace)
+                return config.fence_lease("x") not in {item["metadata"]["name"] for item in leases.items}
+
+            await wait_until(fence_gone, timeout=30)
+            assert seat.work.opened == {""}
+            assert coordinator.metrics.fence_acquisitions._value.get() == acquired

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import signal
 import sys
@@ -130,8 +131,10 @@ class Shards:
 
     def expected(self, weights: dict[str, float]) -> dict[str, set[str]]:
         result: dict[str, set[str]] = {name: set() for name in weights}
-        for cluster in [*self.clusters, mcr.LOCAL_CLUSTER]:  # the hub's own work is a shard too
-            chosen = rendezvous_owner(cluster, weights)
+        config = mcr.ShardingConfig(shards=self.spec.get("shards", mcr.ShardingConfig.shards))
+        for cluster in [*self.clusters, mcr.LOCAL_CLUSTER]:  # the hub's own work is sharded too
+            # Clusters move a shard at a time: the owner of the cluster's shard owns it.
+            chosen = rendezvous_owner(str(config.shard_of(cluster)), weights)
             assert chosen is not None
             result[chosen].add(cluster)
         return result
@@ -335,7 +338,7 @@ async def test_graceful_stop_releases_fences_for_an_immediate_handover(fleet: Fl
                 mcr.Kind("coordination.k8s.io/v1", "Lease"), namespace=shards.spec["namespace"]
             )
         holders = {
-            item["metadata"]["annotations"].get("mcruntime.dev/cluster"): item["spec"].get("holderIdentity")
+            item["metadata"]["name"]: item["spec"].get("holderIdentity")
             for item in leases.items
             if item["metadata"]["labels"].get("mcruntime.dev/shard-role") == "fence"
         }
@@ -513,26 +516,41 @@ def test_sharding_from_settings(fleet: Fleet, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("MCRUNTIME_SHARDING", "true")
     monkeypatch.setenv("MCRUNTIME_SHARD_GROUP", "fleet-ctl")
     monkeypatch.setenv("MCRUNTIME_SHARD_WEIGHT", "2")
+    monkeypatch.setenv("MCRUNTIME_SHARD_COUNT", "64")
     monkeypatch.setenv("MCRUNTIME_METRICS_BIND_ADDRESS", "")
     monkeypatch.setenv("MCRUNTIME_HEALTH_PROBE_BIND_ADDRESS", "")
     manager = mcr.Manager.from_settings(local=mcr.kubeconfig_from_dict(fleet["cluster-1"].kubeconfig()))
     assert isinstance(manager.coordinator, mcr.ShardedCoordinator)
-    assert manager.coordinator.config.name == "fleet-ctl" and manager.coordinator.config.weight == 2
+    config = manager.coordinator.config
+    assert config.name == "fleet-ctl" and config.weight == 2 and config.shards == 64
     monkeypatch.setenv("MCRUNTIME_LEADER_ELECTION", "true")
     with pytest.raises(mcr.SettingsError, match="MCRUNTIME_SHARDING are alternatives"):
         mcr.ManagerSettings.load()
 
 
-def _fence(group: str, namespace: str, cluster: str, holder: str) -> dict[str, Any]:
-    """A fence Lease as a replica of ``group`` writes it, held by ``holder`` ("" when released)."""
+def _fence(group: str, namespace: str, cluster: str, holder: str, *, legacy: bool = False) -> dict[str, Any]:
+    """The fence Lease of ``cluster``'s shard as a replica of ``group`` writes it, held by ``holder``.
+
+    ``legacy``: a fence of ``cluster`` alone, as releases before shard fences wrote them.
+    """
+    config = mcr.ShardingConfig(name=group)
+    shard = config.shard_of(cluster)
+    name, annotations = (
+        (
+            f"{group}-fence-{hashlib.blake2b(cluster.encode(), digest_size=8).hexdigest()}",
+            {"mcruntime.dev/cluster": cluster},
+        )
+        if legacy
+        else (config.fence_lease(cluster), {"mcruntime.dev/shard": str(shard), "mcruntime.dev/shards": "256"})
+    )
     return {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
         "metadata": {
-            "name": mcr.ShardingConfig(name=group).fence_lease(cluster),
+            "name": name,
             "namespace": namespace,
             "labels": {"mcruntime.dev/shard-group": group, "mcruntime.dev/shard-role": "fence"},
-            "annotations": {"mcruntime.dev/cluster": cluster},
+            "annotations": annotations,
         },
         "spec": {
             "holderIdentity": holder,
@@ -542,7 +560,7 @@ def _fence(group: str, namespace: str, cluster: str, holder: str) -> dict[str, A
     }
 
 
-async def test_fences_of_clusters_gone_while_their_holder_was_dead_are_collected(fleet: Fleet) -> None:
+async def test_fences_of_shards_gone_while_their_holder_was_dead_are_collected(fleet: Fleet) -> None:
     from shard_replica import sharded_manager
 
     namespace = unique("orphans")
@@ -554,10 +572,14 @@ async def test_fences_of_clusters_gone_while_their_holder_was_dead_are_collected
         await setup.client.create(
             {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": namespace}}
         )
-        # A replica that crashed holding "gone", and a released fence of "left": neither cluster
-        # is in the fleet any more, and nobody alive will ever hand them over.
+        # A replica that crashed holding the shard of "gone", and a released fence of the shard
+        # of "left": neither cluster is in the fleet any more, and nobody alive will ever hand
+        # them over. And a per-cluster fence of "x" from a release before shard fences, which
+        # nobody of this release will ever take.
         for cluster, holder in (("gone", "crashed-replica"), ("left", "")):
             await setup.client.create(_fence(group, namespace, cluster, holder))
+        legacy = _fence(group, namespace, "x", "old-replica", legacy=True)
+        await setup.client.create(legacy)
         spec = {
             "hub": str(plane.kubeconfig_path()),
             "clusters": {"x": str(plane.kubeconfig_path())},
@@ -581,12 +603,12 @@ async def test_fences_of_clusters_gone_while_their_holder_was_dead_are_collected
         runner = asyncio.create_task(manager.start())
         try:
             await wait_until(lambda: coordinator.owned == {"", "x"}, timeout=30)
-            orphans = {config.fence_lease("gone"), config.fence_lease("left")}
+            orphans = {config.fence_lease("gone"), config.fence_lease("left"), legacy["metadata"]["name"]}
             await wait_until(lambda: _without(fences(), orphans), timeout=30)
-            # The fences of clusters in the fleet stay, held by the survivor.
+            # The fences of the shards of clusters in the fleet stay, held by the survivor.
             assert await fences() == {config.fence_lease(""), config.fence_lease("x")}
             sample = manager.registry.get_sample_value
-            assert sample("mcruntime_shard_hub_writes_total", {"purpose": "fence-gc"}) == 2
+            assert sample("mcruntime_shard_hub_writes_total", {"purpose": "fence-gc"}) == 3
         finally:
             manager.stop()
             await runner

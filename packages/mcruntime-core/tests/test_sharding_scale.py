@@ -195,7 +195,10 @@ async def test_hub_writes_follow_replicas_not_clusters_and_failover_moves_only_t
                 assert shards.replicas[name].owned <= before[name]
                 assert before[name] - shards.replicas[name].owned <= newcomer | {""}
             share = 1 / len(grown)
-            spread = 4 * (SCALE * share * (1 - share)) ** 0.5
+            # Clusters move a shard at a time: the newcomer's count of shards varies like a
+            # binomial over the shards in use, and each carries SCALE / in_use clusters.
+            in_use = len({mcr.ShardingConfig().shard_of(name) for name in names})
+            spread = 4 * (in_use * share * (1 - share)) ** 0.5 * SCALE / in_use
             print(
                 f"replica {len(grown)} took {len(newcomer)} of {SCALE} clusters "
                 f"(expected {SCALE * share:.0f})"
@@ -238,7 +241,9 @@ async def test_hub_writes_follow_replicas_not_clusters_and_failover_moves_only_t
             # within lease + retry (plus 2 s for two shared cores). The first write then waits
             # for the new owner's reconcile, which on two cores shared by five processes of
             # 1,000 clusters each (reopening connections idle since they were engaged) has
-            # taken up to 3 s more: reported, and bounded more loosely.
+            # taken up to 3 s more: reported, and bounded more loosely. Those are one write
+            # per orphaned cluster, each watched by every replica: at 10,000 clusters the
+            # survivors together wrote about 200 a second here, so the bound grows with them.
             config = mcr.ShardingConfig(name=shards.spec["group"])
             fenced = [writes.first("modified", config.fence_lease(c), killed_at) for c in orphans if c]
             assert all(moment is not None for moment in fenced)
@@ -248,7 +253,7 @@ async def test_hub_writes_follow_replicas_not_clusters_and_failover_moves_only_t
                 f"after, for {len(orphans)} clusters (limit {limit}s)"
             )
             assert takeover <= limit + 2.0
-            assert failover <= limit + 6.0
+            assert failover <= limit + 6.0 + len(orphans) / 200
 
             # The dead replica's peer Lease is collected after peer_gc_after; live ones stay.
             dead_peer = shards_peer(shards, DOOMED)

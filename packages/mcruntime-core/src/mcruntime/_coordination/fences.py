@@ -1,11 +1,16 @@
-"""Fence ownership: which clusters this replica may work on, held through one fence Lease each.
+"""Fence ownership: which shards of the fleet this replica may work on, one fence Lease each.
 
-A fence names its holder and is written only when it changes hands: acquired
-(optimistic concurrency on ``resourceVersion``, so of two contenders exactly
-one wins), released on handover, or deleted with its cluster. It stays valid,
-unrenewed, while its holder's peer Lease is live (see membership.py). Each
-cluster's fence, and therefore its work, keeps its own lifetime: losing one
-cluster never waits on another.
+The fleet is split into ``ShardingConfig.shards`` shards by a hash of each
+cluster's name, and a replica works on a cluster while it holds the fence of
+the cluster's shard. A fence names its holder and is written only when it
+changes hands: acquired (optimistic concurrency on ``resourceVersion``, so of
+two contenders exactly one wins), released on handover, or deleted when its
+shard has no cluster left. It stays valid, unrenewed, while its holder's peer
+Lease is live (see membership.py). Fences per shard rather than per cluster
+keep the writes of a failover, a handover or a cold start bounded by the
+number of shards however large the fleet: a replica's third of 10,000 clusters
+moves with about 85 fence writes, not 3,300. Each shard keeps its own
+lifetime: losing one never waits on another.
 """
 
 from __future__ import annotations
@@ -25,19 +30,23 @@ from .membership import Membership
 from .rendezvous import owner
 from .shardhub import (
     API_ERRORS,
-    CLUSTER_ANNOTATION,
     CONCURRENT_WRITES,
     GROUP_LABEL,
     ROLE_LABEL,
+    SHARD_ANNOTATION,
+    SHARDS_ANNOTATION,
     HubWrites,
     ShardingConfig,
 )
+from .shardmap import ShardMap
 
 if TYPE_CHECKING:
     from .._client.client import Client
     from .coordinator import Seat
 
 log = logging.getLogger("mcruntime.sharding")
+
+COLLECT_PER_ROUND = 64
 
 
 @dataclass
@@ -49,10 +58,13 @@ class FenceSeen:
 
 
 class Fences:
-    """The fences this replica holds, the ones it has seen, and handing clusters over.
+    """The fences this replica holds, the ones it has seen, and handing shards over.
 
     ``wake`` asks the round to run again (a fence was released or taken);
     ``renewed`` wakes the watchdog, which guards a non-empty set of fences.
+    Fences of this group that are not shard fences of this replica's count
+    (per-cluster fences of an older release, or another ``shards``) are kept
+    apart as ``stale`` and collected once their holder is gone.
     """
 
     def __init__(
@@ -60,6 +72,7 @@ class Fences:
         config: ShardingConfig,
         hub: HubWrites,
         membership: Membership,
+        shards: ShardMap,
         *,
         wake: Callable[[], None],
         renewed: Callable[[], None],
@@ -68,76 +81,104 @@ class Fences:
         self.identity = config.identity
         self.hub = hub
         self.membership = membership
+        self.shards = shards
         self.wake = wake
         self.renewed = renewed
-        self.seen: dict[str, FenceSeen] = {}  # cluster → its fence as seen
-        self.naming_us: set[str] = set()  # clusters whose fence, as seen, names this replica
-        self.names: dict[str, str] = {}  # fence Lease name → cluster
-        self.held: dict[str, JSON] = {}  # clusters whose fence we hold → the object we wrote
-        self.leaving: dict[str, asyncio.Task[None]] = {}
-        self.desired: set[str] = set()  # the clusters the last round gave this replica
+        self.seen: dict[int, FenceSeen] = {}  # shard → its fence as seen
+        self.naming_us: set[int] = set()  # shards whose fence, as seen, names this replica
+        self.names: dict[str, int] = {}  # fence Lease name → shard
+        self.stale: dict[str, FenceSeen] = {}  # fence Lease name → a fence that is not a shard fence of ours
+        self.held: dict[int, JSON] = {}  # shards whose fence we hold → the object we wrote
+        self.leaving: dict[int, asyncio.Task[None]] = {}
+        self.desired: set[int] = set()  # the shards the last round gave this replica
         self.seat: Seat | None = None
         # Releases in flight on the hub, bounded like the round's acquisitions: a handover
-        # hands over every moving cluster at once (2,500 at 10,000 clusters going from three
-        # replicas to four), and unbounded that is a connection and TLS handshake each to
-        # the hub, whose answers then come too late for all of them.
+        # hands over every moving shard at once, and unbounded that is a connection and TLS
+        # handshake each to the hub, whose answers then come too late for all of them.
         self.releasing = asyncio.Semaphore(CONCURRENT_WRITES)
+
+    def owned_clusters(self) -> set[str]:
+        """The engaged clusters of the shards whose fence this replica holds."""
+        return self.shards.clusters_of(self.held)
+
+    def working(self, shard: int) -> set[str]:
+        """Clusters of ``shard`` this replica may have work open in: engaged, or still admitted."""
+        assert self.seat is not None
+        opened = {name for name in self.seat.work.opened if self.shards.shard(name) == shard}
+        return opened | self.shards.members(shard)
+
+    def count_owned(self) -> None:
+        assert self.hub.metrics is not None
+        self.hub.metrics.owned.set(len(self.owned_clusters()))
 
     # --- what the informer tells us -------------------------------------------------------
 
-    def observe(self, name: str, cluster: str, holder: str, renew_time: str, lease: JSON) -> None:
-        """Record a fence Lease as watched; lose the cluster if another replica now holds it."""
-        if name != self.config.fence_lease(cluster):
-            return  # its annotation names another cluster than its name: not a fence of ours
+    def observe(
+        self, name: str, shard_text: str, shards_text: str, holder: str, renew_time: str, lease: JSON
+    ) -> None:
+        """Record a fence Lease as watched; lose the shard if another replica now holds it."""
         now = time.monotonic()
-        self.names[name] = cluster
-        seen = self.seen.get(cluster)
+        shard = _shard_named(self.config, name, shard_text, shards_text)
+        if shard is None:
+            seen_stale = self.stale.get(name)
+            if seen_stale is None:
+                self.stale[name] = FenceSeen(Observed(holder, renew_time, now), lease)
+            else:
+                seen_stale.observed.see(holder, renew_time, now)
+                seen_stale.lease = lease
+            return
+        self.names[name] = shard
+        seen = self.seen.get(shard)
         if seen is None:
-            self.seen[cluster] = FenceSeen(Observed(holder, renew_time, now), lease)
+            self.seen[shard] = FenceSeen(Observed(holder, renew_time, now), lease)
             changed_holder = True
         else:
             changed_holder = seen.observed.holder != holder
             seen.observed.see(holder, renew_time, now)
             seen.lease = lease
         if holder == self.identity:
-            self.naming_us.add(cluster)
+            self.naming_us.add(shard)
         else:
-            self.naming_us.discard(cluster)
+            self.naming_us.discard(shard)
         if changed_holder and holder != self.identity:
-            if cluster in self.held and cluster not in self.leaving:
-                self.lose(cluster, f"its fence is now held by {holder or 'nobody'}")
+            if shard in self.held and shard not in self.leaving:
+                self.lose(shard, f"its fence is now held by {holder or 'nobody'}")
             self.wake()  # released or taken: the owner-to-be may act
 
     def forget(self, name: str) -> None:
-        """A fence Lease was deleted: stop work on its cluster if it was ours."""
-        cluster = self.names.pop(name, None)
-        if cluster is None:
+        """A fence Lease was deleted: stop work on its shard if it was ours."""
+        self.stale.pop(name, None)
+        shard = self.names.pop(name, None)
+        if shard is None:
             return
-        self.seen.pop(cluster, None)
-        self.naming_us.discard(cluster)
-        if cluster in self.held and cluster not in self.leaving:
-            self.lose(cluster, "its fence Lease was deleted")
+        self.seen.pop(shard, None)
+        self.naming_us.discard(shard)
+        if shard in self.held and shard not in self.leaving:
+            self.lose(shard, "its fence Lease was deleted")
         self.wake()
 
     # --- taking and losing ------------------------------------------------------------------
 
-    async def acquire(self, cluster: str, now: float) -> bool:
-        """Take the fence of ``cluster`` if it is free; returns whether work may start there."""
+    async def acquire(self, shard: int, now: float) -> bool:
+        """Take the fence of ``shard`` if it is free; returns whether work may start in its clusters."""
         assert self.seat is not None and self.hub.metrics is not None and self.hub.client is not None
         client = self.hub.client
-        seen = self.seen.get(cluster)
+        seen = self.seen.get(shard)
         if not self.membership.alive(time.monotonic()):
             return False  # never take a fence while our own peer Lease may have expired
         try:
             async with asyncio.timeout(self.hub.request_timeout):
                 if seen is None:
                     fresh = lease_object(
-                        self.config.fence_lease(cluster),
+                        self.config.shard_fence(shard),
                         self.config.namespace,
                         self.identity,
                         self.config.lease_duration,
                         labels={GROUP_LABEL: self.config.name, ROLE_LABEL: "fence"},
-                        annotations={CLUSTER_ANNOTATION: cluster},
+                        annotations={
+                            SHARD_ANNOTATION: str(shard),
+                            SHARDS_ANNOTATION: str(self.config.shards),
+                        },
                     )
                     written = await self.hub.write("fence-acquire", lambda: client.create(fresh))
                 else:
@@ -153,99 +194,114 @@ class Fences:
             return False  # another replica moved first; the informer will tell us who
         except API_ERRORS as error:
             log.warning(
-                "sharding %s: could not acquire the fence of %r: %s",
+                "sharding %s: could not acquire the fence of shard %d (%s): %s",
                 self.config.name,
-                cluster,
+                shard,
+                self.config.shard_fence(shard),
                 self.hub.why(error),
             )
             return False
         assert written is not None
-        self.held[cluster] = written
+        self.held[shard] = written
         self.hub.metrics.fence_acquisitions.inc()
         self.renewed()  # the watchdog guards a non-empty set now
-        if cluster not in self.seat.clusters() or cluster not in self.desired:
-            # It left, or moved, while we were acquiring: give the fence straight back.
-            self.leaving[cluster] = asyncio.create_task(self.hand_over(cluster))
+        if shard not in self.shards.in_use or shard not in self.desired:
+            # Its clusters left, or it moved, while we were acquiring: give the fence straight back.
+            self.leaving[shard] = asyncio.create_task(self.hand_over(shard))
             return False
-        log.info("sharding %s: %s now works on cluster %r", self.config.name, self.identity, cluster)
+        log.info(
+            "sharding %s: %s now works on shard %d (%d clusters)",
+            self.config.name,
+            self.identity,
+            shard,
+            len(self.shards.members(shard)),
+        )
         return True
 
-    def lose(self, cluster: str, reason: str) -> None:
-        """Stop work on ``cluster`` without waiting here: the close runs as its own task."""
+    def lose(self, shard: int, reason: str) -> None:
+        """Stop work in the clusters of ``shard`` without waiting here: the close runs as its own task."""
         assert self.seat is not None and self.hub.metrics is not None
-        if self.held.pop(cluster, None) is None:
+        if self.held.pop(shard, None) is None:
             return
         self.hub.metrics.fence_losses.inc()
-        self.hub.metrics.owned.set(len(self.held))
+        self.count_owned()
+        clusters = self.working(shard)
         log.warning(
-            "sharding %s: %s stops work on cluster %r: %s", self.config.name, self.identity, cluster, reason
+            "sharding %s: %s stops work on shard %d (clusters %s): %s",
+            self.config.name,
+            self.identity,
+            shard,
+            _some(clusters),
+            reason,
         )
         seat = self.seat
 
         async def close() -> None:
             try:
-                await seat.work.close(cluster)
+                await asyncio.gather(*(seat.work.close(cluster) for cluster in clusters))
             finally:
-                self.leaving.pop(cluster, None)
+                self.leaving.pop(shard, None)
                 self.wake()
 
-        self.leaving[cluster] = asyncio.create_task(close())
+        self.leaving[shard] = asyncio.create_task(close())
 
-    async def hand_over(self, cluster: str) -> None:
-        """Stop work in ``cluster`` (with a short grace), then release its fence for the new owner.
+    async def hand_over(self, shard: int) -> None:
+        """Stop work in the clusters of ``shard`` (with a short grace), then release its fence.
 
         The fence stays ours while our peer Lease is live, so the grace needs
         no budget against an expiry; the watchdog still cuts it short if this
         replica stops renewing.
         """
         assert self.seat is not None and self.hub.metrics is not None
+        seat = self.seat
         try:
-            if cluster not in self.held:
+            if shard not in self.held:
                 return
-            await self.seat.work.close(cluster, grace=self.config.handover_grace)
-            fence = self.held.get(cluster)
+            grace = self.config.handover_grace
+            await asyncio.gather(*(seat.work.close(cluster, grace=grace) for cluster in self.working(shard)))
+            fence = self.held.get(shard)
             if fence is None:
                 return  # lost meanwhile: nothing of ours to release
-            # A cluster that left the fleet takes its fence along; one that moved keeps it for its new owner.
-            gone = cluster not in self.seat.clusters()
-            if await self.release(cluster, fence, delete=gone):
+            # A shard with no cluster left takes its fence along; one that moved keeps it for its new owner.
+            gone = shard not in self.shards.in_use
+            if await self.release(shard, fence, delete=gone):
                 self.hub.metrics.fence_releases.inc()
-                log.info("sharding %s: %s handed cluster %r over", self.config.name, self.identity, cluster)
-                self.held.pop(cluster, None)
+                log.info("sharding %s: %s handed shard %d over", self.config.name, self.identity, shard)
+                self.held.pop(shard, None)
             # Otherwise keep it: the next round tries again (its work stays closed meanwhile).
         finally:
-            self.leaving.pop(cluster, None)
-            self.hub.metrics.owned.set(len(self.held))
+            self.leaving.pop(shard, None)
+            self.count_owned()
             self.wake()
 
-    async def give_back(self, cluster: str, fence: JSON) -> None:
+    async def give_back(self, shard: int, fence: JSON) -> None:
         """Release a fence that names us but that we do not work on (our work there is closed)."""
         try:
             assert self.seat is not None and self.hub.metrics is not None
-            gone = cluster not in self.seat.clusters()
-            if await self.release(cluster, fence, delete=gone):
+            gone = shard not in self.shards.in_use
+            if await self.release(shard, fence, delete=gone):
                 self.hub.metrics.fence_releases.inc()
                 log.info(
-                    "sharding %s: %s gave back the fence of %r", self.config.name, self.identity, cluster
+                    "sharding %s: %s gave back the fence of shard %d", self.config.name, self.identity, shard
                 )
         finally:
-            self.leaving.pop(cluster, None)
+            self.leaving.pop(shard, None)
             self.wake()
 
-    async def release(self, cluster: str, fence: JSON, *, delete: bool = False) -> bool:
+    async def release(self, shard: int, fence: JSON, *, delete: bool = False) -> bool:
         """Free (or delete) a fence we hold; ``True`` once it is no longer ours on the hub."""
         assert self.hub.client is not None
         client = self.hub.client
-        name = self.config.fence_lease(cluster)
+        name = self.config.shard_fence(shard)
         async with self.releasing:  # the wait for a turn is not the hub's time to answer
-            done = await self._release(client, cluster, name, fence, delete)
+            done = await self._release(client, name, fence, delete)
         if done:
             # Not ours on the hub any more, whether or not the watch has said so yet: the
             # round must not give it back a second time meanwhile.
-            self.naming_us.discard(cluster)
+            self.naming_us.discard(shard)
         return done
 
-    async def _release(self, client: Client, cluster: str, name: str, fence: JSON, delete: bool) -> bool:
+    async def _release(self, client: Client, name: str, fence: JSON, delete: bool) -> bool:
         try:
             async with asyncio.timeout(self.hub.request_timeout):
                 current = fence
@@ -276,51 +332,80 @@ class Fences:
             return True
         except Exception as error:  # the next round tries again; a garbled answer is no reason to die
             log.warning(
-                "sharding %s: could not release the fence of %r: %s",
+                "sharding %s: could not release the fence %s: %s",
                 self.config.name,
-                cluster,
+                name,
                 self.hub.why(error),
             )
             return False
 
-    def still_ours(self) -> list[tuple[str, JSON]]:
-        """Fences that name this replica on the hub though it no longer works on their clusters."""
-        return [(name, self.seen[name].lease) for name in self.naming_us - self.held.keys()]
+    def still_ours(self) -> list[tuple[int, JSON]]:
+        """Fences that name this replica on the hub though it no longer works on their shards."""
+        return [(shard, self.seen[shard].lease) for shard in self.naming_us - self.held.keys()]
 
     # --- collecting -------------------------------------------------------------------------
 
     async def collect_orphans(self, live: dict[str, float], now: float) -> None:
-        """Delete fences of clusters that left the fleet while no live replica held them.
+        """Delete fences of shards left without clusters while no live replica held them, and stale ones.
 
-        A live holder deletes a departed cluster's fence itself on handover; a
-        fence is orphaned when its holder died first (or it was left released).
-        One survivor deletes it once it has been quiet for ``peer_gc_after``,
-        its cluster is not engaged here, and its holder is not a live peer; the
-        delete names the resourceVersion watched, so a replica that took the
-        fence meanwhile keeps it (Conflict). Deleting a fence whose cluster is
-        merely not discovered here yet is harmless: its owner creates it again.
+        A live holder deletes the fence of a shard whose last cluster left on
+        handover; a fence is orphaned when its holder died first (or it was
+        left released). One survivor deletes it once it has been quiet for
+        ``peer_gc_after``, its shard has no cluster engaged here, and its
+        holder is not a live peer; the delete names the resourceVersion
+        watched, so a replica that took the fence meanwhile keeps it
+        (Conflict). Deleting a fence whose clusters are merely not discovered
+        here yet is harmless: its owner creates it again. Stale fences (not
+        shard fences of this group's count) go by the same rule, whatever
+        their cluster: nobody of this count ever takes them.
         """
         assert self.seat is not None
-        # Only fences of clusters not engaged here can be orphans: a set difference first,
-        # not a look at each of 10,000 fences every round.
-        candidates = self.seen.keys() - self.seat.clusters().keys() - self.held.keys() - self.leaving.keys()
-        for cluster in candidates:
-            seen = self.seen.get(cluster)
-            if seen is None:
-                continue  # forgotten while an earlier delete ran
-            holder = seen.observed.holder
-            if (
-                (holder and (holder in live or holder == self.identity))
-                or seen.observed.quiet_for(now) <= self.config.peer_gc_after
-                or owner(f"fence-gc\x00{cluster}", live) != self.identity
-            ):
-                continue
-            if not await self.hub.delete_as_seen("fence-gc", seen.lease, "an orphaned fence"):
-                continue
+        # Only fences of shards not in use can be orphans: a set difference first. The
+        # deletes of one round are bounded (the 10,000 per-cluster fences a 1.0 group
+        # leaves behind go over several rounds, not in one that holds up the next).
+        candidates = self.seen.keys() - self.shards.in_use.keys() - self.held.keys() - self.leaving.keys()
+        found = [(self.config.shard_fence(shard), self.seen.get(shard)) for shard in candidates]
+        found.extend(self.stale.items())
+        budget = COLLECT_PER_ROUND
+        for name, seen in found:
+            if seen is not None and await self._collect(name, seen, live, now):
+                budget -= 1
+                if budget == 0:
+                    return
+
+    async def _collect(self, name: str, seen: FenceSeen, live: dict[str, float], now: float) -> bool:
+        """Delete one fence if it is an orphan and this replica is the one to collect it; whether it tried."""
+        holder = seen.observed.holder
+        if (
+            (holder and (holder in live or holder == self.identity))
+            or seen.observed.quiet_for(now) <= self.config.peer_gc_after
+            or owner(f"fence-gc\x00{name}", live) != self.identity
+        ):
+            return False
+        if await self.hub.delete_as_seen("fence-gc", seen.lease, "an orphaned fence"):
             log.info(
-                "sharding %s: deleted the fence of %r (cluster gone, holder %s), quiet for %.0fs",
+                "sharding %s: deleted the fence %s (no cluster left, holder %s), quiet for %.0fs",
                 self.config.name,
-                cluster,
+                name,
                 holder or "none",
                 seen.observed.quiet_for(now),
             )
+        return True
+
+
+def _shard_named(config: ShardingConfig, name: str, shard_text: str, shards_text: str) -> int | None:
+    """The shard a fence Lease guards, if it is a shard fence of this group's count; else ``None``."""
+    if shards_text != str(config.shards) or not shard_text.isdigit() or len(shard_text) > 4:
+        return None
+    shard = int(shard_text)
+    if shard >= config.shards or name != config.shard_fence(shard):
+        return None
+    return shard
+
+
+def _some(clusters: set[str], shown: int = 5) -> str:
+    """A few cluster names for a log line, and how many more."""
+    names = sorted(clusters)
+    listed = ", ".join(repr(name) for name in names[:shown])
+    rest = len(names) - shown
+    return f"{listed} and {rest} more" if rest > 0 else listed or "none"

@@ -21,7 +21,15 @@ from .._base.errors import AlreadyExists, Conflict, NotFound
 from .._base.objects import JSON
 from .lease import LEASE, Observed, holder_of, lease_object, renew_time_of, take
 from .rendezvous import owner
-from .shardhub import API_ERRORS, GROUP_LABEL, ROLE_LABEL, WEIGHT_ANNOTATION, HubWrites, ShardingConfig
+from .shardhub import (
+    API_ERRORS,
+    GROUP_LABEL,
+    ROLE_LABEL,
+    SHARDS_ANNOTATION,
+    WEIGHT_ANNOTATION,
+    HubWrites,
+    ShardingConfig,
+)
 
 if TYPE_CHECKING:
     from .._client.client import Client
@@ -36,6 +44,7 @@ class Peer:
     observed: Observed
     lease: JSON
     weight: float = 1.0
+    shards: str = ""  # the shard count it announces ("" from a release without shard fences)
 
 
 class Membership:
@@ -60,22 +69,27 @@ class Membership:
 
     # --- what the informer tells us -------------------------------------------------------
 
-    def observe(self, name: str, holder: str, renew_time: str, weight_text: Any, lease: JSON) -> bool:
+    def observe(
+        self, name: str, holder: str, renew_time: str, weight_text: Any, lease: JSON, shards_text: str = ""
+    ) -> bool:
         """Record a peer Lease as watched; whether it is a peer that was not known before."""
         now = time.monotonic()
         try:
             weight = float(weight_text)
         except ValueError:
             weight = 1.0
+        if shards_text and not (shards_text.isdigit() and len(shards_text) <= 6):
+            shards_text = "unreadable"  # another replica's annotation: never quoted at length
         peer = self.peers.get(holder)
         self.peer_names[name] = holder
         self.gone.pop(holder, None)
         if peer is None:
             weight = weight if weight > 0 else 1.0
-            self.peers[holder] = Peer(Observed(holder, renew_time, now), lease, weight)
+            self.peers[holder] = Peer(Observed(holder, renew_time, now), lease, weight, shards_text)
             return True
         peer.observed.see(holder, renew_time, now)
         peer.lease = lease
+        peer.shards = shards_text
         return False
 
     def forget(self, name: str) -> bool:
@@ -103,6 +117,22 @@ class Membership:
         if self.alive(now):
             peers[self.identity] = self.config.weight
         return peers
+
+    def disagreeing(self, now: float) -> dict[str, str]:
+        """Live peers that announce another shard count than this replica's (identity → theirs).
+
+        Two counts split the fleet two ways with fences of different names, so
+        neither would fence the other off a cluster: nobody takes a fence while
+        a live peer disagrees.
+        """
+        ours = str(self.config.shards)
+        return {
+            identity: peer.shards
+            for identity, peer in self.peers.items()
+            if identity != self.identity
+            and peer.shards != ours
+            and peer.observed.quiet_for(now) <= self.config.lease_duration
+        }
 
     def last_sign_of_life(self, holder: str, since: float | None) -> float:
         """The latest moment this replica knows ``holder`` may have been working.
@@ -197,7 +227,10 @@ class Membership:
             self.identity,
             self.config.lease_duration,
             labels={GROUP_LABEL: self.config.name, ROLE_LABEL: "peer"},
-            annotations={WEIGHT_ANNOTATION: repr(self.config.weight)},
+            annotations={
+                WEIGHT_ANNOTATION: repr(self.config.weight),
+                SHARDS_ANNOTATION: str(self.config.shards),
+            },
         )
         try:
             return await self.hub.write("peer-renew", lambda: client.create(fresh))

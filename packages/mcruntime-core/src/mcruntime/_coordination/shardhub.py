@@ -31,8 +31,10 @@ log = logging.getLogger("mcruntime.sharding")
 
 GROUP_LABEL = "mcruntime.dev/shard-group"
 ROLE_LABEL = "mcruntime.dev/shard-role"
-CLUSTER_ANNOTATION = "mcruntime.dev/cluster"
+SHARD_ANNOTATION = "mcruntime.dev/shard"
+SHARDS_ANNOTATION = "mcruntime.dev/shards"
 WEIGHT_ANNOTATION = "mcruntime.dev/weight"
+MAX_SHARDS = 4096
 WRITE_PURPOSES = (
     "peer-renew",
     "peer-leave",
@@ -60,6 +62,14 @@ class ShardingConfig:
     Lease (crashed replicas would otherwise leave one behind each), and how
     long a fence must have been quiet, its cluster gone and its holder dead,
     before a survivor deletes it.
+
+    ``shards`` is how many fences the fleet is split into: each cluster falls
+    in one shard by a hash of its name, and a replica holds the fence of a
+    shard for all its clusters. A failover or handover then writes one fence
+    per shard that moves, not one per cluster (about 85 instead of 3,300 for
+    a third of 10,000 clusters), and a cold start about ``shards`` in all.
+    Every replica of a group must use the same number; one that sees a live
+    peer announce another takes no fence until they agree.
     """
 
     name: str = "mcruntime"
@@ -71,6 +81,7 @@ class ShardingConfig:
     retry_period: float = 2.0
     handover_grace: float = 5.0
     peer_gc_after: float = 300.0
+    shards: int = 256
 
     def __post_init__(self) -> None:
         if not NAME_PATTERN.match(self.name):
@@ -93,16 +104,40 @@ class ShardingConfig:
                 f"peer_gc_after ({self.peer_gc_after}) must be longer than "
                 f"lease_duration ({self.lease_duration})"
             )
+        if (
+            isinstance(self.shards, bool)
+            or not isinstance(self.shards, int)
+            or not 1 <= self.shards <= MAX_SHARDS
+        ):
+            raise ValueError(
+                f"sharding shards must be a whole number from 1 to {MAX_SHARDS}, not {self.shards!r}"
+            )
 
     def peer_lease(self, identity: str) -> str:
         return f"{self.name}-peer-{digest(identity)}"
 
+    def shard_of(self, cluster: str) -> int:
+        """The shard ``cluster`` falls in: the same on every replica with the same ``shards``."""
+        return shard_index(cluster, self.shards)
+
+    def shard_fence(self, shard: int) -> str:
+        """The fence Lease of one shard; the count is in the name, so groups that disagree never share one."""
+        return f"{self.name}-fence-{self.shards}-{shard}"
+
     def fence_lease(self, cluster: str) -> str:
-        return f"{self.name}-fence-{digest(cluster)}"
+        """The fence Lease that guards ``cluster``: its shard's."""
+        return self.shard_fence(self.shard_of(cluster))
 
 
 def digest(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def shard_index(cluster: str, shards: int) -> int:
+    """A well-mixed shard for a cluster name (blake2b, so similar names spread evenly)."""
+    value = int.from_bytes(hashlib.blake2b(cluster.encode(), digest_size=8).digest(), "big")
+    return value % shards
 
 
 class ShardMetrics:

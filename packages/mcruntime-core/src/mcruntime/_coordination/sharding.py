@@ -1,6 +1,7 @@
 """Sharding the fleet across replicas with Leases on the hub, at a write rate set by the replicas.
 
-Liveness is per replica, fencing is per cluster, and only liveness is renewed.
+Liveness is per replica, fencing is per shard of the fleet, work is per
+cluster, and only liveness is renewed.
 
 - **Peer Leases.** Each replica holds one Lease (``<group>-peer-<hash>``) and
   renews it every ``retry_period``, from a thread of its own so that a busy
@@ -9,15 +10,19 @@ Liveness is per replica, fencing is per cluster, and only liveness is renewed.
   clusters there are. A peer whose Lease this replica has watched unchanged
   for ``lease_duration`` (on its own monotonic clock: clocks are never
   compared) has dropped out.
-- **Ownership.** Every replica computes the same owner for every cluster by
+- **Shards.** Each cluster falls in one of ``shards`` shards by a hash of
+  its name; clusters move between replicas a shard at a time.
+- **Ownership.** Every replica computes the same owner for every shard by
   weighted rendezvous hashing over the live peers, so when a peer goes only its
-  clusters move, and a new peer takes about ``1/n`` from everyone.
-- **Fences.** A replica works on a cluster only while it holds the cluster's
-  fence Lease (``<group>-fence-<hash>``), which names its holder and is
-  written only when it changes hands: acquired (optimistic concurrency on
-  ``resourceVersion``, so of two contenders exactly one wins) and released or
-  deleted. A fence stays valid, unrenewed, for as long as its holder's peer
-  Lease is live. It may be taken when it is free (released), or when its
+  shards move, and a new peer takes about ``1/n`` from everyone.
+- **Fences.** A replica works on a cluster only while it holds the fence
+  Lease of the cluster's shard (``<group>-fence-<shards>-<shard>``), which
+  names its holder and is written only when it changes hands: acquired
+  (optimistic concurrency on ``resourceVersion``, so of two contenders
+  exactly one wins) and released or deleted. A failover or handover writes
+  one fence per shard that moves, however many clusters the shards hold. A
+  fence stays valid, unrenewed, for as long as its holder's peer Lease is
+  live. It may be taken when it is free (released), or when its
   holder has shown no sign of life (peer Lease renewal, or deletion) for a full
   ``lease_duration`` as observed here, confirmed by a fresh read of the
   holder's peer Lease just before the write.
@@ -33,8 +38,8 @@ Failover after a crash takes ``lease_duration`` plus at most one
 ``retry_period``; a graceful handover (a replica joins or leaves) is
 immediate: the old owner stops the cluster's work (in-flight reconciles get
 ``handover_grace``), releases the fence, and the new owner, woken by the
-release, takes it. Each cluster's fence, and therefore its work, keeps its own
-lifetime: losing one cluster never waits on another.
+release, takes it. Each shard's fence, and therefore its clusters' work, keeps
+its own lifetime: losing one shard never waits on another.
 """
 
 from __future__ import annotations
@@ -56,15 +61,17 @@ from .membership import Membership
 from .rendezvous import Shares
 from .shardhub import (
     API_ERRORS,
-    CLUSTER_ANNOTATION,
     CONCURRENT_WRITES,
     GROUP_LABEL,
     ROLE_LABEL,
+    SHARD_ANNOTATION,
+    SHARDS_ANNOTATION,
     WEIGHT_ANNOTATION,
     HubWrites,
     ShardingConfig,
     ShardMetrics,
 )
+from .shardmap import ShardMap
 
 if TYPE_CHECKING:
     from .._client.client import Client
@@ -98,11 +105,16 @@ class ShardedCoordinator:
         self._renewed = asyncio.Event()
         self._hub = HubWrites(self.config)
         self._members = Membership(self.config, self._hub, self._after_renewal)
+        self._map = ShardMap(self.config)
         self._fences = Fences(
-            self.config, self._hub, self._members, wake=self._wake.set, renewed=self._renewed.set
+            self.config, self._hub, self._members, self._map, wake=self._wake.set, renewed=self._renewed.set
         )
-        self._shares = Shares(self.config.identity)
+        self._shares: Shares[int] = Shares(self.config.identity)
+        self._disagreed: dict[str, str] = {}  # peers last logged for announcing another shard count
         self._cuts: set[asyncio.Task[None]] = set()
+        # Clusters that left the fleet while their shard stayed ours, their work closing:
+        # not reopened until the close is done, should they come back meanwhile.
+        self._departing: dict[str, asyncio.Task[None]] = {}
         # How the heartbeat's thread reaches the hub; None: a connection of its own from
         # the hub's kubeconfig. Tests put a breakable client here.
         self._liveness: Connect | None = None
@@ -119,20 +131,20 @@ class ShardedCoordinator:
 
     @property
     def owned(self) -> frozenset[str]:
-        """Clusters whose fence this replica holds.
+        """Engaged clusters whose shard's fence this replica holds.
 
         Work in a cluster opens when the round that took its fence ends (during a
         long round, at least once per retry period), so for that moment a cluster
         can be owned before its work has opened.
         """
-        return frozenset(self._fences.held)
+        return frozenset(self._fences.owned_clusters())
 
     def peers(self) -> dict[str, float]:
         """Live peers (identity → weight) as this replica sees them, itself included."""
         return self._members.live_peers(time.monotonic())
 
     def __repr__(self) -> str:
-        return f"<ShardedCoordinator {self.identity!r} owns={len(self._fences.held)}>"
+        return f"<ShardedCoordinator {self.identity!r} shards={len(self._fences.held)}>"
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -273,12 +285,14 @@ class ShardedCoordinator:
         role = str(labels.get(ROLE_LABEL, ""))
         if role == "peer" and holder:
             weight = annotations.get(WEIGHT_ANNOTATION, "1")
-            came = self._members.observe(name, holder, renew_time_of(lease), weight, lease)
+            shards = str(annotations.get(SHARDS_ANNOTATION, ""))
+            came = self._members.observe(name, holder, renew_time_of(lease), weight, lease, shards)
             if came and holder != self.identity:
                 self._wake.set()  # a peer came
         elif role == "fence":
-            cluster = str(annotations.get(CLUSTER_ANNOTATION, ""))
-            self._fences.observe(name, cluster, holder, renew_time_of(lease), lease)
+            shard = str(annotations.get(SHARD_ANNOTATION, ""))
+            shards = str(annotations.get(SHARDS_ANNOTATION, ""))
+            self._fences.observe(name, shard, shards, holder, renew_time_of(lease), lease)
 
     def _forget(self, lease: JSON) -> None:
         meta = lease.get("metadata")
@@ -303,18 +317,19 @@ class ShardedCoordinator:
                         await self._renewed.wait()
                 continue
             assert self._seat is not None
-            for cluster in list(self._fences.held):
-                if cluster not in self._fences.leaving:
+            for shard in list(self._fences.held):
+                if shard not in self._fences.leaving:
                     self._fences.lose(
-                        cluster,
+                        shard,
                         f"this replica could not renew its peer Lease within {self.config.renew_deadline:g}s",
                     )
                 else:
                     # A handover in its grace period: no more grace, cancel its reconciles now.
                     # (Not awaited here: a reconcile that ignores cancellation must not stall the watchdog.)
-                    cut = asyncio.create_task(self._seat.work.close(cluster))
-                    self._cuts.add(cut)
-                    cut.add_done_callback(self._cuts.discard)
+                    for cluster in self._fences.working(shard):
+                        cut = asyncio.create_task(self._seat.work.close(cluster))
+                        self._cuts.add(cut)
+                        cut.add_done_callback(self._cuts.discard)
             self._renewed.clear()
             await self._renewed.wait()
 
@@ -330,66 +345,107 @@ class ShardedCoordinator:
         if not self._members.alive(now):
             # Our peer Lease may have expired elsewhere: the watchdog has stopped (or is
             # stopping) our work, and nothing is written until a renewal succeeds.
-            self.metrics.owned.set(len(fences.held))
+            fences.count_owned()
             return
         # Every step below is a set operation or touches only what changed: a round runs
-        # after every fence that changes hands, thousands of times in a cold start.
-        desired = self._shares.mine(self._seat.clusters(), peers)
-        self.metrics.ownership_changes.labels("gained").inc(len(desired - fences.desired))
-        self.metrics.ownership_changes.labels("lost").inc(len(fences.desired - desired))
+        # after every fence that changes hands.
+        engaged = self._seat.clusters()
+        self._map.update(engaged)
+        desired = set() if self._disagree(now) else self._shares.mine(self._map.in_use, peers)
+        was, now_mine = self._map.clusters_of(fences.desired), self._map.clusters_of(desired)
+        self.metrics.ownership_changes.labels("gained").inc(len(now_mine - was))
+        self.metrics.ownership_changes.labels("lost").inc(len(was - now_mine))
         fences.desired = desired
-        for name in fences.held.keys() - desired - fences.leaving.keys():
-            fences.leaving[name] = asyncio.create_task(fences.hand_over(name))
+        for shard in fences.held.keys() - desired - fences.leaving.keys():
+            fences.leaving[shard] = asyncio.create_task(fences.hand_over(shard))
+        self._close_departed(engaged)
         if self._members.alive(now):
             # Fences that still name us on the hub though we dropped them (the watchdog
             # stopped our work, or this identity restarted): nobody else may take them
             # while we live, so give back those we do not want.
-            for name in fences.naming_us - fences.held.keys() - fences.leaving.keys() - desired:
-                fences.leaving[name] = asyncio.create_task(fences.give_back(name, fences.seen[name].lease))
+            for shard in fences.naming_us - fences.held.keys() - fences.leaving.keys() - desired:
+                fences.leaving[shard] = asyncio.create_task(fences.give_back(shard, fences.seen[shard].lease))
         settled = (desired & fences.held.keys()) - fences.leaving.keys()
-        reopen = [name for name in settled if not self._seat.work.admits(name)]
+        reopen = [name for name in self._map.clusters_of(settled) if not self._seat.work.admits(name)]
         wanted = sorted(desired - fences.held.keys() - fences.leaving.keys())
         if self._members.alive(now):
             await self._acquire_all(wanted, reopen, now)
-        self.metrics.owned.set(len(fences.held))
+        fences.count_owned()
         if self._members.alive(time.monotonic()):
             await self._members.collect_dead(peers, time.monotonic())
         if self._members.alive(time.monotonic()):
             await fences.collect_orphans(peers, time.monotonic())
         self._members.prune_gone(time.monotonic())
 
-    async def _acquire_all(self, wanted: list[str], reopen: list[str], now: float) -> None:
-        """Take the fences of ``wanted``, at most ``CONCURRENT_WRITES`` at a time, and open what is won.
+    def _disagree(self, now: float) -> bool:
+        """Whether a live peer announces another shard count (logged once); then we hold nothing."""
+        disagreeing = self._members.disagreeing(now)
+        if disagreeing and disagreeing != self._disagreed:
+            log.error(
+                "sharding %s: %s; this replica counts %d shards, so it takes no fence and hands over what "
+                "it holds until every live peer agrees (set ShardingConfig.shards alike on every replica, "
+                "and do not run replicas of a release without shard fences beside this one)",
+                self.config.name,
+                "; ".join(
+                    f"peer {peer!r} announces {shards + ' shards' if shards else 'no shard count'}"
+                    for peer, shards in sorted(disagreeing.items())
+                ),
+                self.config.shards,
+            )
+        elif self._disagreed and not disagreeing:
+            log.info(
+                "sharding %s: every live peer now counts %d shards", self.config.name, self.config.shards
+            )
+        self._disagreed = disagreeing
+        return bool(disagreeing)
 
-        A cold start or a failover asks for hundreds of fences at once. They go
-        out as a sliding window (a slow answer holds up one place, not a batch),
-        and what has been won opens at least once per retry period while the
-        rest is still being taken (a failover of 800 clusters starts work on
-        the first while it takes the last), in one replay for all of it: a
-        mapping handler's replay reads every cluster's cache, so not one per
-        cluster. No acquisition outlives the round. A fence whose write fails in a
-        way ``acquire`` does not expect (an answer that is no Lease) costs only
-        itself: the others are still taken and opened, then the round fails and
-        is retried with the loop's backoff.
+    def _close_departed(self, engaged: dict[str, Cluster]) -> None:
+        """Close work in clusters that left the fleet while their shard stays ours (with grace)."""
+        assert self._seat is not None
+        for cluster in self._seat.work.opened - engaged.keys():
+            if self._map.shard(cluster) in self._fences.leaving or cluster in self._departing:
+                continue  # its shard's handover closes it, or it is closing already
+            close = asyncio.create_task(self._seat.work.close(cluster, grace=self.config.handover_grace))
+            self._departing[cluster] = close
+
+            def closed(_task: asyncio.Task[None], cluster: str = cluster) -> None:
+                self._departing.pop(cluster, None)
+                self._wake.set()  # back in the fleet meanwhile? The next round reopens it.
+
+            close.add_done_callback(closed)
+
+    async def _acquire_all(self, wanted: list[int], reopen: list[str], now: float) -> None:
+        """Take the fences of shards ``wanted``, ``CONCURRENT_WRITES`` at a time, and open what is won.
+
+        A cold start or a failover asks for many fences at once. They go out as
+        a sliding window (a slow answer holds up one place, not a batch), and
+        the clusters of what has been won open at least once per retry period
+        while the rest is still being taken, in one replay for all of it (plus
+        ``reopen``, clusters of shards already held): a mapping handler's replay
+        reads every cluster's cache, so not one per cluster. No acquisition
+        outlives the round. A fence whose write fails in a way ``acquire`` does
+        not expect (an answer that is no Lease) costs only itself: the others
+        are still taken and opened, then the round fails and is retried with the
+        loop's backoff.
         """
         won: list[str] = [*reopen]
         opened_at = time.monotonic()
         turns = asyncio.Semaphore(CONCURRENT_WRITES)
         failed: list[Exception] = []
 
-        async def take(name: str) -> None:
+        async def take(shard: int) -> None:
             nonlocal won, opened_at
             async with turns:
                 try:
-                    if await self._fences.acquire(name, now):
-                        won.append(name)
+                    if await self._fences.acquire(shard, now):
+                        won.extend(self._map.members(shard))
                 except Exception as error:  # one fence's failure is its own: the others go on
                     failed.append(error)
             if time.monotonic() - opened_at >= self.config.retry_period:
                 self._open(won)
                 won, opened_at = [], time.monotonic()
 
-        tasks = [asyncio.ensure_future(take(name)) for name in wanted]
+        tasks = [asyncio.ensure_future(take(shard)) for shard in wanted]
         try:
             await asyncio.gather(*tasks)
         finally:
@@ -402,13 +458,22 @@ class ShardedCoordinator:
             raise failed[0]
 
     def _open(self, clusters: list[str]) -> None:
-        """Open work in ``clusters`` that are still ours, and only while we are alive.
+        """Open work in ``clusters`` whose shard is still ours, and only while we are alive.
 
         The watchdog may have dropped everything while the acquisitions ran.
         """
         assert self._seat is not None
         fences = self._fences
-        opening = [name for name in clusters if name in fences.held and name not in fences.leaving]
+        opening = []
+        for name in clusters:
+            shard = self._map.shard(name)
+            if (
+                shard in fences.held
+                and shard not in fences.leaving
+                and name in self._map
+                and name not in self._departing
+            ):
+                opening.append(name)
         if opening and self._members.alive(time.monotonic()):
             self._seat.work.open(*opening)
 
@@ -421,15 +486,19 @@ class ShardedCoordinator:
         """Graceful stop: stop all work, release every fence, withdraw the peer Lease."""
         if self._seat is None or self._hub.client is None:
             return
-        for task in list(self._fences.leaving.values()):
+        seat = self._seat
+        for task in [*self._fences.leaving.values(), *self._departing.values()]:
             task.cancel()
-        await asyncio.gather(*self._fences.leaving.values(), return_exceptions=True)
+        await asyncio.gather(
+            *self._fences.leaving.values(), *self._departing.values(), return_exceptions=True
+        )
         # With the fences that still name us though we dropped them: give them back too.
         held = [*self._fences.held.items(), *self._fences.still_ours()]
+        clusters = set().union(*(self._fences.working(shard) for shard, _ in held))
         self._fences.held.clear()
-        await asyncio.gather(*(self._seat.work.close(cluster) for cluster, _ in held), return_exceptions=True)
+        await asyncio.gather(*(seat.work.close(cluster) for cluster in clusters), return_exceptions=True)
         results = await asyncio.gather(
-            *(self._fences.release(cluster, fence) for cluster, fence in held), return_exceptions=True
+            *(self._fences.release(shard, fence) for shard, fence in held), return_exceptions=True
         )
         released_count = sum(1 for result in results if result is True)
         if self.metrics is not None:

@@ -56,6 +56,12 @@ class ManagerSettings(BaseSettings):
     shard_group: str = Field(default="mcruntime", description="the shard group: Lease name prefix and label")
     shard_namespace: str = Field(default="default", description="where the shard Leases live")
     shard_weight: float = Field(default=1.0, gt=0, description="this replica's relative share of clusters")
+    shard_count: int = Field(
+        default=256,
+        ge=1,
+        le=4096,
+        description="how many shards (fence Leases) the fleet is split into; the same on every replica",
+    )
     max_concurrent_reconciles: int = Field(
         default=1, ge=1, description="default concurrent reconciles per cluster (lane width) per controller"
     )
@@ -132,6 +138,7 @@ class ManagerSettings(BaseSettings):
                 name=self.shard_group,
                 namespace=self.shard_namespace,
                 weight=self.shard_weight,
+                shards=self.shard_count,
                 lease_duration=self.lease_duration,
                 renew_deadline=self.renew_deadline,
                 retry_period=self.retry_period,
