@@ -167,6 +167,11 @@ async def test_a_missing_file_is_named(tmp_path: Path) -> None:
     )
 
 
+async def test_a_file_name_too_long_to_look_up_is_named_not_a_traceback(tmp_path: Path) -> None:
+    message = await message_of(f"{tmp_path}/{'x' * 300}.py:factory")
+    assert message.startswith(f"cannot import '{tmp_path}/xxx") and message.endswith(": File name too long")
+
+
 async def test_a_missing_attribute_is_named(package: Path) -> None:
     write(package, "cli_target_attr", "def factory():\n    return None\n")
     assert (

@@ -370,6 +370,21 @@ def test_a_missing_referenced_file_is_an_error_naming_the_field_and_the_path(
     assert str(path) in message
 
 
+def test_a_referenced_file_name_too_long_to_look_up_is_an_error_naming_the_field(tmp_path: Path) -> None:
+    # Found by the fuzzer: a 256-character file name makes stat() fail (ENAMETOOLONG),
+    # which Path.is_file() passes on instead of answering False.
+    user = {"client-certificate": "x" * 256, "client-key-data": KEY_DATA}
+    path = write_yaml(tmp_path / "config", kubeconfig({"server": "https://dev.example"}, user))
+
+    with pytest.raises(KubeconfigError) as caught:
+        load_kubeconfig(path)
+
+    message = str(caught.value)
+    assert "client-certificate file " in message and "cannot be looked up: File name too long" in message
+    assert f"({len(str(tmp_path / ('x' * 256)))} characters)" in message
+    assert str(path) in message
+
+
 def test_an_empty_path_field_is_an_error_naming_the_field() -> None:
     with pytest.raises(KubeconfigError, match="certificate-authority must be a non-empty path"):
         kubeconfig_from_dict(kubeconfig({"server": "https://dev.example", "certificate-authority": ""}))

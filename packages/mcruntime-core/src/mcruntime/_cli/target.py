@@ -79,7 +79,11 @@ def import_target_module(target: Target) -> ModuleType:
 
 
 def _import_file(path: Path) -> ModuleType:
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError as error:  # a name too long for the file system, say
+        raise UsageError(f"cannot import {str(path)[:200]!r}: {error.strerror or error}") from None
+    if not found:
         raise UsageError(f"cannot import {str(path)!r}: no such file")
     # The file's own name, unless that would shadow a module already imported (operator.py, say).
     name = path.stem if path.stem.isidentifier() and path.stem not in sys.modules else "mcruntime_target"

@@ -35,7 +35,16 @@ def resolve_path(value: Any, base_dir: Path | None, field_name: str, origin: str
                 context=context,
             )
         path = base_dir / path
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError as error:  # a name too long for the file system, say: the kubeconfig's fault
+        shown = str(path) if len(str(path)) <= 200 else f"{str(path)[:200]}... ({len(str(path))} characters)"
+        raise KubeconfigError(
+            f"{field_name} file {shown} cannot be looked up: {error.strerror or error}",
+            origin=origin,
+            context=context,
+        ) from None
+    if not found:
         raise KubeconfigError(f"{field_name} file {path} does not exist", origin=origin, context=context)
     return str(path)
 

@@ -476,13 +476,23 @@ def load_kubeconfig_env(
     skipped, as kubectl does, unless none exists.
     """
     paths = [_absolute(path) for path in kubeconfig_paths_from_env()]
-    existing = [path for path in paths if path.is_file()]
+    existing = [path for path in paths if _is_file(path)]
     if not existing:
         raise KubeconfigError(f"no kubeconfig file found (looked at {', '.join(map(str, paths))})")
     kubeconfig = _Kubeconfig(os.pathsep.join(map(str, existing)))
     for path in existing:
         kubeconfig.merge(read_yaml(path, max_bytes), path.parent, str(path))
     return _build(kubeconfig, context, trust or TrustPolicy.own())
+
+
+def _is_file(path: Path) -> bool:
+    """Whether a listed kubeconfig is a file; one that cannot even be looked up is an error naming it."""
+    try:
+        return path.is_file()
+    except OSError as error:  # a name too long for the file system, a permission on a directory
+        why = error.strerror or str(error)
+        shown = str(path)[:200]
+        raise KubeconfigError(f"KUBECONFIG lists {shown!r}, which cannot be looked up: {why}") from None
 
 
 def list_contexts(data: Mapping[str, Any]) -> list[str]:
