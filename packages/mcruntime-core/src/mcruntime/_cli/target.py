@@ -25,6 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from .._config.fields import is_regular_file
 from .._manager.manager import Manager
 from .errors import UsageError
 
@@ -80,7 +81,7 @@ def import_target_module(target: Target) -> ModuleType:
 
 def _import_file(path: Path) -> ModuleType:
     try:
-        found = path.is_file()
+        found = is_regular_file(path)
     except OSError as error:  # a name too long for the file system, say
         raise UsageError(f"cannot import {str(path)[:200]!r}: {error.strerror or error}") from None
     if not found:

@@ -9,11 +9,24 @@ from __future__ import annotations
 
 import base64
 import binascii
+import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from .._base.errors import KubeconfigError
+
+
+def is_regular_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file: False when it is missing, ``OSError`` when it cannot be looked up.
+
+    ``Path.is_file()`` passes some errors on (a name too long, up to Python 3.13)
+    and swallows them from 3.14; this answers alike on every Python.
+    """
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
 
 
 def resolve_path(value: Any, base_dir: Path | None, field_name: str, origin: str, context: str) -> str:
@@ -36,7 +49,7 @@ def resolve_path(value: Any, base_dir: Path | None, field_name: str, origin: str
             )
         path = base_dir / path
     try:
-        found = path.is_file()
+        found = is_regular_file(path)
     except OSError as error:  # a name too long for the file system, say: the kubeconfig's fault
         shown = str(path) if len(str(path)) <= 200 else f"{str(path)[:200]}... ({len(str(path))} characters)"
         raise KubeconfigError(

@@ -44,6 +44,7 @@ from .fields import (
     check_data,
     check_exec,
     check_types,
+    is_regular_file,
     resolve_path,
 )
 from .tokens import token_problem
@@ -488,7 +489,7 @@ def load_kubeconfig_env(
 def _is_file(path: Path) -> bool:
     """Whether a listed kubeconfig is a file; one that cannot even be looked up is an error naming it."""
     try:
-        return path.is_file()
+        return is_regular_file(path)
     except OSError as error:  # a name too long for the file system, a permission on a directory
         why = error.strerror or str(error)
         shown = str(path)[:200]
