@@ -385,6 +385,14 @@ def test_a_referenced_file_name_too_long_to_look_up_is_an_error_naming_the_field
     assert str(path) in message
 
 
+def test_a_referenced_file_name_with_a_nul_byte_does_not_exist(tmp_path: Path) -> None:
+    user = {"client-certificate": "cert\x00.pem", "client-key-data": KEY_DATA}
+    path = write_yaml(tmp_path / "config", kubeconfig({"server": "https://dev.example"}, user))
+
+    with pytest.raises(KubeconfigError, match=r"client-certificate file .* does not exist"):
+        load_kubeconfig(path)
+
+
 def test_an_empty_path_field_is_an_error_naming_the_field() -> None:
     with pytest.raises(KubeconfigError, match="certificate-authority must be a non-empty path"):
         kubeconfig_from_dict(kubeconfig({"server": "https://dev.example", "certificate-authority": ""}))

@@ -27,6 +27,8 @@ def is_regular_file(path: Path) -> bool:
         return stat.S_ISREG(path.stat().st_mode)
     except (FileNotFoundError, NotADirectoryError):
         return False
+    except ValueError:  # a NUL byte in the name: no such file can exist
+        return False
 
 
 def resolve_path(value: Any, base_dir: Path | None, field_name: str, origin: str, context: str) -> str:
