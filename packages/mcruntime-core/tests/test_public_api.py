@@ -239,7 +239,7 @@ SUBMODULES = {
         "WatchEvent",
         "object_key",
     ],
-    "coordination": ["Coordinator", "LeaderElector"],
+    "coordination": ["Coordinator", "Fenced", "LeaderElector"],
     "kubeconfig": ["kubeconfig_paths_from_env", "list_contexts", "load_kubeconfig_async", "parse_kubeconfig"],
     "log": ["JSONFormatter", "ReconcileContext", "ReconcileContextFilter", "current_reconcile"],
     "rbac": ["DeclaresPermissions", "RBAC", "Subject", "render_rbac_yaml"],

@@ -7,11 +7,16 @@ name what runs underneath, for code that drives or implements it: the
 :class:`Coordinator` protocol a manager consults, and the
 :class:`LeaderElector` that holds a Lease. Kept out of ``mcruntime``'s root so
 the root stays the runtime a program wires together.
+
+:class:`Fenced` is what a reconcile's write raises, unsent, once a sharded
+replica's share has lapsed; the controller drops that request (the cluster's
+new owner has it), so a reconciler meets it only if it catches errors itself.
 """
 
 from __future__ import annotations
 
+from ._base.errors import Fenced
 from ._coordination.coordinator import Coordinator
 from ._coordination.leaderelection import LeaderElector
 
-__all__ = ["Coordinator", "LeaderElector"]
+__all__ = ["Coordinator", "Fenced", "LeaderElector"]

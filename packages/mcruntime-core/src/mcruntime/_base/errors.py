@@ -150,6 +150,17 @@ class Unreachable(APIError):
     """No response: connection refused or reset, TLS failure, or a client-side timeout."""
 
 
+class Fenced(APIError):
+    """Not sent: the replica's share of the fleet, or its leadership, lapsed before this write.
+
+    A replica that could not renew its Lease in time must assume another has
+    taken its clusters. Stopping its work is a task on the event loop, and a
+    late loop may run a reconcile first; the write that reconcile sends gets
+    this error instead of racing the new owner. The controller queues the
+    request again (a sharded gate drops it if its cluster moved away).
+    """
+
+
 _BY_STATUS: dict[int, type[APIError]] = {
     400: BadRequest,
     401: Unauthorized,

@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-from .._base.errors import Unreachable
+from .._base.errors import Fenced, Unreachable
+from .._reconcile.fence import write_refusal
 from .connection import Connection
 from .health import ProbeInconclusive, ProbeResult
 from .http1 import RequestFailed
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
 
 _AIOHTTP_CEIL_THRESHOLD = 5.0
 """aiohttp rounds a deadline further than this many seconds away up to a whole second of the loop's clock."""
+
+_READS = ("GET", "HEAD")
+"""Methods a lapsed share may still send: reading races nobody."""
 
 _LATE_LOOP = 1.0
 """A probe's timeout that fired this many seconds late (or half its timeout) says nothing about the server."""
@@ -241,6 +245,10 @@ class Transport(Connection):
                         total = await self._take_turn(turns, timeout, patient)
                         connect = min(total, connect)
                         sent_at = loop.time()
+                    if method not in _READS and (refusal := write_refusal()) is not None:
+                        # Checked last, after the wait for a turn: see _reconcile/fence.py.
+                        message = f"not sending {method} {path}: {refusal}"
+                        raise Fenced(message, cluster=self.cluster, reason="Fenced")
                     try:
                         if pool is not None:
                             async with asyncio.timeout(total):
@@ -259,7 +267,7 @@ class Transport(Connection):
                 finally:
                     self._waiting.discard(waiting)
                     interrupted = waiting.expired()
-        except (NoAnswer, Unreachable):
+        except (NoAnswer, Unreachable, Fenced):
             raise
         except RequestFailed as refused:
             if interrupted:

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._base.backoff import DEFAULT_BACKOFF, Backoff
-from .._base.errors import ClusterNotFound, Conflict, Forbidden, Unreachable
+from .._base.errors import ClusterNotFound, Conflict, Fenced, Forbidden, Unreachable
 from .._base.tasks import TaskSet
 from .._reconcile.context import enter_reconcile, leave_reconcile
+from .._reconcile.fence import WriteCheck, enter_write_check, leave_write_check
 from .._reconcile.request import ReconcileFunction, Request, TerminalError
 from .gates import LeaderGate, RequestGate
 from .outcomes import ParkedRequests, ReconcileStats, apply_result
@@ -138,6 +139,8 @@ class Controller:
         self.active_workers: int = 0
         self.leader: LeaderGate | None = None
         self.gate: RequestGate | None = None
+        # Asked by the client before each write a reconcile sends (see _reconcile/fence.py).
+        self.write_check: WriteCheck | None = None
         self._current: dict[asyncio.Task[None], Request] = {}
         self._revoked: set[asyncio.Task[None]] = set()
         self._released: list[tuple[str, asyncio.Future[None]]] = []
@@ -503,6 +506,7 @@ class Controller:
 
     async def _reconcile_one(self, request: Request) -> None:
         token = enter_reconcile(self.name, request)
+        guard = enter_write_check(self.write_check)
         started = time.monotonic()
         outcome = "success"
         try:
@@ -512,6 +516,14 @@ class Controller:
             self.stats.dropped_cluster_gone += 1
             self.queue.forget(request)
             log.info("controller %s: %s dropped: cluster %r is gone", self.name, request, request.cluster)
+        except Fenced as fenced:
+            # The replica's share or leadership lapsed mid-reconcile, and the write was not sent.
+            # Queued again, the request waits until this replica holds its cluster again; a
+            # sharded gate drops it if the cluster moved away (its new owner reconciles it).
+            outcome = "error"
+            self.stats.fenced += 1
+            self.queue.add_rate_limited(request)
+            log.warning("controller %s: %s stopped, its write not sent: %s", self.name, request, fenced)
         except (Conflict, Forbidden) as refused:
             # Optimistic concurrency doing its job (usually a cache behind our own write), or a
             # permission missing (the cluster's record names it, once): a retry and a line, no traceback.
@@ -558,6 +570,7 @@ class Controller:
         else:
             outcome = apply_result(self.name, self.queue, self.stats, request, result)
         finally:
+            leave_write_check(guard)
             leave_reconcile(token)
         elapsed = time.monotonic() - started
         for observer in self.observers:

@@ -34,6 +34,7 @@ class ReconcileStats:
     error: int = 0
     terminal: int = 0
     dropped_cluster_gone: int = 0
+    fenced: int = 0
 
 
 def apply_result(

@@ -40,9 +40,25 @@ class WorkGate:
     def __init__(self, controllers: Callable[[], Iterable[Controller]]) -> None:
         self._controllers = controllers
         self._open: set[str] = set()
+        self._check: Callable[[], str | None] | None = None
+
+    def guard(self, check: Callable[[], str | None] | None) -> None:
+        """While ``check`` names a reason, no cluster is admitted and no reconcile may write.
+
+        The coordinator's own account of whether its share is still good,
+        asked at the moment of each decision: closing the clusters is the
+        coordinator's task, and a task may run late, so neither a new
+        reconcile nor a write of one already running waits for it.
+        """
+        self._check = check
+
+    def refusal(self) -> str | None:
+        """Why no reconcile may write now, or ``None`` (see :meth:`guard`)."""
+        check = self._check
+        return None if check is None else check()
 
     def admits(self, cluster: str) -> bool:
-        return cluster in self._open
+        return cluster in self._open and (self._check is None or self._check() is None)
 
     @property
     def opened(self) -> frozenset[str]:

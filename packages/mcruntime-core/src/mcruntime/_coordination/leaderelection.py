@@ -81,6 +81,11 @@ class LeaderElector:
         self.renewals: int = 0
         """Renewals of the Lease while leading (on the heartbeat's thread)."""
         self._renewed_at = 0.0  # time.monotonic() of the last renewal; written by the heartbeat's thread
+        # Renewals that landed only after the leader should have stepped down (written by the
+        # heartbeat's thread, before _renewed_at): the Lease may have changed hands meanwhile,
+        # so such a renewal ends the term instead of extending it.
+        self._lapses = 0
+        self._lapses_handled = 0
         # How the heartbeat's thread reaches the cluster; None: a connection of its own from
         # the cluster's kubeconfig. Tests put a breakable client here.
         self._liveness: Connect | None = None
@@ -100,6 +105,27 @@ class LeaderElector:
         instead of sleeping until the standby has looked.
         """
         return self._observed[0] if self._observed is not None else None
+
+    def refusal(self) -> str | None:
+        """Why a reconcile must not write now, or ``None`` while this replica leads in good standing.
+
+        Asked by the client before each write of a reconcile (see
+        _reconcile/fence.py): stepping down is this loop's task, and on a
+        loop that runs late a reconcile ready at the same moment goes first.
+        """
+        where = f"leader election {self.config.namespace}/{self.config.name}"
+        if not self.leading.is_set():
+            return f"{where}: this replica does not lead"
+        if self._lapses != self._lapses_handled:
+            return f"{where}: a renewal landed after the renew deadline, so another replica may lead"
+        quiet = time.monotonic() - self._renewed_at
+        if quiet >= self._give_up_after:
+            return f"{where}: the Lease was not renewed for {quiet:.1f}s, so another replica may lead soon"
+        return None
+
+    @property
+    def _give_up_after(self) -> float:
+        return self.config.renew_deadline - self.config.retry_period
 
     async def wait_elected(self) -> None:
         await self.leading.wait()
@@ -178,6 +204,7 @@ class LeaderElector:
         the others.
         """
         self._renewed_at = time.monotonic()  # the acquisition just now was a renewal
+        self._lapses_handled = self._lapses
         heartbeat = Heartbeat(
             f"leader election {self.config.namespace}/{self.config.name}",
             self._liveness or functools.partial(own_connection, cluster.config, self._request_timeout),
@@ -185,12 +212,18 @@ class LeaderElector:
             stall_limit=self.config.renew_deadline,
             idle=self.config.retry_period,
         )
-        give_up_after = self.config.renew_deadline - self.config.retry_period
+        give_up_after = self._give_up_after
         heartbeat.start()
         try:
             while True:
                 await asyncio.sleep(self.config.retry_period / 2)
                 heartbeat.tick()
+                if self._lapses != self._lapses_handled:
+                    self._step_down(
+                        f"a renewal landed only after {give_up_after:g}s without one, too late to "
+                        "count: the Lease may have changed hands meanwhile"
+                    )
+                    return
                 if time.monotonic() - self._renewed_at >= give_up_after:
                     self._step_down(
                         f"could not renew the lease within {self.config.renew_deadline:.0f}s"
@@ -221,6 +254,8 @@ class LeaderElector:
         if renewed:
             self.failures = 0
             self.renewals += 1
+            if time.monotonic() - self._renewed_at >= self._give_up_after:
+                self._lapses += 1  # before _renewed_at: whoever sees the fresh renewal sees the lapse too
             self._renewed_at = started
         return self.config.retry_period
 

@@ -65,6 +65,12 @@ class Membership:
         self.confirmed: dict[str, asyncio.Future[bool]] = {}  # per round: holder → confirmed silent
         self.peer_lease: JSON | None = None
         self.renewed_at: float | None = None  # written by the heartbeat's thread
+        # Renewals that came after the renew deadline had passed (written by the heartbeat's
+        # thread, before renewed_at): our fences may have been taken meanwhile, so a late
+        # renewal must not make them good again. The watchdog drops everything for each one
+        # and then counts it here.
+        self.lapses = 0
+        self.lapses_handled = 0
         self.main_loop: asyncio.AbstractEventLoop | None = None
 
     # --- what the informer tells us -------------------------------------------------------
@@ -104,9 +110,38 @@ class Membership:
     # --- liveness -------------------------------------------------------------------------
 
     def alive(self, now: float) -> bool:
-        """Whether this replica renewed its own peer Lease within ``renew_deadline``."""
+        """Whether this replica renewed its own peer Lease within ``renew_deadline``, without a lapse since.
+
+        A renewal that succeeds only after the deadline has passed makes
+        ``renewed_at`` fresh again, but the fences it guarded may already be
+        another replica's: until the watchdog has dropped them (and the round
+        takes them again, through a write that fails if anyone moved first),
+        this replica is not alive for its work.
+        """
         renewed = self.renewed_at
-        return renewed is not None and now - renewed < self.config.renew_deadline
+        return (
+            renewed is not None
+            and now - renewed < self.config.renew_deadline
+            and self.lapses == self.lapses_handled
+        )
+
+    def refusal(self) -> str | None:
+        """Why this replica's work must stop now (``None`` while it is alive); for the work gate."""
+        now = time.monotonic()
+        if self.alive(now):
+            return None
+        renewed = self.renewed_at
+        if renewed is None:
+            return f"shard group {self.config.name!r}: this replica has not renewed its peer Lease yet"
+        if self.lapses != self.lapses_handled:
+            return (
+                f"shard group {self.config.name!r}: this replica's peer Lease went unrenewed for more "
+                f"than {self.config.renew_deadline:g}s, so its shards may have moved"
+            )
+        return (
+            f"shard group {self.config.name!r}: this replica has not renewed its peer Lease for "
+            f"{now - renewed:.1f}s (deadline {self.config.renew_deadline:g}s), so its shards may move"
+        )
 
     def live_peers(self, now: float) -> dict[str, float]:
         """Live peers (identity → weight), this replica included while it is alive."""
@@ -214,6 +249,9 @@ class Membership:
         except API_ERRORS as error:
             log.warning("sharding %s: could not renew this replica's peer Lease: %s", self.config.name, error)
             return
+        previous = self.renewed_at
+        if previous is not None and time.monotonic() - previous >= self.config.renew_deadline:
+            self.lapses += 1  # before renewed_at: whoever sees the fresh renewal sees the lapse too
         self.renewed_at = started
         if self.main_loop is not None:
             with contextlib.suppress(RuntimeError):  # the main loop closed: nobody left to tell

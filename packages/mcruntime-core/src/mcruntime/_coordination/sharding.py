@@ -160,6 +160,7 @@ class ShardedCoordinator:
             raise ValueError("sharding needs a local cluster (the hub) to hold its Leases")
         self._seat = seat
         self._fences.seat = seat
+        seat.work.guard(self._members.refusal)
         self._hub.client = hub.client
         self._hub.metrics = ShardMetrics(seat.registry)
         informer = hub.cache.informer(
@@ -213,7 +214,10 @@ class ShardedCoordinator:
                 seat.engage_listeners.remove(self._cluster_changed)
             with contextlib.suppress(ValueError):
                 seat.disengage_listeners.remove(self._cluster_changed)
-            await asyncio.shield(self._leave_group())
+            try:
+                await asyncio.shield(self._leave_group())
+            finally:
+                seat.work.guard(None)
 
     async def _failed(self, what: str, error: Exception, failures: int) -> None:
         """Log and count the ``failures``-th unexpected failure of ``what``, then wait out the backoff."""
@@ -302,9 +306,26 @@ class ShardedCoordinator:
         self._fences.forget(name)
 
     async def _watchdog(self) -> None:
-        """Stop all work the moment the peer Lease has gone unrenewed for ``renew_deadline``."""
+        """Stop all work once the peer Lease has gone unrenewed for ``renew_deadline``.
+
+        The work gate already refuses new reconciles and their writes from
+        that moment (see :meth:`Membership.refusal`); this closes the work. A
+        renewal that came only after the deadline (a lapse) may not bridge it,
+        however late this task runs: everything is dropped all the same, and
+        the round takes back what is still ours through fresh fence writes.
+        """
+        members = self._members
         while True:
-            renewed = self._members.renewed_at
+            lapses = members.lapses
+            if lapses != members.lapses_handled:
+                self._cut_all(
+                    f"this replica's peer Lease went unrenewed for more than {self.config.renew_deadline:g}s "
+                    "(renewed late: its shards may have moved meanwhile)"
+                )
+                members.lapses_handled = lapses
+                self._wake.set()  # alive again: the round retakes what is still ours
+                continue
+            renewed = members.renewed_at
             if renewed is None or not self._fences.held:
                 self._renewed.clear()
                 await self._renewed.wait()
@@ -316,22 +337,24 @@ class ShardedCoordinator:
                     async with asyncio.timeout(remaining):
                         await self._renewed.wait()
                 continue
-            assert self._seat is not None
-            for shard in list(self._fences.held):
-                if shard not in self._fences.leaving:
-                    self._fences.lose(
-                        shard,
-                        f"this replica could not renew its peer Lease within {self.config.renew_deadline:g}s",
-                    )
-                else:
-                    # A handover in its grace period: no more grace, cancel its reconciles now.
-                    # (Not awaited here: a reconcile that ignores cancellation must not stall the watchdog.)
-                    for cluster in self._fences.working(shard):
-                        cut = asyncio.create_task(self._seat.work.close(cluster))
-                        self._cuts.add(cut)
-                        cut.add_done_callback(self._cuts.discard)
+            deadline = self.config.renew_deadline
+            self._cut_all(f"this replica could not renew its peer Lease within {deadline:g}s")
             self._renewed.clear()
             await self._renewed.wait()
+
+    def _cut_all(self, reason: str) -> None:
+        """Lose every held shard now; handovers in their grace lose the grace."""
+        assert self._seat is not None
+        for shard in list(self._fences.held):
+            if shard not in self._fences.leaving:
+                self._fences.lose(shard, reason)
+            else:
+                # A handover in its grace period: no more grace, cancel its reconciles now.
+                # (Not awaited here: a reconcile that ignores cancellation must not stall the watchdog.)
+                for cluster in self._fences.working(shard):
+                    cut = asyncio.create_task(self._seat.work.close(cluster))
+                    self._cuts.add(cut)
+                    cut.add_done_callback(self._cuts.discard)
 
     # --- one round ------------------------------------------------------------------------
 

@@ -346,8 +346,10 @@ class Manager:
             component.tasks.crash_listeners.append(self._count_crash)
             if self.elector is not None:
                 component.leader = self.elector
+                component.write_check = self.elector.refusal
             if self.coordinator is not None:
                 component.gate = self.work
+                component.write_check = self.work.refusal
         if isinstance(component, Aware):
             self._awares.append(component)
         if isinstance(component, Runnable):
