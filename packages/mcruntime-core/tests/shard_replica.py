@@ -6,8 +6,9 @@ SPEC holds the hub kubeconfig path, the clusters (name → kubeconfig path), the
 namespace for the Leases and the ConfigMaps, the group name and the lease
 timing. Each cluster's work is one ConfigMap labelled with the cluster's name
 (several cluster names share an API server): the reconcile stamps this
-replica's identity and a counter on it and comes back every ``period``
-seconds, so a second writer would show up in the ConfigMap's history. The
+replica's identity, the version of the fence it holds and a counter on it and
+comes back every ``period`` seconds, so a second writer would show up in the
+ConfigMap's history. The
 process prints one JSON line whenever the set of clusters it owns changes, and
 stops gracefully on SIGTERM.
 
@@ -69,6 +70,16 @@ def sharded_manager(
     )
     period = float(spec.get("period", 1.0))
 
+    def fence_version(cluster: str) -> str:
+        """The resourceVersion of the fence this replica holds for ``cluster``'s shard, as it wrote it.
+
+        Stamped with each write, so the test can tell a write made under a fence
+        another replica had already taken (a second owner) from one made after
+        taking it back.
+        """
+        held = coordinator._fences.held.get(coordinator.config.shard_of(cluster))
+        return str(((held or {}).get("metadata") or {}).get("resourceVersion", ""))
+
     async def stamp(request: mcr.Request) -> mcr.Result:
         cluster = await manager.get_cluster(request.cluster)
         current = await cluster.client.get(CONFIGMAP, request.name, namespace=request.namespace)
@@ -79,6 +90,7 @@ def sharded_manager(
         current["data"] = {
             **data,
             "writer": identity,
+            "fence": fence_version(request.cluster),
             "count": str(int(data.get("count", "0")) + 1),
             "at": repr(time.time()),
         }
