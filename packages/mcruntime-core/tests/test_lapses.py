@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 import pytest
-from kube_helpers import running_cluster, unique
+from kube_helpers import new_namespace, running_cluster, unique
 from test_lease_loops import Partition, Partitionable, liveness_through
 
 import mcruntime as mcr
@@ -35,15 +35,18 @@ LEASE = mcr.Kind("coordination.k8s.io/v1", "Lease")
 TIMING: Any = {"lease_duration": 8.0, "renew_deadline": 2.0, "retry_period": 0.5}
 
 
+async def namespace_with_x(cluster: mcr.Cluster, prefix: str) -> tuple[str, dict[str, Any]]:
+    """A namespace of the test's own holding one empty ConfigMap ``x``, and that ConfigMap."""
+    namespace = await new_namespace(cluster, prefix)
+    created = await cluster.client.create(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": namespace}}
+    )
+    return namespace, created
+
+
 async def test_a_write_in_a_guarded_task_is_refused_before_it_is_sent_and_reads_go_on(fleet: Fleet) -> None:
     async with running_cluster(fleet["cluster-2"], "guarded") as cluster:
-        namespace = unique("guarded")
-        await cluster.client.create(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
-        )
-        created = await cluster.client.create(
-            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": namespace}}
-        )
+        namespace, created = await namespace_with_x(cluster, "guarded")
         refusal: list[str | None] = [None]
         token = enter_write_check(lambda: refusal[0])
         try:
@@ -191,13 +194,7 @@ async def test_a_leader_whose_renewal_landed_late_steps_down_and_its_reconciles_
     # renew 3 s, retry 0.5 s: the leader gives up 2.5 s after a renewal; a renewal may take 1.5 s.
     timing: Any = {"lease_duration": 8.0, "renew_deadline": 3.0, "retry_period": 0.5}
     async with running_cluster(fleet["cluster-1"], "leader") as cluster:
-        namespace = unique("leader-lapse")
-        await cluster.client.create(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
-        )
-        created = await cluster.client.create(
-            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": namespace}}
-        )
+        namespace, created = await namespace_with_x(cluster, "leader-lapse")
         elector = LeaderElector(mcr.LeaderElectionConfig(name=unique("lapse"), identity="me", **timing))
         flowing = threading.Event()
         flowing.set()
