@@ -352,6 +352,44 @@ async def test_losing_one_fence_blocks_nothing_else(fleet: Fleet) -> None:
             assert seat.work.admits("fine") and not seat.work.admits("stuck")
 
 
+class FailingGate(WorkGate):
+    """A gate whose close of ``broken`` fails (a controller's release that raised)."""
+
+    async def close(self, cluster: str, *, grace: float = 0.0) -> None:
+        await super().close(cluster, grace=grace)
+        if cluster == "broken":
+            raise RuntimeError("the release of 'broken' failed (test)")
+
+
+async def test_a_close_that_fails_is_logged_when_it_fails_and_the_rest_goes_on(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, "mcruntime.tasks")
+    namespace = unique("failing-close")
+    async with running_cluster(fleet["cluster-1"], "hub") as hub:
+        await hub.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        config = mcr.ShardingConfig(name="failing", namespace=namespace, identity="me", **FAST)
+        coordinator = mcr.ShardedCoordinator(config)
+        seat = Seat(hub, ["broken", "fine"], gate=FailingGate(list))
+        async with coordinating(coordinator, seat):
+            await wait_until(lambda: coordinator.owned == {"broken", "fine"}, timeout=30)
+            fence = await hub.client.get(LEASE, config.fence_lease("broken"), namespace=namespace)
+            fence["spec"]["holderIdentity"] = "intruder"
+            await hub.client.update(fence)
+            shard = config.shard_of("broken")
+
+            def named() -> bool:
+                return any(
+                    f"close shard {shard} failed" in record.getMessage()
+                    and "failed (test)" in str(record.exc_info and record.exc_info[1])
+                    for record in caplog.records
+                )
+
+            await wait_until(named, timeout=20)
+            assert "broken" not in coordinator.owned
+            assert seat.work.admits("fine")
+
+
 class Partition:
     """Whether the link to the hub is cut, for every client that goes through it."""
 

@@ -19,9 +19,9 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._base.errors import AlreadyExists, Conflict, NotFound
 from .._base.objects import JSON
@@ -92,6 +92,8 @@ class Fences:
         self.leaving: dict[int, asyncio.Task[None]] = {}
         self.desired: set[int] = set()  # the shards the last round gave this replica
         self.seat: Seat | None = None
+        # Starts the close and handover tasks; the coordinator's TaskSet, which logs a failure.
+        self.spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]] = _unowned
         # Releases in flight on the hub, bounded like the round's acquisitions: a handover
         # hands over every moving shard at once, and unbounded that is a connection and TLS
         # handshake each to the hub, whose answers then come too late for all of them.
@@ -207,7 +209,7 @@ class Fences:
         self.renewed()  # the watchdog guards a non-empty set now
         if shard not in self.shards.in_use or shard not in self.desired:
             # Its clusters left, or it moved, while we were acquiring: give the fence straight back.
-            self.leaving[shard] = asyncio.create_task(self.hand_over(shard))
+            self.leaving[shard] = self.spawn(self.hand_over(shard), f"hand back shard {shard}")
             return False
         log.info(
             "sharding %s: %s now works on shard %d (%d clusters)",
@@ -243,7 +245,7 @@ class Fences:
                 self.leaving.pop(shard, None)
                 self.wake()
 
-        self.leaving[shard] = asyncio.create_task(close())
+        self.leaving[shard] = self.spawn(close(), f"close shard {shard}")
 
     async def hand_over(self, shard: int) -> None:
         """Stop work in the clusters of ``shard`` (with a short grace), then release its fence.
@@ -391,6 +393,11 @@ class Fences:
                 seen.observed.quiet_for(now),
             )
         return True
+
+
+def _unowned(coroutine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    """Before the coordinator runs (nothing is spawned then): a plain task."""
+    return asyncio.create_task(coroutine, name=name)
 
 
 def _shard_named(config: ShardingConfig, name: str, shard_text: str, shards_text: str) -> int | None:

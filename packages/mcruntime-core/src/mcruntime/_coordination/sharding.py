@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING
 
 from .._base.backoff import DEFAULT_BACKOFF, Backoff
 from .._base.objects import JSON
+from .._base.tasks import TaskSet
 from .._cache.informer import ResourceEventHandler
 from .fences import Fences
 from .heartbeat import Connect, Heartbeat, own_connection
@@ -111,7 +112,9 @@ class ShardedCoordinator:
         )
         self._shares: Shares[int] = Shares(self.config.identity)
         self._disagreed: dict[str, str] = {}  # peers last logged for announcing another shard count
-        self._cuts: set[asyncio.Task[None]] = set()
+        # The round's own tasks (closing, handing over, the watchdog and the pulse): owned, so
+        # one that fails is logged with its traceback when it fails, and a loop is restarted.
+        self._tasks = TaskSet(f"sharding {self.config.name}")
         # Clusters that left the fleet while their shard stayed ours, their work closing:
         # not reopened until the close is done, should they come back meanwhile.
         self._departing: dict[str, asyncio.Task[None]] = {}
@@ -160,6 +163,8 @@ class ShardedCoordinator:
             raise ValueError("sharding needs a local cluster (the hub) to hold its Leases")
         self._seat = seat
         self._fences.seat = seat
+        tasks = self._tasks = TaskSet(f"sharding {self.config.name}")  # afresh if run again
+        self._fences.spawn = tasks.spawn
         seat.work.guard(self._members.refusal)
         self._hub.client = hub.client
         self._hub.metrics = ShardMetrics(seat.registry)
@@ -173,7 +178,7 @@ class ShardedCoordinator:
         )
         seat.engage_listeners.append(self._cluster_changed)
         seat.disengage_listeners.append(self._cluster_changed)
-        watchdog = asyncio.create_task(self._watchdog(), name=f"sharding {self.config.name} watchdog")
+        watchdog = tasks.supervise(self._watchdog, "watchdog", backoff=self.backoff)
         self._members.main_loop = asyncio.get_running_loop()
         heartbeat = Heartbeat(
             f"sharding {self.config.name}",
@@ -190,7 +195,7 @@ class ShardedCoordinator:
             # a busy event loop delays a renewal. Announce first and let replicas that start
             # together see each other before anyone acquires fences.
             heartbeat.start()
-            pulse = asyncio.create_task(self._pulse(heartbeat), name=f"sharding {self.config.name} pulse")
+            pulse = tasks.supervise(lambda: self._pulse(heartbeat), "pulse", backoff=self.backoff)
             await asyncio.sleep(self.config.retry_period)
             while True:
                 try:
@@ -218,6 +223,7 @@ class ShardedCoordinator:
                 await asyncio.shield(self._leave_group())
             finally:
                 seat.work.guard(None)
+                await asyncio.shield(tasks.close())  # what is left: cuts still cancelling
 
     async def _failed(self, what: str, error: Exception, failures: int) -> None:
         """Log and count the ``failures``-th unexpected failure of ``what``, then wait out the backoff."""
@@ -352,9 +358,7 @@ class ShardedCoordinator:
                 # A handover in its grace period: no more grace, cancel its reconciles now.
                 # (Not awaited here: a reconcile that ignores cancellation must not stall the watchdog.)
                 for cluster in self._fences.working(shard):
-                    cut = asyncio.create_task(self._seat.work.close(cluster))
-                    self._cuts.add(cut)
-                    cut.add_done_callback(self._cuts.discard)
+                    self._tasks.spawn(self._seat.work.close(cluster), f"cut {cluster!r}")
 
     # --- one round ------------------------------------------------------------------------
 
@@ -380,14 +384,16 @@ class ShardedCoordinator:
         self.metrics.ownership_changes.labels("lost").inc(len(was - now_mine))
         fences.desired = desired
         for shard in fences.held.keys() - desired - fences.leaving.keys():
-            fences.leaving[shard] = asyncio.create_task(fences.hand_over(shard))
+            fences.leaving[shard] = self._tasks.spawn(fences.hand_over(shard), f"hand over shard {shard}")
         self._close_departed(engaged)
         if self._members.alive(now):
             # Fences that still name us on the hub though we dropped them (the watchdog
             # stopped our work, or this identity restarted): nobody else may take them
             # while we live, so give back those we do not want.
             for shard in fences.naming_us - fences.held.keys() - fences.leaving.keys() - desired:
-                fences.leaving[shard] = asyncio.create_task(fences.give_back(shard, fences.seen[shard].lease))
+                fences.leaving[shard] = self._tasks.spawn(
+                    fences.give_back(shard, fences.seen[shard].lease), f"give back shard {shard}"
+                )
         settled = (desired & fences.held.keys()) - fences.leaving.keys()
         reopen = [name for name in self._map.clusters_of(settled) if not self._seat.work.admits(name)]
         wanted = sorted(desired - fences.held.keys() - fences.leaving.keys())
@@ -428,7 +434,8 @@ class ShardedCoordinator:
         for cluster in self._seat.work.opened - engaged.keys():
             if self._map.shard(cluster) in self._fences.leaving or cluster in self._departing:
                 continue  # its shard's handover closes it, or it is closing already
-            close = asyncio.create_task(self._seat.work.close(cluster, grace=self.config.handover_grace))
+            closing = self._seat.work.close(cluster, grace=self.config.handover_grace)
+            close = self._tasks.spawn(closing, f"close departed {cluster!r}")
             self._departing[cluster] = close
 
             def closed(_task: asyncio.Task[None], cluster: str = cluster) -> None:
