@@ -122,8 +122,6 @@ async def test_a_stalled_replica_whose_renewal_came_late_writes_nothing_until_it
             await asyncio.wait_for(entered.wait(), 60)
             fence_name = config.shard_fence(config.shard_of("m"))
             fence = await hub.client.get(LEASE, fence_name, namespace=hub_namespace)
-            renewed = coordinator._members.renewed_at
-            assert renewed is not None
             # The fault: the link to the hub is cut and the event loop stalls past the renew
             # deadline, so the watchdog cannot run. Then the link comes back and the heartbeat's
             # thread renews (late) while the loop is still stalled.
@@ -131,6 +129,9 @@ async def test_a_stalled_replica_whose_renewal_came_late_writes_nothing_until_it
             stall_until = time.monotonic() + config.renew_deadline + 0.5
             while time.monotonic() < stall_until:
                 time.sleep(0.01)  # noqa: ASYNC251 -- blocking the event loop is the fault
+            # The last renewal that went through: one in flight at the cut may have landed since.
+            renewed = coordinator._members.renewed_at
+            assert renewed is not None
             link.cut = False
             give_up = time.monotonic() + config.lease_duration - config.renew_deadline - 1.0
             while coordinator._members.renewed_at == renewed and time.monotonic() < give_up:
@@ -208,12 +209,14 @@ async def test_a_leader_whose_renewal_landed_late_steps_down_and_its_reconciles_
             # The fault: renewals hang and the event loop stalls, so the leader cannot step down
             # when it should; then a renewal lands, late, while the loop is still stalled.
             flowing.clear()
-            renewed = elector._renewed_at
+            held_at = time.monotonic()
             give_up = timing["renew_deadline"] - timing["retry_period"]
-            while time.monotonic() < renewed + give_up + 0.05:
+            while time.monotonic() < held_at + give_up + 0.05:
                 time.sleep(0.01)  # noqa: ASYNC251 -- blocking the event loop is the fault
+            # The last renewal that went through: one in flight when they were held may have landed.
+            renewed = elector._renewed_at
             flowing.set()
-            limit = renewed + timing["renew_deadline"] - 0.1  # the heartbeat stops at the stall limit
+            limit = held_at + timing["renew_deadline"] - 0.1  # the heartbeat stops at the stall limit
             while elector._renewed_at == renewed and time.monotonic() < limit:
                 time.sleep(0.01)  # noqa: ASYNC251 -- still the stall; waiting on the thread's renewal
             assert elector._renewed_at != renewed, "no renewal landed while the loop was stalled"
