@@ -8,9 +8,8 @@ timing. Each cluster's work is one ConfigMap labelled with the cluster's name
 (several cluster names share an API server): the reconcile stamps this
 replica's identity, the version of the fence it holds and a counter on it and
 comes back every ``period`` seconds, so a second writer would show up in the
-ConfigMap's history. The
-process prints one JSON line whenever the set of clusters it owns changes, and
-stops gracefully on SIGTERM.
+ConfigMap's history. The process prints one JSON line whenever the set of
+clusters it owns changes, and stops gracefully on SIGTERM.
 
 With ``"lean": true`` (the fleet-scale tests: hundreds of clusters per
 process on two cores) the replica keeps no informer on the member clusters:
