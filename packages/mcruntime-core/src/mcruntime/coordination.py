@@ -8,9 +8,10 @@ name what runs underneath, for code that drives or implements it: the
 :class:`LeaderElector` that holds a Lease. Kept out of ``mcruntime``'s root so
 the root stays the runtime a program wires together.
 
-:class:`Fenced` is what a reconcile's write raises, unsent, once a sharded
-replica's share has lapsed; the controller drops that request (the cluster's
-new owner has it), so a reconciler meets it only if it catches errors itself.
+:class:`Fenced` is what a reconcile's write raises, unsent, once the replica's
+share (or its leadership) has lapsed; the controller queues that request again
+and a sharded gate drops it if the cluster moved away, so a reconciler meets it
+only if it catches errors itself.
 """
 
 from __future__ import annotations

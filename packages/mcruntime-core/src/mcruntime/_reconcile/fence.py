@@ -1,13 +1,13 @@
 """Whether the work in progress may still write: checked by the client just before each write.
 
 A sharded replica works on a cluster only while its share is good (its peer
-Lease renewed in time). Stopping work is the coordinator's watchdog's job, but
-the watchdog is a task like any other: on a loop that runs late it may run
-after a reconcile that is ready at the same moment, and a reconcile that read
-before the share lapsed may write after. So the controller puts the gate's
-check in the reconcile's context, and the transport asks it right before
-sending anything that is not a read. Reads are harmless; a write is where two
-replicas would race.
+Lease renewed in time), and a leader only while its Lease is. Stopping the work
+is a task's job (the sharding watchdog, the elector's loop), and on a loop that
+runs late a task may run after a reconcile that is ready at the same moment; a
+reconcile that read before the share lapsed may write after. So the controller
+puts the gate's check in the reconcile's context, and the transport asks it
+right before sending anything that is not a read. Reads are harmless; a write
+is where two replicas would race.
 
 contextvars follow asyncio tasks, so a task a reconcile starts is checked too,
 and the coordinator's own Lease writes (made outside any reconcile) are not.
