@@ -84,6 +84,49 @@ def _with(hosts: tuple[str, ...], host: str) -> tuple[str, ...]:
     return hosts if host in hosts else (*hosts, host)
 
 
+_Open = dict[asyncio.Transport, "asyncio.Future[None]"]
+"""The connections a server holds, each with a future that is done when its socket is gone."""
+
+
+class _Tracked(asyncio.Protocol):
+    """Forwards to aiohttp's handler and records the connection until its socket is gone.
+
+    aiohttp closes a TLS connection politely (close_notify, then wait for the
+    peer's). A peer that never answers would keep the socket open for the SSL
+    shutdown timeout, past ``close()`` and past the event loop; the record lets
+    ``close()`` abort what is still open after the grace period.
+    """
+
+    def __init__(self, inner: asyncio.Protocol, open_: _Open) -> None:
+        self._inner = inner
+        self._open = open_
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if isinstance(transport, asyncio.Transport):  # always, from create_server
+            self._transport = transport
+            self._open[transport] = asyncio.get_running_loop().create_future()
+        self._inner.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        gone = self._open.pop(self._transport, None) if self._transport is not None else None
+        if gone is not None and not gone.done():
+            gone.set_result(None)
+        self._inner.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+
 def _refuse(status: int, message: str) -> web.Response:
     return web.Response(status=status, text=message + "\n", content_type="text/plain")
 
@@ -119,6 +162,8 @@ class WebhookServer:
         self.conversions: dict[tuple[str, str], Conversion] = {}
         self._lanes: dict[str, asyncio.Semaphore] = {}
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
+        self._open: _Open = {}
         self.port: int | None = None
         self.registrar: Registrar = Registrar(self, field_manager=field_manager)
 
@@ -219,20 +264,21 @@ class WebhookServer:
         )
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
-        site = web.TCPSite(
-            runner,
-            self.options.listen_host,
-            self.options.listen_port,
-            ssl_context=self.certificates.context,
-        )
+        handlers = runner.server
+        assert handlers is not None  # set by setup()
         try:
-            await site.start()
+            listener = await asyncio.get_running_loop().create_server(
+                lambda: _Tracked(handlers(), self._open),
+                self.options.listen_host,
+                self.options.listen_port,
+                ssl=self.certificates.context,
+                backlog=128,
+            )
         except OSError as error:
             await runner.cleanup()
             raise OSError(f"webhook server cannot listen on {self.options.address}: {error}") from error
-        self._runner = runner
-        sockets = getattr(site._server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else self.options.listen_port
+        self._runner, self._listener = runner, listener
+        self.port = listener.sockets[0].getsockname()[1] if listener.sockets else self.options.listen_port
         log.info("webhook server listening on %s:%s", self.options.listen_host, self.port)
 
     async def run(self) -> None:
@@ -251,10 +297,20 @@ class WebhookServer:
             await self.certificates.refresh()
 
     async def close(self) -> None:
-        """Stop listening; calls in flight get a second to finish."""
+        """Stop listening; calls in flight get a second to finish, then every connection is dropped."""
         runner, self._runner = self._runner, None
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
         if runner is not None:
             await runner.cleanup()
+        # What is left is waiting on a peer's TLS goodbye (or was accepted as we closed): drop it now.
+        lingering = list(self._open.items())
+        for transport, _gone in lingering:
+            transport.abort()
+        if lingering:
+            await asyncio.wait([gone for _transport, gone in lingering], timeout=1.0)
+        self._open.clear()
         self.port = None
 
     # --- clusters -------------------------------------------------------------------------
