@@ -115,7 +115,6 @@ class Shards:
     spec: dict[str, Any]
     writes: Writes
     replicas: dict[str, Replica] = field(default_factory=dict)
-    gone: dict[str, float] = field(default_factory=dict)
     clusters: list[str] = field(default_factory=lambda: list(CLUSTERS))
 
     async def start(self, identity: str, weight: float = 1.0) -> Replica:
@@ -277,7 +276,7 @@ async def test_three_replicas_split_thirty_clusters_and_survive_a_crash(fleet: F
         orphans = set(doomed.owned)
         doomed.process.send_signal(signal.SIGKILL)
         await doomed.process.wait()
-        killed_at = shards.gone["replica-c"] = time.monotonic()
+        killed_at = time.monotonic()
         survivors = {"replica-a": 1.0, "replica-b": 1.0}
         await shards.settled(survivors, since=killed_at)
 
@@ -334,7 +333,7 @@ async def test_graceful_stop_releases_fences_for_an_immediate_handover(fleet: Fl
         leaving = shards.replicas["replica-b"]
         handed = set(leaving.owned)
         leaving.process.send_signal(signal.SIGTERM)
-        stopped_at = shards.gone["replica-b"] = time.monotonic()
+        stopped_at = time.monotonic()
         assert await leaving.process.wait() == 0
         remaining = {"replica-a": 1.0, "replica-c": 1.0}
         await shards.settled(remaining, since=stopped_at, timeout=30)

@@ -61,7 +61,9 @@ class Fences:
     """The fences this replica holds, the ones it has seen, and handing shards over.
 
     ``wake`` asks the round to run again (a fence was released or taken);
-    ``renewed`` wakes the watchdog, which guards a non-empty set of fences.
+    ``renewed`` wakes the watchdog, which guards a non-empty set of fences;
+    ``spawn`` starts the close and handover tasks in the coordinator's task
+    set, which logs one that fails and cancels what is left on leaving.
     Fences of this group that are not shard fences of this replica's count
     (per-cluster fences of an older release, or another ``shards``) are kept
     apart as ``stale`` and collected once their holder is gone.
@@ -76,6 +78,7 @@ class Fences:
         *,
         wake: Callable[[], None],
         renewed: Callable[[], None],
+        spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]],
     ) -> None:
         self.config = config
         self.identity = config.identity
@@ -92,8 +95,7 @@ class Fences:
         self.leaving: dict[int, asyncio.Task[None]] = {}
         self.desired: set[int] = set()  # the shards the last round gave this replica
         self.seat: Seat | None = None
-        # Starts the close and handover tasks; the coordinator's TaskSet, which logs a failure.
-        self.spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]] = _unowned
+        self.spawn = spawn
         # Releases in flight on the hub, bounded like the round's acquisitions: a handover
         # hands over every moving shard at once, and unbounded that is a connection and TLS
         # handshake each to the hub, whose answers then come too late for all of them.
@@ -393,11 +395,6 @@ class Fences:
                 seen.observed.quiet_for(now),
             )
         return True
-
-
-def _unowned(coroutine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-    """Before the coordinator runs (nothing is spawned then): a plain task."""
-    return asyncio.create_task(coroutine, name=name)
 
 
 def _shard_named(config: ShardingConfig, name: str, shard_text: str, shards_text: str) -> int | None:

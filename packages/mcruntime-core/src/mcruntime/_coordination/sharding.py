@@ -108,7 +108,13 @@ class ShardedCoordinator:
         self._members = Membership(self.config, self._hub, self._after_renewal)
         self._map = ShardMap(self.config)
         self._fences = Fences(
-            self.config, self._hub, self._members, self._map, wake=self._wake.set, renewed=self._renewed.set
+            self.config,
+            self._hub,
+            self._members,
+            self._map,
+            wake=self._wake.set,
+            renewed=self._renewed.set,
+            spawn=lambda coroutine, name: self._tasks.spawn(coroutine, name),
         )
         self._shares: Shares[int] = Shares(self.config.identity)
         self._disagreed: dict[str, str] = {}  # peers last logged for announcing another shard count
@@ -164,7 +170,6 @@ class ShardedCoordinator:
         self._seat = seat
         self._fences.seat = seat
         tasks = self._tasks = TaskSet(f"sharding {self.config.name}")  # afresh if run again
-        self._fences.spawn = tasks.spawn
         seat.work.guard(self._members.refusal)
         self._hub.client = hub.client
         self._hub.metrics = ShardMetrics(seat.registry)
