@@ -390,6 +390,36 @@ async def test_a_close_that_fails_is_logged_when_it_fails_and_the_rest_goes_on(
             assert seat.work.admits("fine")
 
 
+async def test_a_dead_watchdog_shows_in_the_managers_health(fleet: Fleet) -> None:
+    namespace = unique("dead-watchdog")
+    async with running_cluster(fleet["cluster-1"], "hub") as hub:
+        await hub.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        config = mcr.ShardingConfig(name="watched", namespace=namespace, identity="me", **FAST)
+        coordinator = mcr.ShardedCoordinator(config, backoff=LongBackoff())
+
+        async def dies() -> None:
+            raise RuntimeError("watchdog broke (test)")
+
+        coordinator._watchdog = dies  # type: ignore[method-assign]
+        manager = mcr.Manager(local=hub.config, coordinator=coordinator, handle_signals=False)
+        assert manager._loops_alive() is None
+        seat = Seat(hub, ["x"])
+        async with coordinating(coordinator, seat):
+            await wait_until(lambda: coordinator.failing() != [], timeout=10)
+            line = manager._loops_alive()
+            assert line is not None
+            assert "sharding watched: watchdog died (RuntimeError: watchdog broke (test))" in line
+            # The rounds go on meanwhile, and the write check still guards the work.
+            await wait_until(lambda: coordinator.owned == {"x"}, timeout=30)
+
+
+class LongBackoff(mcr.Backoff):
+    """A backoff whose wait outlasts the test: a loop that died stays down while we look."""
+
+    def delay(self, failures: int) -> float:
+        return 3600.0
+
+
 class Partition:
     """Whether the link to the hub is cut, for every client that goes through it."""
 

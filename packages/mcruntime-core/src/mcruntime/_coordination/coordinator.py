@@ -116,6 +116,19 @@ class Coordinator(Protocol):
     shutdown, after its controllers have drained; ``run`` must then release
     whatever it holds. Until the coordinator opens a cluster, nothing in it
     is reconciled.
+
+    A coordinator that runs loops of its own should also have a ``failing()``
+    method (see :class:`ReportsFailing`): the manager's ``/readyz`` then shows
+    a loop of it that died, instead of reporting healthy while it restarts.
     """
 
     async def run(self, seat: Seat) -> None: ...
+
+
+@runtime_checkable
+class ReportsFailing(Protocol):
+    """A coordinator whose own loops' deaths the manager's health shows."""
+
+    def failing(self) -> list[str]:
+        """One line per loop that died and is waiting to restart, naming it and why."""
+        ...

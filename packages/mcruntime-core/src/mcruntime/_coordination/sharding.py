@@ -148,6 +148,13 @@ class ShardedCoordinator:
         """
         return frozenset(self._fences.owned_clusters())
 
+    def failing(self) -> list[str]:
+        """The round's own loops (the watchdog, the pulse) that died and wait to restart."""
+        return [
+            f"sharding {self.config.name}: {loop.name} died ({loop.last_error}); restarting"
+            for loop in self._tasks.failing()
+        ]
+
     def peers(self) -> dict[str, float]:
         """Live peers (identity → weight) as this replica sees them, itself included."""
         return self._members.live_peers(time.monotonic())

@@ -30,7 +30,7 @@ from .._cache.informer import IndexFunc
 from .._config.kubeconfig import ClusterConfig
 from .._control.controller import Controller
 from .._control.events import EventRecorder
-from .._coordination.coordinator import Coordinator, WorkGate
+from .._coordination.coordinator import Coordinator, ReportsFailing, WorkGate
 from .._coordination.leaderelection import LeaderElectionConfig, LeaderElector
 from .._fleet.clients import FleetClient, RoutedClient
 from .._fleet.cluster import Cluster, ClusterOptions
@@ -301,9 +301,11 @@ class Manager:
         failing = self._loops.failing()
         for controller in self.controllers.values():  # their dispatchers and channel readers
             failing.extend(controller.tasks.failing())
-        if not failing:
-            return None
-        return "; ".join(f"{loop.name} died ({loop.last_error}); restarting" for loop in failing)
+        lines = [f"{loop.name} died ({loop.last_error}); restarting" for loop in failing]
+        coordinator: object = self.coordinator  # a Coordinator may also report its own loops
+        if isinstance(coordinator, ReportsFailing):  # the sharding watchdog and the like
+            lines.extend(coordinator.failing())
+        return "; ".join(lines) if lines else None
 
     async def _cluster_readiness(self) -> list[CheckLine]:
         statuses = self._cluster_statuses()
