@@ -51,3 +51,29 @@ def test_the_map_follows_clusters_that_come_and_go() -> None:
     assert shards.clusters_of(shards.in_use) == alone
     shards.update({})
     assert not shards.in_use
+
+
+def test_the_work_of_many_shards_is_found_in_one_pass_as_each_alone() -> None:
+    from types import SimpleNamespace
+    from typing import Any
+
+    from mcruntime._coordination.coordinator import WorkGate
+    from mcruntime._coordination.fences import Fences
+
+    config = mcr.ShardingConfig(shards=8)
+    shards = ShardMap(config)
+    engaged = CLUSTERS[:150]
+    shards.update(dict.fromkeys(engaged))
+    gate = WorkGate(list)
+    # Open: part of the engaged, and some that left the fleet with their work still closing.
+    gate.open(*CLUSTERS[100:200])
+    none: Any = None
+    fences = Fences(config, none, none, shards, wake=lambda: None, renewed=lambda: None, spawn=none)
+    fences.seat = SimpleNamespace(work=gate)
+    expected = {
+        shard: {name for name in CLUSTERS[:200] if config.shard_of(name) == shard} for shard in range(8)
+    }
+    assert fences.working_in(range(8)) == {shard: found for shard, found in expected.items() if found}
+    assert fences.working_in([3, 5]) == {3: expected[3], 5: expected[5]}
+    for shard in range(8):
+        assert fences.working(shard) == expected[shard]

@@ -363,13 +363,15 @@ class ShardedCoordinator:
     def _cut_all(self, reason: str) -> None:
         """Lose every held shard now; handovers in their grace lose the grace."""
         assert self._seat is not None
-        for shard in list(self._fences.held):
+        held = list(self._fences.held)
+        working = self._fences.working_in(held)
+        for shard in held:
             if shard not in self._fences.leaving:
-                self._fences.lose(shard, reason)
+                self._fences.lose(shard, reason, working.get(shard, set()))
             else:
                 # A handover in its grace period: no more grace, cancel its reconciles now.
                 # (Not awaited here: a reconcile that ignores cancellation must not stall the watchdog.)
-                for cluster in self._fences.working(shard):
+                for cluster in working.get(shard, ()):
                     self._tasks.spawn(self._seat.work.close(cluster), f"cut {cluster!r}")
 
     # --- one round ------------------------------------------------------------------------
@@ -536,7 +538,7 @@ class ShardedCoordinator:
         )
         # With the fences that still name us though we dropped them: give them back too.
         held = [*self._fences.held.items(), *self._fences.still_ours()]
-        clusters = set().union(*(self._fences.working(shard) for shard, _ in held))
+        clusters = set().union(*self._fences.working_in(shard for shard, _ in held).values())
         self._fences.held.clear()
         await asyncio.gather(*(seat.work.close(cluster) for cluster in clusters), return_exceptions=True)
         results = await asyncio.gather(
