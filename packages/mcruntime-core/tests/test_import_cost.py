@@ -40,6 +40,29 @@ def test_the_version_is_read_when_asked_and_is_the_distribution_s() -> None:
     assert "__version__" in mcruntime.__all__
 
 
+PROVIDERS = {
+    "mcruntime_file": "mcruntime-provider-file",
+    "mcruntime_kind": "mcruntime-provider-kind",
+    "mcruntime_capi": "mcruntime-provider-capi",
+    "mcruntime_kubefed": "mcruntime-provider-kubefed",
+    "mcruntime_namespace": "mcruntime-provider-namespace",
+    "mcruntime_clusterprofile": "mcruntime-provider-clusterprofile",
+}
+
+
+def test_the_providers_read_no_metadata_at_import_and_their_version_when_asked() -> None:
+    names = sorted(set(PROVIDERS) - {"mcruntime_kind"})  # kind's settings bring pydantic, which reads it
+    code = f"import sys; import {', '.join(names)}; print('importlib.metadata' in sys.modules)"
+    found = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert found.stdout.strip() == "False", found.stdout
+    for module, distribution in PROVIDERS.items():
+        imported = __import__(module)
+        assert imported.__version__ == version(distribution), module
+        assert "__version__" in imported.__all__, module
+
+
 def test_a_manager_still_builds_its_webhook_server_on_first_use() -> None:
     manager = mcruntime.Manager(mcruntime.StaticProvider({}), handle_signals=False)
     assert manager.webhook is manager.webhook

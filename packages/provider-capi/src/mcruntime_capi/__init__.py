@@ -9,7 +9,7 @@ are let go when the Cluster is deleted. The provider only discovers; the core's
 
 from __future__ import annotations
 
-from importlib.metadata import version
+from typing import TYPE_CHECKING
 
 from ._provider import (
     CLUSTER_NAME_LABEL,
@@ -20,7 +20,17 @@ from ._provider import (
     control_plane_initialized,
 )
 
-__version__ = version("mcruntime-provider-capi")
+if TYPE_CHECKING:
+    __version__: str
+else:
+
+    def __getattr__(name: str) -> str:
+        if name == "__version__":  # importlib.metadata is ~25 ms of CPU at import: read when asked
+            from importlib.metadata import version
+
+            return version("mcruntime-provider-capi")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CLUSTER_NAME_LABEL",

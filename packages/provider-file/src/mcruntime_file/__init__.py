@@ -8,14 +8,24 @@ small and behaves like every other provider at the edges.
 
 from __future__ import annotations
 
-from importlib.metadata import version
+from typing import TYPE_CHECKING
 
 from ._naming import ContextSelection, Naming, NamingFunction, context_name, file_context_name
 from ._provider import IndexFunction, KubeconfigFileProvider, PathInput
 from ._scan import DEFAULT_INCLUDE, split_path_list
 from ._status import CONTEXT, FILE, context_key
 
-__version__ = version("mcruntime-provider-file")
+if TYPE_CHECKING:
+    __version__: str
+else:
+
+    def __getattr__(name: str) -> str:
+        if name == "__version__":  # importlib.metadata is ~25 ms of CPU at import: read when asked
+            from importlib.metadata import version
+
+            return version("mcruntime-provider-file")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CONTEXT",

@@ -10,13 +10,23 @@ the same options from ``MCRUNTIME_KIND_*`` environment variables.
 
 from __future__ import annotations
 
-from importlib.metadata import version
+from typing import TYPE_CHECKING
 
 from ._cli import NO_CLUSTERS, KindCLI, KindCommandError
 from ._provider import LISTING, IndexFunc, KindProvider, context_name
 from ._settings import ENV_PREFIX, KindSettings
 
-__version__ = version("mcruntime-provider-kind")
+if TYPE_CHECKING:
+    __version__: str
+else:
+
+    def __getattr__(name: str) -> str:
+        if name == "__version__":  # importlib.metadata is ~25 ms of CPU at import: read when asked
+            from importlib.metadata import version
+
+            return version("mcruntime-provider-kind")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ENV_PREFIX",

@@ -9,7 +9,7 @@ it behaves like every other provider at the edges.
 
 from __future__ import annotations
 
-from importlib.metadata import version
+from typing import TYPE_CHECKING
 
 from ._config import MemberConfigError, endpoint_url, member_config
 from ._provider import (
@@ -20,7 +20,17 @@ from ._provider import (
     KubeFedProvider,
 )
 
-__version__ = version("mcruntime-provider-kubefed")
+if TYPE_CHECKING:
+    __version__: str
+else:
+
+    def __getattr__(name: str) -> str:
+        if name == "__version__":  # importlib.metadata is ~25 ms of CPU at import: read when asked
+            from importlib.metadata import version
+
+            return version("mcruntime-provider-kubefed")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_NAMESPACE",

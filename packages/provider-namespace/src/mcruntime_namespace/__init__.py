@@ -9,10 +9,20 @@ one informer per kind (see :class:`mcruntime.NamespacedCluster`).
 
 from __future__ import annotations
 
-from importlib.metadata import version
+from typing import TYPE_CHECKING
 
 from ._provider import NAMESPACE, NamespaceProvider
 
-__version__ = version("mcruntime-provider-namespace")
+if TYPE_CHECKING:
+    __version__: str
+else:
+
+    def __getattr__(name: str) -> str:
+        if name == "__version__":  # importlib.metadata is ~25 ms of CPU at import: read when asked
+            from importlib.metadata import version
+
+            return version("mcruntime-provider-namespace")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["NAMESPACE", "NamespaceProvider", "__version__"]
