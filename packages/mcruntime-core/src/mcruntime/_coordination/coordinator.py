@@ -118,8 +118,9 @@ class Coordinator(Protocol):
     is reconciled.
 
     A coordinator that runs loops of its own should also have a ``failing()``
-    method (see :class:`ReportsFailing`): the manager's ``/readyz`` then shows
-    a loop of it that died, instead of reporting healthy while it restarts.
+    method returning one line per loop that died (see :class:`ReportsFailing`):
+    the manager's ``/healthz`` then shows them, instead of passing while a
+    loop is down and waiting to restart.
     """
 
     async def run(self, seat: Seat) -> None: ...
