@@ -409,6 +409,7 @@ async def test_a_dead_watchdog_shows_in_the_managers_health(fleet: Fleet) -> Non
             line = manager._loops_alive()
             assert line is not None
             assert "sharding watched: watchdog died (RuntimeError: watchdog broke (test))" in line
+            assert seat.registry.get_sample_value("mcruntime_shard_loop_failures_total") == 1
             # The rounds go on meanwhile, and the write check still guards the work.
             await wait_until(lambda: coordinator.owned == {"x"}, timeout=30)
 

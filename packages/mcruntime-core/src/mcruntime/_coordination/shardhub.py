@@ -175,7 +175,8 @@ class ShardMetrics:
         )
         self.loop_failures: Counter = metric.counter(
             "mcruntime_shard_loop_failures_total",
-            "Coordination rounds that failed unexpectedly (logged and retried with backoff)",
+            "Coordination rounds that failed and sharding loops that died, unexpectedly "
+            "(logged and retried with backoff)",
         )
         for purpose in WRITE_PURPOSES:
             self.hub_writes.labels(purpose)

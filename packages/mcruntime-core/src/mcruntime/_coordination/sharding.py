@@ -179,7 +179,9 @@ class ShardedCoordinator:
         tasks = self._tasks = TaskSet(f"sharding {self.config.name}")  # afresh if run again
         seat.work.guard(self._members.refusal)
         self._hub.client = hub.client
-        self._hub.metrics = ShardMetrics(seat.registry)
+        metrics = self._hub.metrics = ShardMetrics(seat.registry)
+        # The watchdog and the pulse: a death counts with the failed rounds.
+        tasks.crash_listeners.append(lambda _loop, _error: metrics.loop_failures.inc())
         informer = hub.cache.informer(
             LEASE, namespace=self.config.namespace, label_selector={GROUP_LABEL: self.config.name}
         )
