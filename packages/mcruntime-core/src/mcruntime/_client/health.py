@@ -103,8 +103,8 @@ class ProbePacer:
     Each probe loop that joins makes the fleet one larger; a healthy cluster's
     next credential check then waits ``max(interval, members / budget)``, and
     a silent server's next reachability probe ``max(interval, servers /
-    budget)``. With the defaults (60 s, 20 probes/s) fleets of up to 1,200
-    clusters keep the 60 s cadence and 10,000 clusters are checked every
+    budget)``. With the defaults (300 s, 20 probes/s) fleets of up to 6,000
+    clusters keep the 300 s cadence and 10,000 clusters are checked every
     500 s, while servers (few) keep their 5 s.
     """
 
