@@ -141,26 +141,34 @@ def quotes_token(text: str, token: str | None) -> bool:
     return any(token[start : start + 12] in text for start in range(len(token) - 11))
 
 
-def connections_to(port: int) -> int:
-    """This process's established TCP connections to ``port`` on loopback, read from /proc."""
+def _own_tcp_sockets() -> Iterator[tuple[int, int, str]]:
+    """This process's TCP sockets as (local port, remote port, state in hex), read from /proc."""
     inodes = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
+        except OSError:  # closed while we looked
             continue
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
-    found = 0
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         with open(table) as lines:
             next(lines)
             for line in lines:
                 fields = line.split()
-                remote_port = int(fields[2].rsplit(":", 1)[1], 16)
-                if remote_port == port and fields[3] == "01" and fields[9] in inodes:
-                    found += 1
-    return found
+                if fields[9] in inodes:
+                    local, remote = (int(fields[i].rsplit(":", 1)[1], 16) for i in (1, 2))
+                    yield local, remote, fields[3]
+
+
+def connections_to(port: int) -> int:
+    """This process's established TCP connections to ``port`` on loopback."""
+    return sum(1 for _, remote, state in _own_tcp_sockets() if remote == port and state == "01")
+
+
+def sockets_on(port: int) -> int:
+    """This process's TCP sockets whose local port is ``port``: a server's listener and its side of each connection."""
+    return sum(1 for local, _, _ in _own_tcp_sockets() if local == port)
 
 
 @contextmanager

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from kube_helpers import running, unique, wait_for
+from kube_helpers import running, sockets_on, unique, wait_for
 from webhook_helpers import (
     client_context,
     config_of,
@@ -236,30 +236,6 @@ async def test_a_self_made_certificate_is_renewed_before_it_expires() -> None:
         await server.close()
 
 
-def _sockets_listening_or_accepted_on(port: int) -> int:
-    """This process's TCP sockets whose local port is ``port`` (the server's side of its connections)."""
-    import os
-
-    ours: set[str] = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:  # closed while we looked
-            continue
-        if target.startswith("socket:["):
-            ours.add(target[len("socket:[") : -1])
-    found = 0
-    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
-        with open(table) as rows:
-            next(rows)
-            for row in rows:
-                fields = row.split()
-                local_port = int(fields[1].rsplit(":", 1)[1], 16)
-                if local_port == port and fields[9] in ours:
-                    found += 1
-    return found
-
-
 async def test_closing_drops_a_connection_whose_peer_never_answers_the_tls_goodbye() -> None:
     """An API server that keeps a connection open and silent must not keep its socket past close()."""
     import socket
@@ -286,9 +262,9 @@ async def test_closing_drops_a_connection_whose_peer_never_answers_the_tls_goodb
     peer.start()
     try:
         await asyncio.to_thread(connected.wait)
-        await wait_for(lambda: _sockets_listening_or_accepted_on(port) == 2)  # the listener and the peer's
+        await wait_for(lambda: sockets_on(port) == 2)  # the listener and the peer's
         await server.close()
-        assert _sockets_listening_or_accepted_on(port) == 0
+        assert sockets_on(port) == 0
     finally:
         done.set()
         await asyncio.to_thread(peer.join)
