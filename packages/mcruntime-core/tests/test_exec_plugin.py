@@ -19,8 +19,9 @@ import pytest
 from kube_helpers import NAMESPACE
 
 import mcruntime as mcr
+from mcruntime._config import exec as exec_module
 from mcruntime._config.credentials import ClusterCredentials
-from mcruntime._config.exec import ExecPlugin, ExecPluginError
+from mcruntime._config.exec import ExecPlugin, ExecPluginError, _reap
 from mcruntime.testing import ControlPlane, Fleet, wait_until
 
 API = "client.authentication.k8s.io/v1"
@@ -210,6 +211,50 @@ async def test_a_failing_plugin_gets_an_error_naming_cluster_and_plugin_without_
     # The runner reaps its plugin before returning: not even a zombie is left for the
     # garbage collector to find after the event loop has closed.
     assert [pid for pid in runs(tmp_path) if Path(f"/proc/{pid}").exists()] == []
+
+
+class KilledPlugin:
+    """A SIGKILLed plugin whose exit is still on its way: it is reported when the test says so."""
+
+    def __init__(self) -> None:
+        self.returncode: int | None = None
+        self.reported = asyncio.Event()
+        self.asked = asyncio.Event()
+        self.pipes_closed = False
+        self._transport = self
+
+    async def wait(self) -> int:
+        self.asked.set()
+        await self.reported.wait()
+        self.returncode = -9
+        return self.returncode
+
+    def close(self) -> None:
+        self.pipes_closed = True
+
+
+async def test_reaping_a_killed_plugin_outlasts_further_cancellations_then_passes_them_on() -> None:
+    plugin = KilledPlugin()
+    reaping = asyncio.create_task(_reap(plugin))  # type: ignore[arg-type]
+    await plugin.asked.wait()
+    for _ in range(3):  # the request's deadline, the cluster stopping, the event loop closing
+        reaping.cancel()
+        for _ in range(5):
+            await asyncio.sleep(0)  # turns of the loop, for the cancellation to arrive
+        assert not reaping.done() and not plugin.pipes_closed
+    plugin.reported.set()
+    with pytest.raises(asyncio.CancelledError):
+        await reaping
+    assert plugin.pipes_closed
+
+
+async def test_a_plugin_whose_exit_never_comes_has_its_pipes_closed_after_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(exec_module, "_REAP_TIMEOUT", 0.2)
+    plugin = KilledPlugin()
+    await _reap(plugin)  # type: ignore[arg-type]
+    assert plugin.pipes_closed and not plugin.reported.is_set()
 
 
 async def test_a_missing_plugin_program_is_reported_with_its_install_hint(tmp_path: Path) -> None:

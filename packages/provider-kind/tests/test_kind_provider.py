@@ -45,6 +45,8 @@ from mcruntime_kind import (
     KindSettings,
     context_name,
 )
+from mcruntime_kind import _cli as kind_cli
+from mcruntime_kind._cli import _kill
 
 POLL = 0.1
 """Poll interval of every provider under test: changes show within a few tenths of a second."""
@@ -57,6 +59,7 @@ _STANDIN = r'''#!{python} -IS
 """Stand-in for the kind CLI (tests only): answers from the JSON state file next to it."""
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -101,8 +104,9 @@ with open({state!r}) as file:
     state = json.load(file)
 args = sys.argv[1:]
 if state.get("hang"):  # a kind stuck on its runtime: say who we are, then never answer
+    runtime = subprocess.Popen(["sleep", "60"])  # a runtime CLI that inherited kind's output pipes
     with open({pid!r}, "w") as file:
-        file.write(str(os.getpid()))
+        file.write(str(os.getpid()) + " " + str(runtime.pid))
     time.sleep(60)
 if args == ["get", "clusters"]:
     if not state["runtime_up"]:
@@ -308,19 +312,90 @@ def gone(pid: int) -> bool:
     return False
 
 
+def ended(pid: int) -> bool:
+    """Gone, or a zombie: a grandchild is reaped by whoever adopted it, not by us."""
+    try:
+        return gone(pid) or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+def hanging(kind: FakeKind) -> tuple[int, int] | None:
+    """The hanging kind's pid and its runtime child's, once it has written them."""
+    try:
+        kind_pid, runtime_pid = kind.pid_path.read_text().split()
+    except (OSError, ValueError):
+        return None
+    return int(kind_pid), int(runtime_pid)
+
+
 async def test_a_hanging_kind_is_killed_on_timeout_and_on_cancellation(kind: FakeKind) -> None:
     kind.hang()
     with pytest.raises(KindCommandError, match=r"did not finish within 0\.5s; killed it") as slow:
         await KindCLI(timeout=0.5).clusters()
     assert slow.value.exit_code is None
-    assert gone(int(kind.pid_path.read_text()))
+    pids = hanging(kind)
+    assert pids is not None
+    assert gone(pids[0]) and ended(pids[1])  # the runtime child held the pipes open: it is killed too
     kind.pid_path.unlink()
     listing = asyncio.create_task(KindCLI().clusters())
-    await wait_until(lambda: kind.pid_path.exists() and kind.pid_path.read_text(), what="kind started")
+    await wait_until(lambda: hanging(kind) is not None, what="kind started")
     listing.cancel()
     with pytest.raises(asyncio.CancelledError):
         await listing
-    assert gone(int(kind.pid_path.read_text()))
+    pids = hanging(kind)
+    assert pids is not None
+    assert gone(pids[0]) and ended(pids[1])
+
+
+class Exiting:
+    """A kind being killed: its exit is reported when the test says so."""
+
+    def __init__(self) -> None:
+        self.pid = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # no process group has it
+        self.returncode: int | None = None
+        self.killed = False
+        self.exit = asyncio.Event()
+        self.waiting = asyncio.Event()
+        self.closed = False
+        self._transport = self
+
+    def kill(self) -> None:
+        self.killed = True
+
+    async def wait(self) -> int:
+        self.waiting.set()
+        await self.exit.wait()
+        self.returncode = -9
+        return self.returncode
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_a_cancellation_while_kind_is_collected_waits_for_it_then_goes_on() -> None:
+    process = Exiting()
+    killing = asyncio.create_task(_kill(process))  # type: ignore[arg-type]
+    await process.waiting.wait()
+    assert process.killed
+    for _ in range(3):  # a shutdown, then the event loop closing, then once more
+        killing.cancel()
+        for _ in range(5):
+            await asyncio.sleep(0)  # turns of the loop, for the cancellation to arrive
+        assert not killing.done() and not process.closed
+    process.exit.set()
+    with pytest.raises(asyncio.CancelledError):
+        await killing
+    assert process.closed  # its pipes closed by us, not by the garbage collector later
+
+
+async def test_a_kind_that_never_reports_its_exit_is_given_up_on_with_its_pipes_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kind_cli, "_REAP_LIMIT", 0.2)
+    process = Exiting()
+    await _kill(process)  # type: ignore[arg-type]
+    assert process.closed and not process.exit.is_set()
 
 
 async def test_no_kind_clusters_found_is_zero_clusters_not_an_error(kind: FakeKind) -> None:

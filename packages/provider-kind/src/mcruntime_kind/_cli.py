@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,6 +26,9 @@ NO_CLUSTERS = "No kind clusters found."
 """What ``kind get clusters`` writes to stderr (exit 0) when there are none: zero clusters, no error."""
 
 _DETAIL_LIMIT = 400
+
+_REAP_LIMIT = 5.0
+"""Seconds to wait for a killed kind's exit status before closing its pipes regardless."""
 
 
 class KindCommandError(mcr.MCRuntimeError):
@@ -77,6 +82,7 @@ class KindCLI:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,  # its own process group: a kill ends what it started too
             )
         except FileNotFoundError:
             raise KindCommandError(
@@ -108,10 +114,37 @@ class KindCLI:
 
 
 async def _kill(process: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        process.kill()
-    with contextlib.suppress(Exception):
-        await asyncio.shield(process.wait())
+    """SIGKILL kind and all it started, then collect its exit, even through a second cancellation.
+
+    A child of kind's (``docker``) that inherited its output would keep the pipes open,
+    and the exit status is only reported once they close: so the whole group is killed.
+    A cancellation that arrives while we wait (a shutdown giving up, an event loop
+    closing) is raised after the wait, which SIGKILL keeps short. Cut short instead,
+    it would leave a zombie and a transport that the garbage collector closes later,
+    with a ResourceWarning, in whatever code runs then.
+    """
+    if process.returncode is None:  # once reaped, its pid may be someone else's
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _REAP_LIMIT
+    exited = asyncio.ensure_future(process.wait())
+    interrupted = False
+    try:
+        while not exited.done() and (left := deadline - loop.time()) > 0:
+            try:
+                await asyncio.wait({exited}, timeout=left)
+            except asyncio.CancelledError:
+                interrupted = True
+    finally:
+        exited.cancel()  # nothing to cancel once it is done
+        transport = getattr(process, "_transport", None)  # asyncio's Process has no close() of its own
+        if transport is not None:
+            transport.close()
+    if interrupted:
+        raise asyncio.CancelledError
 
 
 def _shorten(text: str) -> str:

@@ -82,19 +82,31 @@ def _kill_group(process: asyncio.subprocess.Process) -> None:
 
 
 async def _reap(process: asyncio.subprocess.Process) -> None:
-    """Collect a killed plugin's exit so its transport is closed by us, not by the collector.
+    """Collect a killed plugin's exit and close its pipes ourselves, through any cancellation.
 
-    Shielded: a second cancellation leaves the wait running, and SIGKILL makes it short. A
-    transport collected while its process still runs raises from ``__del__`` once the loop
-    is closed, which is the noise (and the zombie) this prevents.
+    SIGKILL makes the wait short, so a cancellation that arrives meanwhile (a second one,
+    or the event loop closing) waits for it and is raised after. Cut short, the wait left
+    a zombie and a transport that the garbage collector closed later, with a
+    ResourceWarning, in whatever code ran then. Past ``_REAP_TIMEOUT`` the pipes are
+    closed anyway: a plugin's escaped child may hold them open for as long as it likes.
     """
-    if process.returncode is None:
-        with contextlib.suppress(TimeoutError, ProcessLookupError):
-            async with asyncio.timeout(_REAP_TIMEOUT):
-                await asyncio.shield(process.wait())
-    transport = getattr(process, "_transport", None)
-    if transport is not None:
-        transport.close()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _REAP_TIMEOUT
+    exited = asyncio.ensure_future(process.wait())
+    interrupted = False
+    try:
+        while not exited.done() and (left := deadline - loop.time()) > 0:
+            try:
+                await asyncio.wait({exited}, timeout=left)
+            except asyncio.CancelledError:
+                interrupted = True
+    finally:
+        exited.cancel()  # nothing to cancel once it is done
+        transport = getattr(process, "_transport", None)  # asyncio's Process has no public close()
+        if transport is not None:
+            transport.close()
+    if interrupted:
+        raise asyncio.CancelledError
 
 
 def _parse_time(value: Any) -> datetime.datetime | None:
