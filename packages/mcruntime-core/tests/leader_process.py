@@ -16,14 +16,20 @@ CONFIGMAP = mcr.Kind("v1", "ConfigMap")
 
 
 def stamping_manager(
-    config: mcr.ClusterConfig, namespace: str, lease: str, identity: str, *, handle_signals: bool = True
+    config: mcr.ClusterConfig,
+    namespace: str,
+    lease: str,
+    identity: str,
+    *,
+    handle_signals: bool = True,
+    lease_duration: float = 4,
 ) -> mcr.Manager:
     """A leader-elected manager that stamps its identity on each ConfigMap it reconciles."""
     election = mcr.LeaderElectionConfig(
         name=lease,
         namespace=namespace,
         identity=identity,
-        lease_duration=4,
+        lease_duration=lease_duration,
         renew_deadline=3,
         retry_period=0.5,
     )

@@ -445,7 +445,10 @@ class Partitionable:
         return call
 
 
-async def test_a_partitioned_replica_stops_within_the_renew_deadline_and_resumes(fleet: Fleet) -> None:
+async def test_a_partitioned_replica_stops_within_the_renew_deadline_and_resumes(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "mcruntime.sharding")
     namespace = unique("cut-shards")
     async with running_cluster(fleet["cluster-1"], "hub") as hub:
         await hub.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
@@ -460,12 +463,11 @@ async def test_a_partitioned_replica_stops_within_the_renew_deadline_and_resumes
             async with coordinating(coordinator, seat):
                 await wait_until(lambda: coordinator.owned == {"x", "y"}, timeout=30)
                 fence = await real.get(LEASE, config.fence_lease("x"), namespace=namespace)
-                cut_at = asyncio.get_running_loop().time()
                 link.cut = True
-                await wait_until(lambda: not seat.work.opened and not coordinator.owned, timeout=10)
-                stopped = asyncio.get_running_loop().time() - cut_at
-                # Stopped before anyone else could take its fences (lease_duration after the last renewal).
-                assert stopped < config.lease_duration, stopped
+                await wait_until(lambda: not seat.work.opened and not coordinator.owned, timeout=30)
+                # Stopped by its own renew deadline, which is shorter than the lease duration after
+                # which another replica may take its fences: not by seeing them taken.
+                assert f"could not renew its peer Lease within {config.renew_deadline:g}s" in caplog.text
                 assert coordinator.metrics is not None
                 assert seat.registry.get_sample_value("mcruntime_shard_fence_losses_total") == 2
                 link.cut = False

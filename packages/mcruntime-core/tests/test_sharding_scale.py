@@ -26,6 +26,7 @@ import asyncio
 import os
 import signal
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,8 +85,9 @@ class LeaseWrites:
         elif event == "modified" and "-peer-" in name:
             self.renewed_since_fence.add(name)
 
-    def rate(self, start: float, end: float) -> float:
-        return sum(1 for moment, _, _ in self.events if start <= moment < end) / (end - start)
+    def between(self, start: float, end: float) -> Counter[tuple[str, str]]:
+        """The writes in ``[start, end)``, counted by (event, Lease name)."""
+        return Counter((event, name) for moment, event, name in self.events if start <= moment < end)
 
     def fences_quiet(self, replicas: int) -> bool:
         """Every replica renewed its peer Lease after the last fence write: handovers have landed."""
@@ -109,8 +111,19 @@ async def watch_leases(hub: mcr.Cluster, namespace: str) -> LeaseWrites:
     return writes
 
 
-async def steady_rate(shards: Shards, writes: LeaseWrites, seconds: float = 8.0) -> float:
-    """Hub Lease writes per second over a quiet window once every cluster is settled."""
+@dataclass(frozen=True)
+class Window:
+    """The hub's Lease writes over a quiet window once every cluster is settled."""
+
+    writes: Counter[tuple[str, str]]
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return sum(self.writes.values()) / self.seconds
+
+
+async def steady_window(shards: Shards, writes: LeaseWrites, seconds: float = 8.0) -> Window:
     replicas = len(shards.live())
     await wait_until(
         lambda: writes.fences_quiet(replicas),
@@ -119,7 +132,8 @@ async def steady_rate(shards: Shards, writes: LeaseWrites, seconds: float = 8.0)
     )
     start = time.monotonic()
     await asyncio.sleep(seconds)  # the window itself: counting, not synchronising
-    return writes.rate(start, time.monotonic())
+    end = time.monotonic()
+    return Window(writes.between(start, end), end - start)
 
 
 async def start_all(shards: Shards, weights: dict[str, float]) -> float:
@@ -136,8 +150,7 @@ async def start_all(shards: Shards, weights: dict[str, float]) -> float:
 async def test_hub_writes_follow_replicas_not_clusters_and_failover_moves_only_the_dead(
     fleet: Fleet, tmp_path: Path
 ) -> None:
-    expected_rate = REPLICAS / RETRY  # one peer renewal per replica per retry period
-    rates: dict[int, float] = {}
+    windows: dict[int, Window] = {}
     async with running_cluster(fleet["cluster-1"], "lease-watch") as hub:
         # A hundred clusters: settle, measure, stop.
         small = [f"s{index:03d}" for index in range(100)]
@@ -151,8 +164,10 @@ async def test_hub_writes_follow_replicas_not_clusters_and_failover_moves_only_t
         ) as shards:
             writes = await watch_leases(hub, shards.spec["namespace"])
             settle = await start_all(shards, GROUP)
-            rates[len(small)] = await steady_rate(shards, writes)
-            print(f"{len(small)} clusters: settled in {settle:.1f}s, {rates[len(small)]:.2f} hub writes/s")
+            windows[len(small)] = await steady_window(shards, writes)
+            print(
+                f"{len(small)} clusters: settled in {settle:.1f}s, {windows[len(small)].rate:.2f} hub writes/s"
+            )
             for replica in shards.replicas.values():
                 replica.process.send_signal(signal.SIGTERM)
             for replica in shards.replicas.values():
@@ -172,16 +187,20 @@ async def test_hub_writes_follow_replicas_not_clusters_and_failover_moves_only_t
             began = time.monotonic()
             settle = await start_all(shards, GROUP)
             cold_writes = sum(1 for moment, _, _ in writes.events if moment >= began)
-            rates[SCALE] = await steady_rate(shards, writes)
+            windows[SCALE] = await steady_window(shards, writes)
             print(
                 f"{SCALE} clusters, {REPLICAS} replicas: settled in {settle:.1f}s "
-                f"({cold_writes} Lease writes to get there), {rates[SCALE]:.2f} hub writes/s"
+                f"({cold_writes} Lease writes to get there), {windows[SCALE].rate:.2f} hub writes/s "
+                f"(one renewal per replica per retry period: {REPLICAS / RETRY:.2f})"
             )
-            # Independent of the cluster count: both are the replicas' renewals and nothing else.
-            for count, rate in rates.items():
-                assert rate <= expected_rate * 1.2, f"{count} clusters: {rate:.2f} writes/s"
-                assert rate >= expected_rate * 0.5, f"{count} clusters: {rate:.2f} writes/s"
-            assert abs(rates[SCALE] - rates[len(small)]) <= expected_rate * 0.25, rates
+            # Independent of the cluster count: once settled, the hub sees each replica renew its
+            # peer Lease and nothing else, at 100 clusters as at SCALE. (Counted, not timed: the
+            # rate itself is a benchmark's figure.)
+            for count, window in windows.items():
+                written = {name for _event, name in window.writes}
+                assert {event for event, _name in window.writes} == {"modified"}, (count, window.writes)
+                assert all("-peer-" in name for name in written), (count, window.writes)
+                assert len(written) == REPLICAS, (count, window.writes)
 
             # One more replica takes about 1/(n + 1), only from the others.
             before = {name: set(replica.owned) for name, replica in shards.live().items()}
@@ -212,12 +231,16 @@ async def test_hub_writes_follow_replicas_not_clusters_and_failover_moves_only_t
                 f"handover to the newcomer: last of its clusters written {last - peer_seen:.2f}s after it joined"
             )
             # With one more replica the rate is one more renewal per retry period, still no per-cluster write.
-            grown_rate = await steady_rate(shards, writes)
-            print(f"{SCALE} clusters, {len(grown)} replicas: {grown_rate:.2f} hub writes/s")
-            grown_expected = len(grown) / RETRY
-            assert grown_expected * 0.5 <= grown_rate <= grown_expected * 1.2, grown_rate
+            grown_window = await steady_window(shards, writes)
+            print(f"{SCALE} clusters, {len(grown)} replicas: {grown_window.rate:.2f} hub writes/s")
+            written = {name for _event, name in grown_window.writes}
+            assert {event for event, _name in grown_window.writes} == {"modified"}, grown_window.writes
+            assert all("-peer-" in name for name in written), grown_window.writes
+            assert len(written) == len(grown), grown_window.writes
 
-            # SIGKILL one: only its clusters move, within lease + retry (plus slack for two cores).
+            # SIGKILL one: only its clusters move, each fence to a survivor, each cluster then
+            # written by one. How fast is printed here and measured in benchmarks/ (the core
+            # README's sharding figures): a bound asserted on two shared cores would be a guess.
             before = {name: set(replica.owned) for name, replica in shards.live().items()}
             doomed = shards.replicas[DOOMED]
             orphans = set(doomed.owned)
@@ -235,24 +258,15 @@ async def test_hub_writes_follow_replicas_not_clusters_and_failover_moves_only_t
             taken = [shards.writes.first_write_by(c, set(survivors), killed_at) for c in orphans if c]
             assert all(moment is not None for moment in taken)
             failover = max(moment for moment in taken if moment is not None) - killed_at
-            limit = shards.spec["lease_duration"] + RETRY
-            # The sharding's promise is the fence: every orphan's fence changes hands on the hub
-            # within lease + retry (plus 2 s for two shared cores). The first write then waits
-            # for the new owner's reconcile, which on two cores shared by five processes of
-            # 1,000 clusters each (reopening connections idle since they were engaged) has
-            # taken up to 3 s more: reported, and bounded more loosely. Those are one write
-            # per orphaned cluster, each watched by every replica: at 10,000 clusters the
-            # survivors together wrote about 200 a second here, so the bound grows with them.
             config = mcr.ShardingConfig(name=shards.spec["group"])
             fenced = [writes.first("modified", config.fence_lease(c), killed_at) for c in orphans if c]
             assert all(moment is not None for moment in fenced)
             takeover = max(moment for moment in fenced if moment is not None) - killed_at
             print(
                 f"failover after SIGKILL: fences taken {takeover:.2f}s, first writes {failover:.2f}s "
-                f"after, for {len(orphans)} clusters (limit {limit}s)"
+                f"after, for {len(orphans)} clusters (lease + retry: "
+                f"{shards.spec['lease_duration'] + RETRY}s)"
             )
-            assert takeover <= limit + 2.0
-            assert failover <= limit + 6.0 + len(orphans) / 200
 
             # The dead replica's peer Lease is collected after peer_gc_after; live ones stay.
             dead_peer = shards_peer(shards, DOOMED)
