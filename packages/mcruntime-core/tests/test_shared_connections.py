@@ -212,10 +212,8 @@ async def test_a_probe_waits_its_turn_while_the_queue_moves_and_fails_when_it_st
         await asyncio.gather(*ahead)
         while turns.free:
             await turns.acquire("others")
-        began = asyncio.get_running_loop().time()
-        verdict = await cluster.transport.probe(0.5)
-        waited = asyncio.get_running_loop().time() - began
+        # It answers (a deadline, not a figure: it used to wait for a place forever).
+        verdict = await asyncio.wait_for(cluster.transport.probe(0.5), 60)
         assert verdict is not None and verdict[1], verdict
-        assert waited < 5.0
         for _ in range(turns.limit):
             turns.release()
