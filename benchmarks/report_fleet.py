@@ -253,19 +253,27 @@ def profile_lines(scenario: dict[str, Any]) -> list[str]:
     profile = scenario.get("profile")
     if not profile:
         return []
+    lines = ["### Where mcruntime's time goes (cProfile, one extra run; cProfile slows Python down)", ""]
+    if profile.get("window") == "idle":
+        lines += ["The idle window alone (the engage before it is below):", ""]
+    lines += _top_lines(profile["top"])
+    if "engage" in profile:
+        lines += ["The engage, up to the idle window:", "", *_top_lines(profile["engage"])]
+    return lines
+
+
+def _top_lines(top: dict[str, str]) -> list[str]:
     return [
-        "### Where mcruntime's time goes (cProfile, one extra run; cProfile slows Python down)",
-        "",
         "Top functions by own time:",
         "",
         "```",
-        profile["top"]["tottime"],
+        top["tottime"],
         "```",
         "",
         "By cumulative time:",
         "",
         "```",
-        profile["top"]["cumulative"],
+        top["cumulative"],
         "```",
         "",
     ]

@@ -108,6 +108,9 @@ async def profile(bench: Bench, scenario: str, path: Path) -> dict[str, Any] | N
         await write_run(bench, "mcruntime", GC, sizes.gc_objects, rate, seconds, "s10p", extra)
     else:
         return None
+    engage = path.with_name(f"{path.stem}_engage{path.suffix}")
+    if engage.exists():  # S9, S12: the idle window and the engage, each on its own
+        return {"top": _profile_summary(path), "window": "idle", "engage": _profile_summary(engage)}
     return {"top": _profile_summary(path)}
 
 
@@ -240,11 +243,13 @@ async def _fleet_run(
         idle = float("nan")
         if finished:
             await asyncio.sleep(2.0)
+            if "--profile" in extra:
+                await peer.command("profile_split")  # the engage to a file of its own
             idle_before = peer.cpu_seconds()
             await asyncio.sleep(sizes.fleet_idle_seconds)
             idle = peer.cpu_seconds() - idle_before
         if "--profile" in extra:
-            await peer.command("profile")  # the statistics so far: engage and idle, not the shutdown
+            await peer.command("profile")  # the idle window (or, unfinished, all so far), not the shutdown
         sample = await peer.sample()
         stats = await peer.command("stats")
     return {

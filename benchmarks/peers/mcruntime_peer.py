@@ -82,11 +82,13 @@ async def serve(
     mode: str,
     run_id: str,
     gc_freeze: bool = True,
-    profiled: Callable[[], None] | None = None,
+    profiled: dict[str, Callable[[], None]] | None = None,
 ) -> None:
     """Run the manager until stdin closes.
 
-    ``profiled`` (with ``--profile``) writes the statistics so far, on the ``profile`` command.
+    ``profiled`` (with ``--profile``): the stdin commands that write the statistics so far
+    (``profile``) and that split them (``profile_split``: what came before, the engage, to a
+    file of its own, so that the next ``profile`` shows the idle window alone).
 
     The cache holds the benchmark's namespace only, as the Go peer's
     (controller-runtime's ``DefaultNamespaces``) does.
@@ -98,7 +100,7 @@ async def serve(
         provider = KubeconfigFileProvider(directory, naming="context", options=options, debounce=debounce)
     manager = mcr.Manager(provider, handle_signals=False, gc_freeze=gc_freeze)
     tally = tally_health()
-    commands = {"profile": profiled} if profiled is not None else None
+    commands = profiled
     io = PeerIO(lambda: len(manager.clusters()), tally.figures, commands)
     io.emit(start_record())
 
@@ -179,19 +181,28 @@ def main() -> None:
         asyncio.run(serve(*arguments))
         return
     profiler = cProfile.Profile()
-    path = args.profile
+    path: Path = args.profile
+    dumped = False
 
-    def dump() -> None:  # statistics up to now; the profiler keeps running
+    def split() -> None:  # what came so far (the engage) to <stem>_engage.prof; start afresh
+        profiler.disable()
+        profiler.dump_stats(path.with_name(f"{path.stem}_engage{path.suffix}"))
+        profiler.clear()
+        profiler.enable()
+
+    def dump() -> None:  # the statistics up to now, and no more: the shutdown is not measured
+        nonlocal dumped
         profiler.disable()
         profiler.dump_stats(path)
-        profiler.enable()
+        dumped = True
 
     profiler.enable()
     try:
-        asyncio.run(serve(*arguments, profiled=dump))
+        asyncio.run(serve(*arguments, profiled={"profile": dump, "profile_split": split}))
     finally:
         profiler.disable()
-        profiler.dump_stats(args.profile)
+        if not dumped:
+            profiler.dump_stats(path)
 
 
 if __name__ == "__main__":
