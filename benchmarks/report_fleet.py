@@ -254,6 +254,8 @@ def profile_lines(scenario: dict[str, Any]) -> list[str]:
     if not profile:
         return []
     lines = ["### Where mcruntime's time goes (cProfile, one extra run; cProfile slows Python down)", ""]
+    if profile.get("source"):
+        lines += [f"From {profile['source']}.", ""]
     if profile.get("window") == "idle":
         lines += ["The idle window alone (the engage before it is below):", ""]
     lines += _top_lines(profile["top"])
