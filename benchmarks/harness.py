@@ -271,6 +271,13 @@ class Peer:
         times = psutil.Process(self.pid).cpu_times()
         return float(times.user + times.system)
 
+    def cpu_split(self) -> dict[str, float]:
+        """The peer's CPU time so far: user, system, and its main thread's (the event loop's)."""
+        process = psutil.Process(self.pid)
+        times = process.cpu_times()
+        main = sum(t.user_time + t.system_time for t in process.threads() if t.id == self.pid)
+        return {"user": float(times.user), "system": float(times.system), "main_thread": float(main)}
+
     async def sample(self) -> dict[str, float]:
         """Memory after the same GC for every peer, fds and threads from /proc, tasks, CPU so far.
 

@@ -241,13 +241,21 @@ async def _fleet_run(
         done = _clusters_done(peer, objects)
         engage = _completed_at(peer) - peer.spawned if finished else float("nan")
         idle = float("nan")
+        idle_split: dict[str, float] = {}
         if finished:
             await asyncio.sleep(2.0)
             if "--profile" in extra:
                 await peer.command("profile_split")  # the engage to a file of its own
-            idle_before = peer.cpu_seconds()
+            idle_before, split_before = peer.cpu_seconds(), peer.cpu_split()
             await asyncio.sleep(sizes.fleet_idle_seconds)
             idle = peer.cpu_seconds() - idle_before
+            split_after = peer.cpu_split()
+            idle_split = {key: split_after[key] - split_before[key] for key in split_after}
+            bench.log(
+                f"{label}: idle CPU {idle:.2f} s in {sizes.fleet_idle_seconds:g} s: user "
+                f"{idle_split['user']:.2f}, system {idle_split['system']:.2f}, main thread "
+                f"{idle_split['main_thread']:.2f}"
+            )
         if "--profile" in extra:
             await peer.command("profile")  # the idle window (or, unfinished, all so far), not the shutdown
         sample = await peer.sample()
@@ -258,6 +266,7 @@ async def _fleet_run(
         "done": done,
         "started": len(peer.seen),
         "idle": idle,
+        "idle_split": idle_split,
         "sample": sample,
         "health": {key: value for key, value in stats.items() if key.startswith("health_")},
     }
