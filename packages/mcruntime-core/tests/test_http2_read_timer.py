@@ -1,10 +1,11 @@
-"""The read timeout of a watch's HTTP/2 stream: one timer per stream, not one per wait.
+"""The read timeout of a watch's HTTP/2 streams: one timer per connection, not one per stream or wait.
 
-A watch waits once per event, so the timer is armed by the first wait and,
-when it fires, either fails the wait that has lasted the whole timeout or
-moves on to the end of the wait in progress. These tests drive the timer's
-callback directly (no clock is waited on); the timeout against a real
-kube-apiserver that stops answering is in ``test_http2_watches.py``.
+A watch waits once per event. Each wait tells its connection's sweep when
+it would be silent; the sweep fires at the earliest such deadline (but not
+more often than a quarter of the read timeout), fails every wait that lasted
+its timeout, and comes back for the next one. These tests run the sweep by
+hand (no clock is waited on); the timeout against a real kube-apiserver that
+stops answering is in ``test_http2_watches.py``.
 """
 
 from __future__ import annotations
@@ -14,17 +15,25 @@ import asyncio
 import pytest
 
 from mcruntime._client.multiplex import Stream, StreamClosed
+from mcruntime._client.silence import SLACK, Sweep
 
-READ_TIMEOUT = 600.0  # never reached by the clock in these tests: the callback is called by hand
+READ_TIMEOUT = 600.0  # never reached by the clock in these tests: the sweep is run by hand
 
 
 class _Channel:
-    """What a stream asks of its connection, recorded."""
+    """What a stream asks of its connection, recorded; the sweep is the real one."""
 
     def __init__(self) -> None:
         self.pings = 0
         self.given_back: list[int] = []
         self.resets: list[int] = []
+        self.streams: dict[int, Stream] = {}
+        self.sweep = Sweep(lambda: [stream._silent for stream in self.streams.values()])
+
+    def open(self, read_timeout: float | None = READ_TIMEOUT) -> Stream:
+        stream_id = 2 * len(self.streams) + 1
+        stream = self.streams[stream_id] = Stream(self, stream_id, read_timeout)  # type: ignore[arg-type]
+        return stream
 
     def check_alive(self) -> None:
         self.pings += 1
@@ -34,80 +43,133 @@ class _Channel:
 
     def reset(self, stream_id: int) -> None:
         self.resets.append(stream_id)
-
-
-def _stream(channel: _Channel) -> Stream:
-    return Stream(channel, 1, READ_TIMEOUT)  # type: ignore[arg-type]  # only the methods above are used
+        self.streams.pop(stream_id, None)
 
 
 async def _waiting(stream: Stream) -> asyncio.Task[None]:
-    """A task waiting on ``stream``: its first step (which arms the timer) has run."""
+    """A task waiting on ``stream``: its first step (which tells the sweep) has run."""
     waiter = asyncio.create_task(stream._wait())
     await asyncio.sleep(0)  # one turn of the loop: the task's first step runs (ready tasks run in order)
     assert stream._wakeup is not None
     return waiter
 
 
-async def test_the_first_wait_arms_the_timer_and_later_waits_reuse_it() -> None:
-    stream = _stream(_Channel())
+def _now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+async def test_the_first_wait_arms_the_sweep_and_later_waits_leave_it() -> None:
+    channel = _Channel()
+    stream = channel.open()
     first = await _waiting(stream)
-    timer = stream._silence
-    assert timer is not None
-    assert timer.when() == pytest.approx(stream._waiting_since + READ_TIMEOUT)
+    armed = channel.sweep.armed_at
+    assert armed == pytest.approx(stream._waiting_since + READ_TIMEOUT)
     stream._feed(b"event", 5)
     await first
     second = await _waiting(stream)
-    assert stream._silence is timer  # not armed again for the second wait
+    assert channel.sweep.armed_at == armed  # not armed again for the second wait
     stream._feed(b"event", 5)
     await second
     stream.close()
 
 
-async def test_a_timer_that_fires_during_a_newer_wait_moves_to_its_end() -> None:
+async def test_the_streams_of_a_connection_share_its_one_timer() -> None:
     channel = _Channel()
-    stream = _stream(channel)
+    streams = [channel.open() for _ in range(50)]
+    waiters = [await _waiting(stream) for stream in streams]
+    assert channel.sweep.armed_at == pytest.approx(streams[0]._waiting_since + READ_TIMEOUT)
+    for stream in streams:
+        stream.close()
+    await asyncio.gather(*waiters)
+    assert all(isinstance(stream._error, StreamClosed) for stream in streams)
+    channel.sweep.run()  # the deadline came: nobody waits any more, so it is not armed again
+    assert channel.sweep.armed_at is None
+
+
+async def test_a_sweep_during_a_newer_wait_moves_to_its_end() -> None:
+    channel = _Channel()
+    stream = channel.open()
     first = await _waiting(stream)
     stream._feed(b"event", 5)
     await first
     second = await _waiting(stream)
-    stream._check_silence()  # the deadline of the first wait: the second has not lasted the timeout
+    channel.sweep.run()  # the deadline of the first wait: the second has not lasted the timeout
     assert not second.done()
-    moved = stream._silence
-    assert moved is not None
-    assert moved.when() == pytest.approx(stream._waiting_since + READ_TIMEOUT)
+    assert channel.sweep.armed_at == pytest.approx(stream._waiting_since + READ_TIMEOUT)
     assert channel.pings == 0
     stream.close()
     await second  # woken by the close; its reader then raises StreamClosed
     assert isinstance(stream._error, StreamClosed)
 
 
-async def test_a_wait_that_lasted_the_timeout_raises_and_pings_the_connection() -> None:
+async def test_a_sweep_fails_only_the_wait_that_lasted_the_timeout_and_pings() -> None:
     channel = _Channel()
-    stream = _stream(channel)
-    waiter = await _waiting(stream)
-    stream._waiting_since -= READ_TIMEOUT  # as if the whole timeout had passed in this wait
-    stream._check_silence()
+    silent, talking = channel.open(), channel.open()
+    silent_waiter = await _waiting(silent)
+    talking_waiter = await _waiting(talking)
+    silent._waiting_since -= READ_TIMEOUT  # as if the whole timeout had passed in this wait
+    channel.sweep.run()
     with pytest.raises(TimeoutError):
-        await waiter
+        await silent_waiter
     assert channel.pings == 1
-    assert stream._silence is None
-    stream.close()
+    assert not talking_waiter.done()
+    assert channel.sweep.armed_at == pytest.approx(talking._waiting_since + READ_TIMEOUT)
+    silent.close()
+    talking.close()
+    await talking_waiter
 
 
-async def test_closing_the_stream_cancels_its_timer() -> None:
-    stream = _stream(_Channel())
+async def test_sweeps_come_at_most_every_quarter_of_the_read_timeout() -> None:
+    channel = _Channel()
+    stream = channel.open()
     waiter = await _waiting(stream)
-    timer = stream._silence
-    assert timer is not None
+    stream._waiting_since -= READ_TIMEOUT - 1.0  # its deadline is a second away
+    before = _now()
+    channel.sweep.run()
+    armed = channel.sweep.armed_at
+    assert armed is not None
+    assert armed >= before + READ_TIMEOUT * SLACK  # not a second later: a quarter of the timeout later
+    assert armed <= _now() + READ_TIMEOUT * SLACK
+    assert not waiter.done()
     stream.close()
-    assert timer.cancelled() and stream._silence is None
+    await waiter
+
+
+async def test_a_shorter_timeout_brings_the_sweep_forward() -> None:
+    channel = _Channel()
+    slow = channel.open(READ_TIMEOUT)
+    slow_waiter = await _waiting(slow)
+    quick = channel.open(READ_TIMEOUT / 10)
+    quick_waiter = await _waiting(quick)
+    assert channel.sweep.armed_at == pytest.approx(quick._waiting_since + READ_TIMEOUT / 10)
+    for stream in (slow, quick):
+        stream.close()
+    await asyncio.gather(slow_waiter, quick_waiter)
+
+
+async def test_a_stopped_sweep_never_runs_and_waits_after_it_do_not_arm_it_early() -> None:
+    channel = _Channel()
+    stream = channel.open()
+    waiter = await _waiting(stream)
+    channel.sweep.stop()  # the connection was lost: its streams fail by that, not by the timer
+    assert channel.sweep.armed_at is None
+    stream._fail(StreamClosed("connection lost"))
     await waiter
     assert isinstance(stream._error, StreamClosed)
 
 
-async def test_without_a_read_timeout_no_timer_is_armed() -> None:
-    stream = Stream(_Channel(), 1, None)  # type: ignore[arg-type]
+async def test_without_a_read_timeout_no_sweep_is_armed() -> None:
+    channel = _Channel()
+    stream = channel.open(None)
     waiter = await _waiting(stream)
-    assert stream._silence is None
+    assert channel.sweep.armed_at is None
     stream._feed(b"event", 5)
     await waiter
+
+
+async def test_a_stream_ended_before_its_response_says_so_instead_of_waiting() -> None:
+    channel = _Channel()
+    stream = channel.open()
+    stream._end()
+    with pytest.raises(StreamClosed, match="before its response"):
+        await stream.response()

@@ -12,7 +12,8 @@ Isolation holds through flow control. Each stream has a window of its own,
 opened again only as its reader consumes what arrived, and the connection's
 window is large enough that readers who stop cannot hold it shut: one
 cluster's slow watch stalls its own stream only. A reader who hears nothing
-for its read timeout asks the connection for a PING. An answered PING says
+for its read timeout (found by the connection's one timer, ``silence.py``)
+asks the connection for a PING. An answered PING says
 the server is alive and only that watch is quiet; an unanswered one closes
 the connection, and every stream on it fails as a dropped HTTP/1.1 watch
 does, for its informer to reopen.
@@ -31,6 +32,7 @@ from urllib.parse import urlencode, urlsplit
 
 from hpack import NeverIndexedHeaderTuple
 
+from .silence import Sweep
 from .wire import CANCEL, Wire, WireError, error_name
 from .wording import StreamClosed as StreamClosed  # raised here; importable from here as before
 
@@ -108,7 +110,6 @@ class Stream:
         "_ended",
         "_error",
         "_read_timeout",
-        "_silence",
         "_waiting_since",
         "_wakeup",
         "headers",
@@ -126,7 +127,6 @@ class Stream:
         self._error: BaseException | None = None
         self._wakeup: asyncio.Future[None] | None = None
         self._read_timeout = read_timeout
-        self._silence: asyncio.TimerHandle | None = None
         self._waiting_since = 0.0
 
     @property
@@ -143,6 +143,8 @@ class Stream:
         while not self.status:
             if self._error is not None:
                 raise self._error
+            if self._ended:
+                raise StreamClosed("the server ended the watch stream before its response")
             await self._wait()
 
     async def iter_any(self) -> AsyncIterator[bytes]:
@@ -173,10 +175,7 @@ class Stream:
         self._wake()
 
     def _release(self) -> None:
-        """Stop the read timer; give the connection's window back for what was received and never read."""
-        if self._silence is not None:
-            self._silence.cancel()
-            self._silence = None
+        """Give the connection's window back for what was received and never read."""
         unread = self.unread
         self._chunks.clear()
         if unread:
@@ -185,16 +184,16 @@ class Stream:
     async def _wait(self) -> None:
         """Wait to be woken; :class:`TimeoutError` after the read timeout without a wake-up.
 
-        One timer per stream serves every wait (see :meth:`_check_silence`):
+        The connection's one timer finds the wait silent (see :meth:`_silent`):
         a watch waits once per event, and a timeout context per wait (a timer
         armed and cancelled each time) was a tenth of the event path's cost.
         """
         loop = asyncio.get_running_loop()
         wakeup = self._wakeup = loop.create_future()
-        if self._read_timeout is not None:
-            self._waiting_since = loop.time()
-            if self._silence is None:
-                self._silence = loop.call_at(self._waiting_since + self._read_timeout, self._check_silence)
+        timeout = self._read_timeout
+        if timeout is not None:
+            since = self._waiting_since = loop.time()
+            self._channel.sweep.waiting(since + timeout, timeout)
         try:
             await wakeup
         except TimeoutError:
@@ -203,18 +202,17 @@ class Stream:
         finally:
             self._wakeup = None
 
-    def _check_silence(self) -> None:
-        """The read timeout's timer: fail a wait that lasted it, or move on to the current wait's end."""
-        self._silence = None
+    def _silent(self, now: float) -> tuple[float, float] | None:
+        """The sweep's check: fail a wait that lasted the read timeout, or say when it will have."""
         wakeup = self._wakeup
-        if wakeup is None or wakeup.done() or self._read_timeout is None:
-            return  # nobody waits now: the next wait arms the timer again
-        loop = asyncio.get_running_loop()
-        deadline = self._waiting_since + self._read_timeout
-        if loop.time() < deadline:
-            self._silence = loop.call_at(deadline, self._check_silence)
-        else:
-            wakeup.set_exception(TimeoutError())
+        timeout = self._read_timeout
+        if wakeup is None or wakeup.done() or timeout is None:
+            return None  # nobody waits now: the next wait tells the sweep
+        deadline = self._waiting_since + timeout
+        if now < deadline:
+            return deadline, timeout
+        wakeup.set_exception(TimeoutError())
+        return None
 
     def _wake(self) -> None:
         wakeup = self._wakeup
@@ -255,6 +253,8 @@ class _Channel(asyncio.Protocol):
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._ping: asyncio.TimerHandle | None = None
         self._idle: asyncio.TimerHandle | None = None
+        self.sweep = Sweep(lambda: [stream._silent for stream in self.streams.values()])
+        """The read-timeout timer of every stream on this connection."""
 
     @property
     def has_room(self) -> bool:
@@ -415,6 +415,7 @@ class _Channel(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
         self._ping = self._idle = None
+        self.sweep.stop()
         streams, self.streams = self.streams, {}
         for stream in streams.values():
             stream._fail(StreamClosed(self.lost))
