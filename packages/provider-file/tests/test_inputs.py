@@ -56,6 +56,25 @@ def test_a_directory_is_searched_by_glob_and_dot_entries_are_skipped(tmp_path: P
     assert deep.watch_recursive == frozenset({tmp_path})
 
 
+def test_a_rescan_reuses_what_the_last_pass_found_and_forgets_what_went(tmp_path: Path) -> None:
+    for name in ("a.kubeconfig", "b.kubeconfig"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.kubeconfig").write_text("x")
+    reuse: dict[str, Found] = {}
+    first = find_files([tmp_path], ["*.kubeconfig"], True, reuse)
+    assert set(reuse) == {str(found.path) for found in first.files}
+    (tmp_path / "b.kubeconfig").unlink()
+    (tmp_path / "d.kubeconfig").write_text("x")
+    second = find_files([tmp_path], ["*.kubeconfig"], True, reuse)
+    assert second == find_files([tmp_path], ["*.kubeconfig"], True)  # reuse changes nothing seen
+    kept = {found.path.name: found for found in first.files}
+    for found in second.files:
+        if found.path.name in kept:
+            assert found is kept[found.path.name]  # the same object: neither built nor hashed again
+    assert sorted(Path(path).name for path in reuse) == ["a.kubeconfig", "c.kubeconfig", "d.kubeconfig"]
+
+
 def test_recursion_survives_a_symlink_loop_and_reports_it(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "loop").symlink_to(tmp_path)

@@ -164,6 +164,7 @@ class KubeconfigFileProvider(ClusterSetProvider):
         self._name = naming_function(naming)
         self._trust = trust or mcr.TrustPolicy.untrusted()
         self._reader = FileReader(self._select, self._trust, max_file_bytes)
+        self._found: dict[str, Found] = {}  # the last pass's files by path: not built again by the next
         self._backoff = backoff or mcr.Backoff()
         self._owner = f"kubeconfig files {[str(path) for path in self.inputs]}"
         super().__init__(self._owner, options=options, probe_interval=probe_interval)
@@ -275,7 +276,7 @@ class KubeconfigFileProvider(ClusterSetProvider):
     async def _pass(self, watcher: DirectoryWatcher, now: float) -> float | None:
         """One full look at the inputs; returns when the next pending removal is due."""
         self._changed.clear()
-        layout = await asyncio.to_thread(find_files, self.inputs, self.include, self.recursive)
+        layout = await asyncio.to_thread(find_files, self.inputs, self.include, self.recursive, self._found)
         readings = await asyncio.to_thread(self._reader.read_all, layout.files)
         referenced = frozenset().union(*(reading.watch for reading in readings)) if readings else frozenset()
         watcher.want(layout.watch | referenced, layout.watch_recursive, layout.interest.including(referenced))
