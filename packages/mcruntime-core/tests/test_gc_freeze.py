@@ -95,3 +95,23 @@ async def test_freezes_are_paced_by_their_own_cost() -> None:
     freezer.cancel()
     assert freezer.freezes == 1
     gc.unfreeze()
+
+
+async def test_a_burst_that_never_pauses_is_frozen_every_longest_wait() -> None:
+    """A cold start of 10,000 clusters syncs without a gap for minutes: its heap must not wait for the end."""
+    freezer = CacheFreezer(True, delay=3600.0, pace=0.0, longest=0.05)
+    gc.unfreeze()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    freezer.synced()
+    first = freezer._pending
+    assert first is not None and first.when() == pytest.approx(began + 0.05, abs=0.01)
+    async with asyncio.timeout(30):  # only so that a broken build fails instead of waiting forever
+        while freezer.freezes < 2:  # syncs keep coming, each well within the hour-long settling delay
+            freezer.synced()
+            pending = freezer._pending
+            assert pending is not None and pending.when() <= loop.time() + 0.05
+            await asyncio.sleep(0.01)  # the next sync's arrival, not a wait for a condition
+    assert gc.get_freeze_count() > 0
+    freezer.cancel()
+    gc.unfreeze()
