@@ -244,6 +244,9 @@ async def _fleet_run(
         idle_split: dict[str, float] = {}
         if finished:
             await asyncio.sleep(2.0)
+            collected = (await peer.command("stats")).get("gc_s")
+            if collected is not None:  # Python peers: the cyclic collector's share of the engage
+                bench.log(f"{label}: {float(collected):.1f} s in the garbage collector by the engage's end")
             if "--profile" in extra:
                 await peer.command("profile_split")  # the engage to a file of its own
             idle_before, split_before = peer.cpu_seconds(), peer.cpu_split()

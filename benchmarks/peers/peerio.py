@@ -134,7 +134,8 @@ class PeerIO:
     def _command(self, line: str) -> None:
         if line == "stats":
             extra = self._extra() if self._extra is not None else {}
-            self.emit({"ev": "stats", "clusters": self._clusters(), "tasks": len(asyncio.all_tasks()), **extra})
+            counts = {"clusters": self._clusters(), "tasks": len(asyncio.all_tasks()), "gc_s": _GC_CLOCK.seconds}
+            self.emit({"ev": "stats", **counts, **extra})
         elif line == "gc":
             gc.collect()
             trim_malloc()
@@ -161,6 +162,24 @@ class PeerIO:
                 self._timer.cancel()
                 self._timer = None
             self.flush()
+
+
+class _GcClock:
+    """Seconds spent in the cyclic garbage collector so far, every generation, explicit ones included."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._began = 0.0
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._began
+
+
+_GC_CLOCK = _GcClock()
 
 
 def start_record() -> dict[str, Any]:
