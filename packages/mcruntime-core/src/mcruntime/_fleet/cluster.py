@@ -118,6 +118,12 @@ class ClusterOptions:
     exec_max_output: int = DEFAULT_EXEC_MAX_OUTPUT
     """Bytes an exec credential plugin may print on stdout (and on stderr); more fails the run."""
     watch_read_timeout: float = 90.0
+    """Seconds a watch may deliver nothing (not even a bookmark) before it is dropped as silent.
+
+    Over HTTP/1.1 it is the socket's read timeout. Over HTTP/2 one timer per
+    connection checks its streams, so a silent watch is found within a
+    quarter of this after it (90 to 112.5 s by default), and a PING then
+    asks whether the whole connection is gone."""
     cache_sync_timeout: float = 60.0
     resync_period: float | None = None
     discovery_refresh_interval: float = 5.0
