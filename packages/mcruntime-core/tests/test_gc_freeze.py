@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import weakref
 
 import pytest
 from kube_helpers import CONFIGMAP
@@ -115,3 +116,35 @@ async def test_a_burst_that_never_pauses_is_frozen_every_longest_wait() -> None:
     assert gc.get_freeze_count() > 0
     freezer.cancel()
     gc.unfreeze()
+
+
+async def test_a_stopped_clusters_frozen_cycles_are_collected_by_the_next_freeze() -> None:
+    """Frozen objects are out of the collector's reach: a stopped cluster's cycles must not stay."""
+    freezer = CacheFreezer(True, delay=0.01, pace=0.0)
+    gc.unfreeze()
+    cycle = _Kept()
+    cycle.itself = cycle  # type: ignore[attr-defined]  # a reference cycle, as a cluster's tasks make
+    alive = weakref.ref(cycle)
+    freezer.synced()
+    await wait_until(lambda: freezer.freezes == 1, timeout=5)
+    del cycle
+    gc.collect()
+    assert alive() is not None  # frozen: no collection sees it
+    freezer.stopped(engaged=0)
+    await wait_until(lambda: freezer.freezes == 2, timeout=5)
+    assert alive() is None and freezer.thaws == 1
+    gc.unfreeze()
+
+
+def _pending(freezer: CacheFreezer) -> asyncio.TimerHandle | None:
+    return freezer._pending
+
+
+async def test_a_large_fleet_thaws_once_a_hundredth_of_it_stopped() -> None:
+    freezer = CacheFreezer(True, delay=3600.0, pace=0.0, longest=3600.0)
+    for _ in range(4):
+        freezer.stopped(engaged=500)  # 5 of 500 make a hundredth
+    assert _pending(freezer) is None
+    freezer.stopped(engaged=500)
+    assert _pending(freezer) is not None and freezer._thaw
+    freezer.cancel()

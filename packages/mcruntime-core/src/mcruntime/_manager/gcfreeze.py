@@ -23,6 +23,14 @@ seconds. The cold start of 10,000 clusters syncs without a one-second gap
 for about 100 s, and, never frozen, its heap was walked by CPython's own full
 collections as it grew: 19 of them, 13 s of the engage's CPU (benchmark S12).
 
+A frozen object is out of the collector's reach for good: when a cluster
+that was frozen stops, the reference cycles among its objects (tasks,
+informers, handlers) are never collected. So once clusters stopped, the
+heap is thawed, collected and frozen again as soon as the pace allows,
+once a hundredth of the engaged clusters (at least one) stopped: at 10,000
+clusters, one walk of the whole heap per 100 stopped clusters, not one per
+cluster, and never more than the pace allows.
+
 The heap is also frozen once when the manager starts, before any cluster
 engages: what is alive then is the program itself (modules, classes,
 functions, its configuration), which lives as long as the process. Left in
@@ -65,6 +73,9 @@ class CacheFreezer:
         self._pace = pace
         self._longest = longest
         self._burst_began = 0.0  # loop time of the first sync the pending freeze waits for
+        self._stopped = 0  # clusters stopped since the last thaw: their frozen cycles wait for one
+        self._thaw = False
+        self.thaws: int = 0
         self._not_before = float("-inf")  # loop time before which the last freeze's cost forbids another
         self._pending: asyncio.TimerHandle | None = None
         self.freezes: int = 0
@@ -87,9 +98,30 @@ class CacheFreezer:
         settle = min(now + self._delay, self._burst_began + self._longest)
         self._pending = loop.call_at(max(settle, self._not_before), self._freeze)
 
+    def stopped(self, engaged: int) -> None:
+        """A cluster stopped, ``engaged`` remain: thaw at the next freeze once enough have stopped."""
+        if not self.enabled:
+            return
+        self._stopped += 1
+        if self._stopped >= max(1, engaged // 100):
+            self._thaw = True
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # stopped outside the loop (the process ending): the next freeze thaws
+            at = max(loop.time(), self._not_before)  # at once, as far as the pace allows
+            if self._pending is None or self._pending.when() > at:
+                if self._pending is not None:
+                    self._pending.cancel()
+                self._pending = loop.call_at(at, self._freeze)
+
     def _freeze(self) -> None:
         self._pending = None
         began = time.perf_counter()
+        if self._thaw:
+            gc.unfreeze()  # the stopped clusters' cycles are collectable again
+            self._thaw, self._stopped = False, 0
+            self.thaws += 1
         gc.collect()
         gc.freeze()
         self._not_before = asyncio.get_running_loop().time() + self._pace * (time.perf_counter() - began)

@@ -393,6 +393,7 @@ class Manager:
                 del self._engaged[name]
                 self._engage_started.pop(name, None)
                 self.metrics.cluster_disengaged(name)
+                self.freezer.stopped(len(self._engaged))
                 for listener in self.disengage_listeners:
                     listener(name, cluster)
 
