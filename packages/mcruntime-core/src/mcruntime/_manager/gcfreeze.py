@@ -25,11 +25,14 @@ collections as it grew: 19 of them, 13 s of the engage's CPU (benchmark S12).
 
 A frozen object is out of the collector's reach for good: when a cluster
 that was frozen stops, the reference cycles among its objects (tasks,
-informers, handlers) are never collected. So once clusters stopped, the
-heap is thawed, collected and frozen again as soon as the pace allows,
-once a hundredth of the engaged clusters (at least one) stopped: at 10,000
-clusters, one walk of the whole heap per 100 stopped clusters, not one per
-cluster, and never more than the pace allows.
+informers, handlers) are never collected. So once a tenth of the engaged
+clusters (at least one) stopped, the heap is thawed, collected and frozen
+again, as soon as the pace allows. That collection walks the whole heap on
+the event loop, which at 10,000 clusters took 2.2 s (benchmark S12): once
+per 1,000 stopped clusters there, never more often than the pace allows.
+What waits for it is bounded by the fleet: the cycles of at most a tenth of
+it, about the memory a tenth of the engaged clusters hold. CPython's own
+full collections wait, likewise, for a quarter more long-lived objects.
 
 The heap is also frozen once when the manager starts, before any cluster
 engages: what is alive then is the program itself (modules, classes,
@@ -53,6 +56,12 @@ FREEZE_DELAY = 1.0
 
 FREEZE_LONGEST = 10.0
 """Seconds a burst of syncs that never pauses may put the freeze off."""
+
+THAW_SHARE = 10
+"""Thaw once ``1 / THAW_SHARE`` of the engaged clusters (at least one) stopped."""
+
+THAW_NOTICE = 1.0
+"""Seconds of a thaw's collection past which it is logged at INFO: a pause anyone would see."""
 
 FREEZE_PACE = 19.0
 """After a freeze that took ``t`` seconds, the next waits at least ``FREEZE_PACE * t`` (5 % of the time)."""
@@ -78,16 +87,20 @@ class CacheFreezer:
         self.thaws: int = 0
         self._not_before = float("-inf")  # loop time before which the last freeze's cost forbids another
         self._pending: asyncio.TimerHandle | None = None
+        self._closed = False  # cancel() until started(): a manager shutting down schedules nothing
         self.freezes: int = 0
+        self.longest_thaw: float = 0.0
+        """Seconds of the longest thaw so far: one collection of the whole heap, on the event loop."""
 
     def started(self) -> None:
         """The manager starts: freeze the program's own long-lived objects before caches fill."""
+        self._closed = False
         if self.enabled:
             self._freeze()
 
     def synced(self) -> None:
         """A cluster's caches finished their initial list: freeze after the burst settles."""
-        if not self.enabled:
+        if not self.enabled or self._closed:
             return
         loop = asyncio.get_running_loop()
         now = loop.time()
@@ -99,11 +112,15 @@ class CacheFreezer:
         self._pending = loop.call_at(max(settle, self._not_before), self._freeze)
 
     def stopped(self, engaged: int) -> None:
-        """A cluster stopped, ``engaged`` remain: thaw at the next freeze once enough have stopped."""
-        if not self.enabled:
+        """A cluster stopped, ``engaged`` remain: once enough have stopped, thaw as soon as the pace allows.
+
+        "Enough" is a tenth of the engaged clusters (:data:`THAW_SHARE`, at
+        least one), so a thaw's walk of the whole heap is shared by that many stops.
+        """
+        if not self.enabled or self._closed:
             return
         self._stopped += 1
-        if self._stopped >= max(1, engaged // 100):
+        if self._stopped >= max(1, engaged // THAW_SHARE):
             self._thaw = True
             try:
                 loop = asyncio.get_running_loop()
@@ -118,18 +135,32 @@ class CacheFreezer:
     def _freeze(self) -> None:
         self._pending = None
         began = time.perf_counter()
-        if self._thaw:
+        thawed, stopped = self._thaw, self._stopped
+        if thawed:
             gc.unfreeze()  # the stopped clusters' cycles are collectable again
             self._thaw, self._stopped = False, 0
             self.thaws += 1
         gc.collect()
         gc.freeze()
-        self._not_before = asyncio.get_running_loop().time() + self._pace * (time.perf_counter() - began)
+        took = time.perf_counter() - began
+        self._not_before = asyncio.get_running_loop().time() + self._pace * took
         self.freezes += 1
         # Not gc.get_freeze_count(): it walks every frozen object, millions in a large fleet.
-        log.debug("heap frozen after cache sync (%d so far)", self.freezes)
+        if not thawed:
+            log.debug("heap frozen in %.3fs (%d so far)", took, self.freezes)
+            return
+        self.longest_thaw = max(self.longest_thaw, took)
+        log.log(
+            logging.INFO if took >= THAW_NOTICE else logging.DEBUG,
+            "heap thawed, collected and frozen again in %.2fs, the event loop paused meanwhile: "
+            "%d clusters stopped since the last thaw left their reference cycles frozen (gc_freeze)",
+            took,
+            stopped,
+        )
 
     def cancel(self) -> None:
+        """The manager is shutting down: drop the pending freeze and schedule none until :meth:`started`."""
+        self._closed = True
         if self._pending is not None:
             self._pending.cancel()
             self._pending = None
