@@ -92,6 +92,7 @@ SECTIONS = (
             *_FLEET_COLUMNS,
             Column("first_probe_failures", "first health verdicts unhealthy", 0),
             Column("unhealthy_transitions", "unhealthy verdicts in all", 0),
+            Column("thaw_s", "heap thaw after a tenth stopped (s)", 2),
         ),
         "engage_all_s",
         "lower",

@@ -34,6 +34,7 @@ from scenarios import (
     write_run,
 )
 
+from mcruntime._manager.gcfreeze import THAW_SHARE
 from mcruntime.testing import ControlPlane
 
 WRITES = "writes"  # namespace of the S7 objects
@@ -263,7 +264,9 @@ async def _fleet_run(
             await peer.command("profile")  # the idle window (or, unfinished, all so far), not the shutdown
         sample = await peer.sample()
         stats = await peer.command("stats")
+        thaw = await _thaw_at_size(bench, peer, directory, names, stats) if finished else {}
     return {
+        **thaw,
         "engage": engage,
         "elapsed": elapsed,
         "done": done,
@@ -273,6 +276,38 @@ async def _fleet_run(
         "sample": sample,
         "health": {key: value for key, value in stats.items() if key.startswith("health_")},
     }
+
+
+async def _thaw_at_size(
+    bench: Bench, peer: Peer, directory: Path, names: list[str], stats: dict[str, Any]
+) -> dict[str, Any]:
+    """After the idle window, a tenth of the fleet stops (its files removed): what the thaw costs.
+
+    A frozen heap keeps a stopped cluster's reference cycles until mcruntime
+    thaws it, collects everything and freezes again, once ``1 / THAW_SHARE``
+    of the fleet has stopped: one walk of the whole heap, on the event loop.
+    Peers without a freezer (no ``thaws`` in their stats) are not asked.
+    """
+    if "thaws" not in stats:
+        return {}
+    gone = names[-max(1, len(names) // THAW_SHARE) :]
+    for name in gone:
+        (directory / f"{name}.kubeconfig").unlink()
+    left = len(names) - len(gone)
+    deadline = time.monotonic() + bench.sizes.timeout
+    while True:
+        now = await peer.command("stats")
+        if now["thaws"] > stats["thaws"] and now["clusters"] <= left:
+            break
+        if time.monotonic() > deadline:
+            waited = bench.sizes.timeout
+            raise BenchError(f"{peer.name}: no thaw {waited:.0f}s after {len(gone)} clusters stopped")
+        await asyncio.sleep(0.5)  # the polling cadence of a condition the peer reports only when asked
+    bench.log(
+        f"{peer.name}: {len(gone)} clusters stopped; the thaw took {now['longest_thaw_s']:.2f} s "
+        f"(longest so far), {now['thaws']} thaws"
+    )
+    return {"thaw_s": float(now["longest_thaw_s"]), "thaw_after": len(gone)}
 
 
 async def _fleet(bench: Bench, key: str, count: int, go_seconds: float | None) -> dict[str, Any]:
@@ -318,6 +353,8 @@ async def _fleet(bench: Bench, key: str, count: int, go_seconds: float | None) -
             "idle_cpu_us_per_s_per_cluster": run["idle"] * 1e6 / sizes.fleet_idle_seconds / count,
             "cpu_s": sample["cpu_s"],
         }
+        if "thaw_s" in run:
+            figures["thaw_s"] = run["thaw_s"]
         health = run["health"]
         if health:
             figures["first_probe_failures"] = health["health_first_unhealthy"]

@@ -101,7 +101,12 @@ async def serve(
     manager = mcr.Manager(provider, handle_signals=False, gc_freeze=gc_freeze)
     tally = tally_health()
     commands = profiled
-    io = PeerIO(lambda: len(manager.clusters()), tally.figures, commands)
+
+    def figures() -> dict[str, object]:  # health, and what the heap's thaws after stops cost
+        freezer = manager.freezer
+        return {**tally.figures(), "thaws": freezer.thaws, "longest_thaw_s": freezer.longest_thaw}
+
+    io = PeerIO(lambda: len(manager.clusters()), figures, commands)
     io.emit(start_record())
 
     async def reconcile(request: mcr.Request) -> None:
