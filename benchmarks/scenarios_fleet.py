@@ -307,7 +307,7 @@ async def _thaw_at_size(
         f"{peer.name}: {len(gone)} clusters stopped; the thaw took {now['longest_thaw_s']:.2f} s "
         f"(longest so far), {now['thaws']} thaws"
     )
-    return {"thaw_s": float(now["longest_thaw_s"]), "thaw_after": len(gone)}
+    return {"thaw_s": float(now["longest_thaw_s"])}
 
 
 async def _fleet(bench: Bench, key: str, count: int, go_seconds: float | None) -> dict[str, Any]:
