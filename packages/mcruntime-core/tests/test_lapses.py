@@ -239,3 +239,83 @@ async def test_a_leader_whose_renewal_landed_late_steps_down_and_its_reconciles_
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+async def test_a_reconcile_that_outlives_its_lost_shard_writes_nothing(fleet: Fleet) -> None:
+    """Found by CI at 1,000 clusters: a replica wrote a cluster after losing its shard, before its close ran.
+
+    Losing a shard (its fence taken, or the share lapsed and then renewed)
+    closes the shard's clusters in a task; a reconcile that is ready first, or
+    that swallows its cancellation, used to write as if nothing had happened.
+    Here another holder takes the fence on the hub while a reconcile holds
+    after its read, and that reconcile ignores the cancel and writes.
+    """
+    hub_namespace, namespace = unique("takeover-hub"), unique("takeover")
+    async with (
+        running_cluster(fleet["cluster-1"], "hub") as hub,
+        running_cluster(fleet["cluster-2"], "member") as member,
+    ):
+        await hub.client.create(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": hub_namespace}}
+        )
+        await member.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        await member.client.create(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": namespace}}
+        )
+        config = mcr.ShardingConfig(name="takeover", namespace=hub_namespace, identity="me", **TIMING)
+        manager = mcr.Manager(
+            mcr.StaticProvider({"m": mcr.kubeconfig_from_dict(fleet["cluster-2"].kubeconfig())}),
+            local=mcr.kubeconfig_from_dict(fleet["cluster-1"].kubeconfig()),
+            coordinator=mcr.ShardedCoordinator(config),
+            handle_signals=False,
+        )
+        entered, release = asyncio.Event(), asyncio.Event()
+        outcomes: list[object] = []
+
+        async def reconcile(request: mcr.Request) -> None:
+            cluster = await manager.get_cluster(request.cluster)
+            current = await cluster.client.get(CONFIGMAP, request.name, namespace=request.namespace)
+            if outcomes:
+                return
+            entered.set()
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                outcomes.append("cancel swallowed")  # the reconcile under test goes on regardless
+            try:
+                await cluster.client.update({**current, "data": {"writer": "me"}})
+            except Fenced as error:
+                outcomes.append(error)
+                raise
+            outcomes.append("written")
+
+        (
+            mcr.controller_managed_by(manager)
+            .for_(CONFIGMAP, namespace=namespace, clusters=mcr.PROVIDER_ONLY)
+            .complete(reconcile)
+        )
+        runner = asyncio.create_task(manager.start())
+        try:
+            await asyncio.wait_for(entered.wait(), 60)
+            fence_name = config.shard_fence(config.shard_of("m"))
+            fence = await hub.client.get(LEASE, fence_name, namespace=hub_namespace)
+            assert fence["spec"]["holderIdentity"] == "me"
+            # The fault: another holder's name on the fence, as a replica that judged us dead would write.
+            await hub.client.update({**fence, "spec": {**fence["spec"], "holderIdentity": "intruder"}})
+            await wait_until(lambda: len(outcomes) >= 2, timeout=30, what="the reconcile tried its write")
+            assert outcomes[0] == "cancel swallowed", outcomes
+            refused = outcomes[1]
+            assert isinstance(refused, Fenced), refused
+            assert "not sending PUT" in str(refused) and "cluster 'm'" in str(refused), refused
+            assert "lost shard" in str(refused) and "held by intruder" in str(refused), refused
+            current = await member.client.get(CONFIGMAP, "x", namespace=namespace)
+            assert not current.get("data")
+            # Its reconcile over, the cluster's close ends and leaves no mark behind.
+            await wait_until(lambda: not manager.work._cuts, timeout=10, what="the close lifted the cut")
+            assert not manager.work.admits("m")
+            assert manager.controllers["configmap"].stats.fenced == 1
+        finally:
+            release.set()
+            manager.stop()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner

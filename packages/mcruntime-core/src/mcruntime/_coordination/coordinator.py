@@ -20,6 +20,8 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from .._reconcile.context import current_request
+
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
@@ -35,12 +37,18 @@ class WorkGate:
     intake for a cluster, drops its queued requests and waits for its
     in-flight reconciles: after it returns, this replica does nothing more in
     that cluster, which is what makes handing it to another replica safe.
+    ``cut`` is for work lost rather than handed over: it refuses the writes of
+    reconciles still running there at once, before ``close`` ends them.
     """
 
     def __init__(self, controllers: Callable[[], Iterable[Controller]]) -> None:
         self._controllers = controllers
         self._open: set[str] = set()
         self._check: Callable[[], str | None] | None = None
+        # Clusters cut and not yet closed (or opened again) → (serial, why): a close removes
+        # only the mark it found, so a later cut of the same cluster keeps its own.
+        self._cuts: dict[str, tuple[int, str]] = {}
+        self._serial = 0
 
     def guard(self, check: Callable[[], str | None] | None) -> None:
         """While ``check`` names a reason, no cluster is admitted and no reconcile may write.
@@ -53,9 +61,19 @@ class WorkGate:
         self._check = check
 
     def refusal(self) -> str | None:
-        """Why no reconcile may write now, or ``None`` (see :meth:`guard`)."""
+        """Why the reconcile in progress may not write now, or ``None``.
+
+        The coordinator's check (see :meth:`guard`) holds for every cluster;
+        a :meth:`cut` holds for the reconcile's own cluster, read from the
+        reconcile's context (the transport asks this from inside it).
+        """
         check = self._check
-        return None if check is None else check()
+        reason = None if check is None else check()
+        if reason is None and self._cuts and (request := current_request()) is not None:
+            cut = self._cuts.get(request.cluster)
+            if cut is not None:
+                reason = f"cluster {request.cluster!r}: {cut[1]}"
+        return reason
 
     def admits(self, cluster: str) -> bool:
         return cluster in self._open and (self._check is None or self._check() is None)
@@ -70,13 +88,35 @@ class WorkGate:
         if not fresh:
             return
         self._open |= fresh
+        if self._cuts:
+            for cluster in fresh:
+                self._cuts.pop(cluster, None)
         for controller in self._controllers():
             controller.replay(fresh)
+
+    def cut(self, clusters: Iterable[str], reason: str) -> None:
+        """Shut ``clusters`` now and refuse every write their running reconciles still try.
+
+        For work that another replica holds, or may hold, already (a fence
+        taken or lost, a lapsed share). Closing is a task, and on a loop that
+        runs late a reconcile ready at the same moment goes first: without the
+        cut its write would race the new owner's. The caller then closes
+        each cluster (:meth:`close`), which ends the reconciles and lifts the
+        mark; :meth:`open` lifts it too.
+        """
+        for cluster in clusters:
+            self._open.discard(cluster)
+            self._serial += 1
+            self._cuts[cluster] = (self._serial, reason)
 
     async def close(self, cluster: str, *, grace: float = 0.0) -> None:
         """Stop work in ``cluster``: in-flight reconciles get ``grace`` seconds, then are cancelled."""
         self._open.discard(cluster)
+        cut = self._cuts.get(cluster)
         await asyncio.gather(*(controller.release(cluster, grace) for controller in self._controllers()))
+        # Nothing runs there now and nothing is admitted: the mark has done its work.
+        if cut is not None and self._cuts.get(cluster) is cut:
+            del self._cuts[cluster]
 
 
 class Seat(Protocol):

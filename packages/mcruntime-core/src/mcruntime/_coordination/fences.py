@@ -260,6 +260,8 @@ class Fences:
             reason,
         )
         seat = self.seat
+        # Another replica may work there already: writes stop now, not when the close task runs.
+        seat.work.cut(clusters, f"shard group {self.config.name!r} lost shard {shard} ({reason})")
 
         async def close() -> None:
             try:

@@ -371,9 +371,12 @@ class ShardedCoordinator:
             if shard not in self._fences.leaving:
                 self._fences.lose(shard, reason, working.get(shard, set()))
             else:
-                # A handover in its grace period: no more grace, cancel its reconciles now.
-                # (Not awaited here: a reconcile that ignores cancellation must not stall the watchdog.)
-                for cluster in working.get(shard, ()):
+                # A handover in its grace period: no more grace, and no more writes; cancel its
+                # reconciles now. (Not awaited here: a reconcile that ignores cancellation must
+                # not stall the watchdog.)
+                clusters = working.get(shard, set())
+                self._seat.work.cut(clusters, f"shard group {self.config.name!r}: {reason}")
+                for cluster in clusters:
                     self._tasks.spawn(self._seat.work.close(cluster), f"cut {cluster!r}")
 
     # --- one round ------------------------------------------------------------------------
