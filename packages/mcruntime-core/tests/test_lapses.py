@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -42,6 +43,63 @@ async def namespace_with_x(cluster: mcr.Cluster, prefix: str) -> tuple[str, dict
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": namespace}}
     )
     return namespace, created
+
+
+@contextlib.asynccontextmanager
+async def hub_and_member(
+    fleet: Fleet, prefix: str
+) -> AsyncIterator[tuple[mcr.Cluster, mcr.Cluster, str, str]]:
+    """The hub (cluster-1) with a namespace for the Leases; the member (cluster-2) with one holding ``x``."""
+    hub_namespace, namespace = unique(f"{prefix}-hub"), unique(prefix)
+    async with (
+        running_cluster(fleet["cluster-1"], "hub") as hub,
+        running_cluster(fleet["cluster-2"], "member") as member,
+    ):
+        await hub.client.create(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": hub_namespace}}
+        )
+        await member.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        await member.client.create(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": namespace}}
+        )
+        yield hub, member, hub_namespace, namespace
+
+
+def member_manager(
+    fleet: Fleet,
+    coordinator: mcr.ShardedCoordinator,
+    namespace: str,
+    reconcile: Callable[[mcr.Request], Awaitable[None]],
+) -> mcr.Manager:
+    """A sharded replica over one member cluster ``m`` (cluster-2, hub cluster-1) reconciling its ConfigMaps."""
+    manager = mcr.Manager(
+        mcr.StaticProvider({"m": mcr.kubeconfig_from_dict(fleet["cluster-2"].kubeconfig())}),
+        local=mcr.kubeconfig_from_dict(fleet["cluster-1"].kubeconfig()),
+        coordinator=coordinator,
+        handle_signals=False,
+    )
+    (
+        mcr.controller_managed_by(manager)
+        .for_(CONFIGMAP, namespace=namespace, clusters=mcr.PROVIDER_ONLY)
+        .complete(reconcile)
+    )
+    return manager
+
+
+async def write_as_me(cluster: mcr.Cluster, current: dict[str, Any], outcomes: list[object]) -> None:
+    """Stamp ``current`` as written by "me"; ``outcomes`` gets "written" or the error."""
+    try:
+        await cluster.client.update({**current, "data": {"writer": "me"}})
+    except BaseException as error:
+        outcomes.append(error)
+        raise
+    outcomes.append("written")
+
+
+async def holding(entered: asyncio.Event, hub: mcr.Cluster, config: mcr.ShardingConfig) -> Any:
+    """Once the first reconcile holds: ``m``'s fence as the hub has it."""
+    await asyncio.wait_for(entered.wait(), 60)
+    return await hub.client.get(LEASE, config.shard_fence(config.shard_of("m")), namespace=config.namespace)
 
 
 async def test_a_write_in_a_guarded_task_is_refused_before_it_is_sent_and_reads_go_on(fleet: Fleet) -> None:
@@ -72,28 +130,11 @@ async def test_a_write_in_a_guarded_task_is_refused_before_it_is_sent_and_reads_
 async def test_a_stalled_replica_whose_renewal_came_late_writes_nothing_until_it_retakes_its_fences(
     fleet: Fleet,
 ) -> None:
-    hub_namespace, namespace = unique("lapse-hub"), unique("lapse")
-    async with (
-        running_cluster(fleet["cluster-1"], "hub") as hub,
-        running_cluster(fleet["cluster-2"], "member") as member,
-    ):
-        await hub.client.create(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": hub_namespace}}
-        )
-        await member.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-        await member.client.create(
-            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": namespace}}
-        )
+    async with hub_and_member(fleet, "lapse") as (hub, member, hub_namespace, namespace):
         config = mcr.ShardingConfig(name="lapse", namespace=hub_namespace, identity="me", **TIMING)
         coordinator = mcr.ShardedCoordinator(config)
         link = Partition()
         coordinator._liveness = liveness_through(hub, lambda client: Partitionable(client, link))
-        manager = mcr.Manager(
-            mcr.StaticProvider({"m": mcr.kubeconfig_from_dict(fleet["cluster-2"].kubeconfig())}),
-            local=mcr.kubeconfig_from_dict(fleet["cluster-1"].kubeconfig()),
-            coordinator=coordinator,
-            handle_signals=False,
-        )
         entered, release = asyncio.Event(), asyncio.Event()
         outcomes: list[object] = []
 
@@ -105,23 +146,12 @@ async def test_a_stalled_replica_whose_renewal_came_late_writes_nothing_until_it
                 await release.wait()
             if current.get("data") == {"writer": "me"}:
                 return  # our own write's event
-            try:
-                await cluster.client.update({**current, "data": {"writer": "me"}})
-            except BaseException as error:
-                outcomes.append(error)
-                raise
-            outcomes.append("written")
+            await write_as_me(cluster, current, outcomes)
 
-        (
-            mcr.controller_managed_by(manager)
-            .for_(CONFIGMAP, namespace=namespace, clusters=mcr.PROVIDER_ONLY)
-            .complete(reconcile)
-        )
+        manager = member_manager(fleet, coordinator, namespace, reconcile)
         runner = asyncio.create_task(manager.start())
         try:
-            await asyncio.wait_for(entered.wait(), 60)
-            fence_name = config.shard_fence(config.shard_of("m"))
-            fence = await hub.client.get(LEASE, fence_name, namespace=hub_namespace)
+            fence = await holding(entered, hub, config)
             # The fault: the link to the hub is cut and the event loop stalls past the renew
             # deadline, so the watchdog cannot run. Then the link comes back and the heartbeat's
             # thread renews (late) while the loop is still stalled.
@@ -152,7 +182,7 @@ async def test_a_stalled_replica_whose_renewal_came_late_writes_nothing_until_it
                 assert "'lapse'" in str(first) and "unrenewed" in str(first), first
             # Then it takes its fence back through a fresh write, and only then works again.
             await wait_until(lambda: "written" in outcomes, timeout=30)
-            again = await hub.client.get(LEASE, fence_name, namespace=hub_namespace)
+            again = await hub.client.get(LEASE, fence["metadata"]["name"], namespace=hub_namespace)
             assert again["metadata"]["resourceVersion"] != fence["metadata"]["resourceVersion"]
             assert again["spec"]["holderIdentity"] == "me"
             current = await member.client.get(CONFIGMAP, "x", namespace=namespace)
@@ -250,25 +280,9 @@ async def test_a_reconcile_that_outlives_its_lost_shard_writes_nothing(fleet: Fl
     Here another holder takes the fence on the hub while a reconcile holds
     after its read, and that reconcile ignores the cancel and writes.
     """
-    hub_namespace, namespace = unique("takeover-hub"), unique("takeover")
-    async with (
-        running_cluster(fleet["cluster-1"], "hub") as hub,
-        running_cluster(fleet["cluster-2"], "member") as member,
-    ):
-        await hub.client.create(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": hub_namespace}}
-        )
-        await member.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-        await member.client.create(
-            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": namespace}}
-        )
+    async with hub_and_member(fleet, "takeover") as (hub, member, hub_namespace, namespace):
         config = mcr.ShardingConfig(name="takeover", namespace=hub_namespace, identity="me", **TIMING)
-        manager = mcr.Manager(
-            mcr.StaticProvider({"m": mcr.kubeconfig_from_dict(fleet["cluster-2"].kubeconfig())}),
-            local=mcr.kubeconfig_from_dict(fleet["cluster-1"].kubeconfig()),
-            coordinator=mcr.ShardedCoordinator(config),
-            handle_signals=False,
-        )
+        coordinator = mcr.ShardedCoordinator(config)
         entered, release = asyncio.Event(), asyncio.Event()
         outcomes: list[object] = []
 
@@ -282,23 +296,12 @@ async def test_a_reconcile_that_outlives_its_lost_shard_writes_nothing(fleet: Fl
                 await release.wait()
             except asyncio.CancelledError:
                 outcomes.append("cancel swallowed")  # the reconcile under test goes on regardless
-            try:
-                await cluster.client.update({**current, "data": {"writer": "me"}})
-            except Fenced as error:
-                outcomes.append(error)
-                raise
-            outcomes.append("written")
+            await write_as_me(cluster, current, outcomes)
 
-        (
-            mcr.controller_managed_by(manager)
-            .for_(CONFIGMAP, namespace=namespace, clusters=mcr.PROVIDER_ONLY)
-            .complete(reconcile)
-        )
+        manager = member_manager(fleet, coordinator, namespace, reconcile)
         runner = asyncio.create_task(manager.start())
         try:
-            await asyncio.wait_for(entered.wait(), 60)
-            fence_name = config.shard_fence(config.shard_of("m"))
-            fence = await hub.client.get(LEASE, fence_name, namespace=hub_namespace)
+            fence = await holding(entered, hub, config)
             assert fence["spec"]["holderIdentity"] == "me"
             # The fault: another holder's name on the fence, as a replica that judged us dead would write.
             await hub.client.update({**fence, "spec": {**fence["spec"], "holderIdentity": "intruder"}})
