@@ -8,7 +8,8 @@
 #   2. mcruntime-core[testing] plus mcruntime-provider-file: the configmap-logger
 #      example's test and provider-file's conformance suite, against the testbed.
 # Our packages come only from the built wheels (--no-index); their third-party
-# dependencies come from PyPI. Usage: .ci/installed-wheels.sh [python]  (default python3)
+# dependencies come from PyPI. The first two venvs are made with pip, as most users make
+# theirs; the check that each distribution installs on its own uses uv. Usage: .ci/installed-wheels.sh [python]  (default python3)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 python=${1:-python3}
@@ -80,6 +81,17 @@ fresh_venv() {
   "$venv/bin/pip" check
 }
 
+# The same with uv (installed with hatch), for the check of each distribution alone: the
+# resolution is the same metadata's, and seven venvs take seconds instead of minutes with pip.
+alone_venv() {
+  local venv=$1
+  shift
+  uv venv --quiet --python "$python" "$venv"
+  uv pip install --quiet --python "$venv/bin/python" --no-index --no-deps --find-links "$dist" "$@"
+  uv pip install --quiet --python "$venv/bin/python" --find-links "$dist" "$@"
+  uv pip check --quiet --python "$venv/bin/python"
+}
+
 outside=$scratch/outside-the-repo
 mkdir -p "$outside"
 cd "$outside"
@@ -149,7 +161,7 @@ for spec in mcruntime-core:mcruntime mcruntime-provider-file:mcruntime_file \
   [ "$name" = mcruntime-core ] && requirement=$name || requirement="$name mcruntime-core"
   rm -rf "$scratch/venv-alone"
   # shellcheck disable=SC2086  # the core comes from the wheels too, not from PyPI
-  fresh_venv "$scratch/venv-alone" $requirement
+  alone_venv "$scratch/venv-alone" $requirement
   "$scratch/venv-alone/bin/python" -c "import $module; print('$name installs on its own and imports as $module')"
 done
 

@@ -239,7 +239,7 @@ def run(
 def main() -> None:
     """Parse the command line and run."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("all", "smoke", "report"))
+    parser.add_argument("mode", choices=("all", "smoke", "report", "build"))
     parser.add_argument(
         "--out", type=Path, help="output directory (all: benchmarks/, smoke: a new temporary one)"
     )
@@ -263,6 +263,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, help="seed of the peers' order (default: drawn, recorded)")
     parser.add_argument("--results", type=Path, help="report mode: the results.json to render")
     args = parser.parse_args()
+    if args.mode == "build":  # the Go peer alone, so CI can build it beside other work
+        build_go_peer(log)
+        return
     if args.mode == "report":
         source = args.results or HERE / "results.json"
         render(json.loads(source.read_text()), args.out or source.parent)
