@@ -29,6 +29,15 @@ if TYPE_CHECKING:
     from .._fleet.cluster import Cluster
 
 
+class _Cut:
+    """One cut's mark: a fresh object per cut, so a close can tell its own from a later one."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
 class WorkGate:
     """The set of clusters whose requests this replica's controllers accept.
 
@@ -45,10 +54,9 @@ class WorkGate:
         self._controllers = controllers
         self._open: set[str] = set()
         self._check: Callable[[], str | None] | None = None
-        # Clusters cut and not yet closed (or opened again) → (serial, why): a close removes
-        # only the mark it found, so a later cut of the same cluster keeps its own.
-        self._cuts: dict[str, tuple[int, str]] = {}
-        self._serial = 0
+        # Clusters cut and not yet closed (or opened again) → their mark: a close removes
+        # only the mark it found (compared by identity), so a later cut keeps its own.
+        self._cuts: dict[str, _Cut] = {}
 
     def guard(self, check: Callable[[], str | None] | None) -> None:
         """While ``check`` names a reason, no cluster is admitted and no reconcile may write.
@@ -72,7 +80,7 @@ class WorkGate:
         if reason is None and self._cuts and (request := current_request()) is not None:
             cut = self._cuts.get(request.cluster)
             if cut is not None:
-                reason = f"cluster {request.cluster!r}: {cut[1]}"
+                reason = f"cluster {request.cluster!r}: {cut.reason}"
         return reason
 
     def admits(self, cluster: str) -> bool:
@@ -106,8 +114,7 @@ class WorkGate:
         """
         for cluster in clusters:
             self._open.discard(cluster)
-            self._serial += 1
-            self._cuts[cluster] = (self._serial, reason)
+            self._cuts[cluster] = _Cut(reason)
 
     async def close(self, cluster: str, *, grace: float = 0.0) -> None:
         """Stop work in ``cluster``: in-flight reconciles get ``grace`` seconds, then are cancelled."""
