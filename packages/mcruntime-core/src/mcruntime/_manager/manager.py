@@ -99,7 +99,9 @@ class Manager:
         reachable for ``/readyz`` to pass (the local cluster always must).
         ``gc_freeze`` moves the objects of freshly synced caches out of the
         cyclic garbage collector's reach (``gc.freeze()``, once per burst of
-        syncs, and once at start for the program's own modules and objects),
+        syncs, and once at start for the program's own modules and objects;
+        while clusters engage, also right after each of CPython's own full
+        collections, so a cold start's collections do not grow with the fleet),
         so reconcile latency does not grow with the size of the cache;
         turn it off if your program builds reference cycles it expects the
         collector to reclaim.
@@ -387,6 +389,7 @@ class Manager:
             cluster.client.field_manager = self.field_manager
         self._engage_started[name] = time.monotonic()
         self.metrics.cluster_engaged(name)
+        self.freezer.engaging()
 
         def forget() -> None:
             if self._engaged.get(name) is cluster:
