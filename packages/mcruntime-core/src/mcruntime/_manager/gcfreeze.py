@@ -53,6 +53,7 @@ over 10 clusters and about a tenth of its CPU (benchmark S1).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import time
@@ -162,7 +163,8 @@ class CacheFreezer:
         if on and not self._riding:
             gc.callbacks.append(self._after_collection)
         elif not on and self._riding:
-            gc.callbacks.remove(self._after_collection)
+            with contextlib.suppress(ValueError):  # the program may have cleared gc.callbacks
+                gc.callbacks.remove(self._after_collection)
         self._riding = on
 
     def _after_collection(self, phase: str, info: dict[str, int]) -> None:
