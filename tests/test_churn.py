@@ -17,9 +17,14 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import pytest
 
 import mcruntime as mcr
 from mcruntime.testing import Fleet, running, wait_until
+
+# When the suite runs in parallel, no other test runs beside this module's:
+# 1,000 clusters come and go, loading the machine on purpose.
+pytestmark = pytest.mark.alone
 
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
 NAMESPACE = mcr.Kind("v1", "Namespace")

@@ -30,6 +30,10 @@ from mcruntime._client.liveness import ServerLiveness
 from mcruntime.cache import Informer
 from mcruntime.testing import ControlPlane, wait_until
 
+# When the suite runs in parallel, no other test runs beside this module's:
+# it counts the probes a window of silence brings.
+pytestmark = pytest.mark.alone
+
 
 def _config(plane: ControlPlane, user: object = None) -> mcr.ClusterConfig:
     return mcr.kubeconfig_from_dict(plane.kubeconfig(user))  # type: ignore[arg-type]

@@ -24,6 +24,10 @@ from mcruntime.cache import Informer
 from mcruntime.client import HealthState
 from mcruntime.testing import ControlPlane, Fleet, running, wait_until
 
+# When the suite runs in parallel, no other test runs beside this module's:
+# it times how soon a hang or a revoked token is seen.
+pytestmark = pytest.mark.alone
+
 # The defaults under test: a probe every 5 s with a 4 s timeout, so a hung server is seen
 # within their sum. The tests assert how it is seen (by the probe, its message names the
 # probe's timeout) and print how long it took; a deadline a few times the bound only keeps a

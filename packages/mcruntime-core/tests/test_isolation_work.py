@@ -16,10 +16,15 @@ import statistics
 import time
 
 import aiohttp
+import pytest
 from kube_helpers import CONFIGMAP, configmap, stop, unique
 
 import mcruntime as mcr
 from mcruntime.testing import ControlPlane, Fleet, running, wait_until
+
+# When the suite runs in parallel, no other test runs beside this module's:
+# it times a hang and the healthy clusters' latency during it.
+pytestmark = pytest.mark.alone
 
 HANG_SECONDS = float(os.environ.get("MCRUNTIME_TEST_HANG_SECONDS", "60"))
 CREATE_INTERVAL = 0.25  # one new ConfigMap every 0.25 s, alternating between the healthy clusters

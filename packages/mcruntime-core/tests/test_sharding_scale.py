@@ -38,6 +38,10 @@ from test_sharding import Shards, shard_group
 import mcruntime as mcr
 from mcruntime.testing import Fleet, wait_until
 
+# When the suite runs in parallel, no other test runs beside this module's:
+# it counts hub writes in windows of time, 1,000 clusters over five replicas.
+pytestmark = pytest.mark.alone
+
 LEASE = mcr.Kind("coordination.k8s.io/v1", "Lease")
 SCALE = int(os.environ.get("MCRUNTIME_SHARD_SCALE_CLUSTERS", "1000"))
 REPLICAS = int(os.environ.get("MCRUNTIME_SHARD_SCALE_REPLICAS", "5"))

@@ -21,6 +21,10 @@ import mcruntime as mcr
 from mcruntime import toolkit
 from mcruntime.testing import ControlPlane, Fleet, running, wait_until
 
+# When the suite runs in parallel, no other test runs beside this module's:
+# it times how soon a deleted or resumed cluster is released.
+pytestmark = pytest.mark.alone
+
 FINALIZER = "toolkit.test.mcruntime.dev/children"
 HUB = mcr.LOCAL_CLUSTER
 
