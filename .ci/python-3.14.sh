@@ -6,8 +6,11 @@
 # with debootstrap (from Debian's packages, about two minutes; kept for the next run),
 # bind-mounts the repository and the testbed's binaries into it, and runs the same
 # slice as .ci/python-versions.sh on 3.14: the no-cluster unit tests and a testbed slice.
-# Needs root (chroot, mount). Usage: .ci/python-3.14.sh
+# Needs root (chroot, mount). Usage: .ci/python-3.14.sh [--prepare]
+#   --prepare only makes the root and its venv (CI does it while the testbed builds).
 set -euo pipefail
+prepare=""
+[ "${1:-}" != "--prepare" ] || prepare=yes
 repo=$(cd "$(dirname "$0")/.." && pwd)
 root=${MCRUNTIME_PY314_ROOT:-/var/cache/mcruntime-ci/sid-python3.14}
 assets="${XDG_DATA_HOME:-$HOME/.local/share}/kubebuilder-envtest"
@@ -72,6 +75,10 @@ for package in "$repo"/packages/*/; do members+=(-e "${package%/}"); done
 members[1]="${members[1]}[testing]"  # packages/mcruntime-core sorts first
 in_root "$venv/bin/pip" install --quiet "${members[@]}" \
   'pytest>=9.2' 'pytest-asyncio>=1.5' 'pytest-timeout>=2.4' 'hypothesis>=6.170'
+if [ -n "$prepare" ]; then
+  echo "Python 3.14: root and venv ready in $((SECONDS - started))s"
+  exit 0
+fi
 
 # shellcheck source=/dev/null
 source "$repo/.ci/python-slice.sh"

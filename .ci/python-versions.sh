@@ -4,9 +4,15 @@
 # testbed's certificates, the testbed's clusters, provider-file's conformance suite).
 # The interpreters come with this machine kind (pyenv's 3.12 and 3.13); Debian
 # bookworm and PyPI offer no 3.14 interpreter: .ci/python-3.14.sh gets one from Debian sid.
-# Usage: .ci/python-versions.sh [3.12 3.13]
+# Usage: .ci/python-versions.sh [--prepare] [3.12 3.13]
+#   --prepare only creates the hatch environments (CI does it while the testbed builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+prepare=""
+if [ "${1:-}" = "--prepare" ]; then
+  prepare=yes
+  shift
+fi
 versions=("$@")
 [ ${#versions[@]} -gt 0 ] || versions=(3.12 3.13)
 
@@ -32,6 +38,13 @@ for version in "${versions[@]}"; do
   ln -sf "$found" "$links/python$version"
   echo "Python $version: $found ($("$found" -c 'import sys, ssl; print(sys.version.split()[0], ssl.OPENSSL_VERSION)'))"
 done
+
+if [ -n "$prepare" ]; then
+  for version in "${versions[@]}"; do
+    PATH="$links:$PATH" hatch env create "py${version/./}"
+  done
+  exit 0
+fi
 
 for version in "${versions[@]}"; do
   env="py${version/./}"
