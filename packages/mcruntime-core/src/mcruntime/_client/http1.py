@@ -24,7 +24,7 @@ import asyncio
 import ssl
 import zlib
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from urllib.parse import quote, urlencode, urlsplit
 
 import httptools
@@ -328,11 +328,28 @@ class RequestPool:
         return answer
 
     async def _connect(self, timeout: float) -> _Connection:
+        made: list[_Connection] = []
+
+        def protocol() -> _Connection:
+            made.append(_Connection(self))
+            return made[-1]
+
+        try:
+            return await self._open(protocol, timeout)
+        except BaseException:
+            # Given up (a timeout, a cancelled caller) just as a TLS handshake finished: asyncio
+            # closes that connection politely, and its socket would wait on a server that may
+            # never answer the close. Aborted, it is gone at once.
+            for connection in made:
+                connection.abort()
+            raise
+
+    async def _open(self, protocol: Callable[[], _Connection], timeout: float) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):
                 _, connection = await loop.create_connection(
-                    lambda: _Connection(self),
+                    protocol,
                     self._host,
                     self._port,
                     ssl=self._context,

@@ -515,13 +515,34 @@ class Multiplexer:
         return None
 
     async def _connect(self, context: Callable[[], Awaitable[ssl.SSLContext]]) -> _Channel | None:
+        made: list[_Channel] = []
+
+        def protocol() -> _Channel:
+            made.append(_Channel(self))
+            return made[-1]
+
+        try:
+            return await self._open(context, protocol)
+        except BaseException:
+            # Given up (a timeout, a cancelled caller) just as the TLS handshake finished: asyncio
+            # would close the connection politely and leave its socket waiting on the server.
+            for channel in made:
+                self._lost(channel)
+                if not channel.ready.done():
+                    channel.ready.cancel()  # nobody waits for it now
+                channel.abort("the connection attempt was given up")
+            raise
+
+    async def _open(
+        self, context: Callable[[], Awaitable[ssl.SSLContext]], protocol: Callable[[], _Channel]
+    ) -> _Channel | None:
         loop = asyncio.get_running_loop()
         try:
             if self._context is None:
                 self._context = await context()
             async with asyncio.timeout(self.connect_timeout):
                 transport, channel = await loop.create_connection(
-                    lambda: _Channel(self),
+                    protocol,
                     self._host,
                     self._port,
                     ssl=self._context,
@@ -530,7 +551,7 @@ class Multiplexer:
                 if channel.negotiated != "h2":
                     offered = channel.negotiated or "no protocol"
                     self.unsupported = f"the server offered {offered} over ALPN, not h2"
-                    transport.close()
+                    transport.abort()  # not closed politely: nothing was sent, and no socket lingers
                     return None
                 self._channels.append(channel)
                 await asyncio.shield(channel.ready)
