@@ -93,7 +93,9 @@ async def test_a_request_given_up_as_its_handshake_finished_drops_the_connection
     server: SilentServer, ca: CertificateAuthority, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gone = _cancel_when_made(monkeypatch, http1._Connection)
-    pool = RequestPool(f"https://127.0.0.1:{server.port}", ssl.create_default_context(cadata=ca.cert_pem.decode()))
+    pool = RequestPool(
+        f"https://127.0.0.1:{server.port}", ssl.create_default_context(cadata=ca.cert_pem.decode())
+    )
     try:
         with pytest.raises(asyncio.CancelledError):
             await pool.request("GET", "/version", None, {}, None, connect_timeout=BOUND)
