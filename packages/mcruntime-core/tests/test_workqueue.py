@@ -403,6 +403,23 @@ async def test_a_getter_cancelled_after_being_woken_passes_the_key_on() -> None:
     queue.done("a")
 
 
+async def test_a_getter_ahead_is_served_before_those_that_waited_longer() -> None:
+    queue = WorkQueue[str]()
+    early = asyncio.create_task(queue.get())
+    await let_other_tasks_run()
+    ahead = asyncio.create_task(queue.get(ahead=True))
+    await let_other_tasks_run()
+    queue.add("a")
+    async with asyncio.timeout(2):
+        assert await ahead == "a"
+    assert not early.done()
+    queue.add("b")
+    async with asyncio.timeout(2):
+        assert await early == "b"
+    queue.done("a")
+    queue.done("b")
+
+
 async def test_a_cancelled_getter_does_not_swallow_a_later_key() -> None:
     queue = WorkQueue[str]()
     cancelled = asyncio.create_task(queue.get())

@@ -131,6 +131,7 @@ class Controller:
         self._channels: list[ChannelSource] = []
         self._engaged: dict[str, _Engagement] = {}
         self._dispatcher: asyncio.Task[None] | None = None
+        self._waiting_worker: asyncio.Task[None] | None = None  # see _linger
         self._inflight: set[asyncio.Task[None]] = set()
         self._readers: list[asyncio.Task[None]] = []
         self._started = False
@@ -447,21 +448,61 @@ class Controller:
         task per request, saves creating and scheduling one per reconcile
         (about 5 us, a tenth of what an object of a cold start costs). The
         queue still decides what comes next (lanes, their limits, the round
-        robin over clusters), so fairness is unchanged. The task ends when
-        nothing is ready, when intake stops, or when it is cancelled.
+        robin over clusters), so fairness is unchanged.
+
+        When nothing is ready, one worker of the controller stays, its slot in
+        hand, and waits for the next request ahead of the dispatcher (see
+        :meth:`_linger`); any other worker ends. A controller whose events come
+        one at a time (a steady trickle over a fleet) so starts each reconcile
+        where the request lands, instead of waking the dispatcher to create a
+        task that starts one loop iteration later. The task ends when intake
+        stops, when it is cancelled, or when another worker already waits.
         """
         worker = asyncio.current_task()
         assert worker is not None
+        working = True
         try:
             current: Request | None = request
             while current is not None:
                 if not await self._run_one(worker, current):
                     return
                 current = self._next_for(worker)
+                if current is None and self._waiting_worker is None and not self._winding_down(worker):
+                    working = False
+                    self.active_workers -= 1
+                    current = await self._linger(worker)
+                    self.active_workers += 1
+                    working = True
         finally:
             self._inflight.discard(worker)
-            self.active_workers -= 1
+            if working:
+                self.active_workers -= 1
             self._slots.release()
+
+    async def _linger(self, worker: asyncio.Task[None]) -> Request | None:
+        """Wait, as the controller's one waiting worker, for the next request this replica may run.
+
+        Ahead of the dispatcher in the queue's line (it holds a slot of its own
+        while it waits): the next ready request comes here, and the dispatcher
+        starts a task only for the requests that arrive while this worker is
+        busy. ``None`` when intake stops, the worker's end.
+        """
+        self._waiting_worker = worker
+        try:
+            while True:
+                try:
+                    request = await self.queue.get(ahead=True)
+                except QueueShutDown:
+                    return None
+                if self._admitted(request):
+                    self._current[worker] = request
+                    return request
+                self.queue.done(request)
+        finally:
+            self._waiting_worker = None
+
+    def _winding_down(self, worker: asyncio.Task[None]) -> bool:
+        return worker.cancelling() > 0 or self.queue.shutting_down
 
     async def _run_one(self, worker: asyncio.Task[None], request: Request) -> bool:
         """One reconcile; always gives back its request. False: the worker was cancelled, stop."""
@@ -488,7 +529,7 @@ class Controller:
 
     def _next_for(self, worker: asyncio.Task[None]) -> Request | None:
         """The next ready request this worker may take, now; ``None`` ends the worker."""
-        if worker.cancelling() or self.queue.shutting_down:
+        if self._winding_down(worker):
             return None  # a cancel the reconcile swallowed, or a shutdown: the dispatcher decides
         while (request := self.queue.get_nowait()) is not None:
             if self._admitted(request):

@@ -240,12 +240,15 @@ class WorkQueue(Generic[K]):
 
     # -- processing -----------------------------------------------------------------
 
-    async def get(self) -> K:
+    async def get(self, *, ahead: bool = False) -> K:
         """Wait for a ready key and hand it to the caller, who must call ``done`` with it.
 
         Groups with ready keys take turns; a group at its ``group_limit`` is
         passed over. After shutdown the keys still ready are handed out first
-        (a parked group's keys once its held keys are done).
+        (a parked group's keys once its held keys are done). Waiting callers
+        are served in the order they came, except that ``ahead=True`` goes to
+        the front of that line: a controller's idle worker is served before
+        its dispatcher.
 
         Raises:
             QueueShutDown: the queue is shut down and no key is ready.
@@ -254,7 +257,10 @@ class WorkQueue(Generic[K]):
             if self._shutting_down and not self._ready_count:
                 raise QueueShutDown("the work queue is shut down")
             woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._getters.append(woken)
+            if ahead:
+                self._getters.appendleft(woken)
+            else:
+                self._getters.append(woken)
             try:
                 await woken
             except asyncio.CancelledError:
