@@ -25,6 +25,7 @@ import ssl
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
+from typing import cast
 from urllib.parse import quote, urlencode, urlsplit
 
 import httptools
@@ -118,7 +119,7 @@ class _Connection(asyncio.Protocol):
     # --- asyncio.Protocol ---------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast("asyncio.Transport", transport)  # uvloop's is one, without subclassing it
         self._transport = transport
 
     def data_received(self, data: bytes) -> None:

@@ -27,7 +27,7 @@ import logging
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Protocol
+from typing import Protocol, cast
 from urllib.parse import urlencode, urlsplit
 
 from hpack import NeverIndexedHeaderTuple
@@ -263,7 +263,7 @@ class _Channel(asyncio.Protocol):
         return len(self.streams) < self._wire.max_concurrent_streams
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast("asyncio.Transport", transport)  # uvloop's is one, without subclassing it
         self._transport = transport
         tls = transport.get_extra_info("ssl_object")
         self.negotiated = tls.selected_alpn_protocol() if tls is not None else None

@@ -26,7 +26,7 @@ import asyncio
 import datetime
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 from urllib.parse import quote, unquote
 
 from aiohttp import web
@@ -103,9 +103,9 @@ class _Tracked(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if isinstance(transport, asyncio.Transport):  # always, from create_server
-            self._transport = transport
-            self._open[transport] = asyncio.get_running_loop().create_future()
+        # A stream transport, from create_server: uvloop's is one without subclassing it.
+        stream = self._transport = cast("asyncio.Transport", transport)
+        self._open[stream] = asyncio.get_running_loop().create_future()
         self._inner.connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
