@@ -41,8 +41,10 @@ with open(os.path.join(here, "exec-info"), "w") as f:
     f.write(os.environ.get("KUBERNETES_EXEC_INFO", ""))
 if read("child"):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    with open(os.path.join(here, "child-pid"), "w") as f:
+    # Whole or absent: the test reads it as soon as it exists (os.replace is atomic).
+    with open(os.path.join(here, "child-pid.part"), "w") as f:
         f.write(str(child.pid))
+    os.replace(os.path.join(here, "child-pid.part"), os.path.join(here, "child-pid"))
 time.sleep(float(read("sleep", "0")))
 if read("fail"):
     print("the token was " + read("token"))
