@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -12,6 +13,7 @@ from mcruntime._cli.commands import COMMAND_MODULES, commands
 from mcruntime._cli.errors import UsageError
 from mcruntime._cli.main import build_parser
 from mcruntime._cli.options import export_flags, flag_of, given_flags, load_settings, variable_of
+from mcruntime._cli.run import loop_factory
 
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
 
@@ -65,6 +67,29 @@ def test_a_bad_flag_is_named_with_its_value() -> None:
         str(raised.value)
         == "invalid settings: --ready-min-share '1.5': Input should be less than or equal to 1"
     )
+
+
+def test_the_event_loop_is_a_setting_and_uvloop_must_be_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings(flags_of()).event_loop == "asyncio"
+    assert load_settings(flags_of("--event-loop", "uvloop")).event_loop == "uvloop"
+    assert loop_factory("asyncio") is None
+    factory = loop_factory("uvloop")
+    assert factory is not None
+    loop = factory()
+    try:
+        assert type(loop).__module__.startswith("uvloop")
+    finally:
+        loop.close()
+    with pytest.raises(UsageError, match=r"--event-loop 'trio': Input should be 'asyncio' or 'uvloop'"):
+        load_settings({"event_loop": "trio"})
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if it were not installed
+    with pytest.raises(UsageError) as flagged:
+        load_settings(flags_of("--event-loop", "uvloop"))
+    assert str(flagged.value).startswith("invalid settings: --event-loop 'uvloop': ")
+    assert "pip install 'mcruntime-core[uvloop]'" in str(flagged.value)
+    monkeypatch.setenv("MCRUNTIME_EVENT_LOOP", "uvloop")
+    with pytest.raises(UsageError, match=r"MCRUNTIME_EVENT_LOOP='uvloop': .*uvloop is not installed"):
+        load_settings(flags_of())
 
 
 def test_a_bad_variable_is_named_with_its_value(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,7 +27,7 @@ from mcruntime.testing._net import free_port, http_get
 LEASE = mcr.Kind("coordination.k8s.io/v1", "Lease")
 
 FACTORY = '''
-"""A manager whose reconcile of ConfigMap "slow" waits for the file PROCEED, then marks it finished."""
+"""A manager whose reconcile of ConfigMap "slow" says it STARTED on which loop, waits for PROCEED, then marks it finished."""
 
 import asyncio
 import os
@@ -46,7 +46,9 @@ def factory(settings: mcr.ManagerSettings) -> mcr.Manager:
     async def reconcile(request: mcr.Request) -> None:
         if request.name != "slow":
             return
-        (WORK / "started").touch()
+        # Which loop runs it, written whole (a rename), so a reader never sees the file empty.
+        (WORK / "started.part").write_text(type(asyncio.get_running_loop()).__module__)
+        os.replace(WORK / "started.part", WORK / "started")
         while not (WORK / "proceed").exists():  # the work in flight: it ends when the test says so
             await asyncio.sleep(0.05)
         cluster = await manager.get_cluster(mcr.LOCAL_CLUSTER)
@@ -156,6 +158,27 @@ async def test_run_serves_probes_and_drains_in_flight_work_on_sigterm(fleet: Fle
         assert finished["metadata"]["annotations"] == {"cli-test/finished": "yes"}
         released = await hub.client.get(LEASE, lease, namespace=namespace)
         assert released["spec"]["holderIdentity"] == ""
+
+
+async def test_run_on_uvloop_reconciles_writes_and_drains(fleet: Fleet, tmp_path: Path) -> None:
+    plane = fleet["cluster-1"]
+    async with running_cluster(plane, "hub") as hub:
+        namespace = await new_namespace(hub, "cli")
+        async with operator(plane, tmp_path, namespace, "--event-loop", "uvloop") as op:
+            await wait_for(lambda: probe_ok(op.probes, "/readyz"), timeout=60)
+            await hub.client.create(
+                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "slow"}}, namespace=namespace
+            )
+            await wait_for(lambda: (tmp_path / "started").exists(), timeout=60)
+            loop_module = (tmp_path / "started").read_text()
+            op.process.send_signal(signal.SIGTERM)
+            (tmp_path / "proceed").touch()
+            code = await op.exit_code(timeout=30 + 10 + 5)
+            log = await op.stderr()
+        assert code == 0, log
+        assert loop_module.startswith("uvloop"), loop_module
+        finished = await hub.client.get(CONFIGMAP, "slow", namespace=namespace)
+        assert finished["metadata"]["annotations"] == {"cli-test/finished": "yes"}
 
 
 async def test_a_drain_that_hits_its_bound_exits_3(fleet: Fleet, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from collections.abc import Callable
 
 from .._manager.settings import ManagerSettings
 from .check import describe, problems
@@ -37,12 +38,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def execute(arguments: argparse.Namespace) -> int:
     settings, flags = prepare(arguments)
-    return asyncio.run(_run(arguments, settings, flags))
+    with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
+        return runner.run(_run(arguments, settings, flags))
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop ``--event-loop`` names: ``None`` is asyncio's own.
+
+    uvloop is imported only when chosen; the settings checked it is installed.
+    """
+    if name != "uvloop":
+        return None
+    import uvloop
+
+    return uvloop.new_event_loop
 
 
 async def _run(
     arguments: argparse.Namespace, settings: ManagerSettings, flags: dict[str, object]
 ) -> ExitCode:
+    log.debug("event loop: %s", type(asyncio.get_running_loop()).__module__)
     manager = await load_manager(arguments, settings)
     found = problems(manager, flags)
     if arguments.check:

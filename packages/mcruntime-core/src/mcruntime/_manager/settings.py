@@ -9,9 +9,10 @@ variable and what is wrong with it.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .._base.errors import MCRuntimeError
@@ -101,6 +102,19 @@ class ManagerSettings(BaseSettings):
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO")
     log_format: Literal["text", "json"] = Field(default="text")
+    event_loop: Literal["asyncio", "uvloop"] = Field(
+        default="asyncio",
+        description="the event loop `mcruntime run` runs on; uvloop needs the [uvloop] extra",
+    )
+
+    @field_validator("event_loop")
+    @classmethod
+    def _loop_installed(cls, value: str) -> str:
+        # Checked with the other settings, so a missing package is a bad setting at start
+        # (exit 2, naming the flag or variable), not an ImportError after the target loaded.
+        if value == "uvloop" and importlib.util.find_spec("uvloop") is None:
+            raise ValueError("uvloop is not installed: pip install 'mcruntime-core[uvloop]'")
+        return value
 
     @model_validator(mode="after")
     def _lease_timing(self) -> ManagerSettings:
