@@ -34,7 +34,7 @@ from .._base.errors import Gone, KindNotFound
 from .._base.kind import Kind
 from .._base.labels import LabelSelector
 from .._base.objects import JSON, metadata, object_key
-from .._client.client import Client
+from .._client.client import Client, WatchEvent
 
 log = logging.getLogger("mcruntime.informer")
 
@@ -426,8 +426,10 @@ class Informer:
             self._synced.set()
 
     async def _watch(self, scope: str | None) -> None:
-        events = self.client.watch(
+        # Events are handled as the connection reads them (no task wake-up per event).
+        await self.client._watch_each(
             self.kind,
+            lambda event: self._on_event(scope, event),
             namespace=scope,
             resource_version=self._versions.get(scope, ""),
             label_selector=self.label_selector.text or None,
@@ -437,27 +439,28 @@ class Informer:
             read_timeout=self._read_timeout,
             metadata_only=self.metadata_only,
         )
-        async for event in events:
-            obj = event.object
-            version = metadata(obj).get("resourceVersion")
-            if event.type == "BOOKMARK":
-                if version:
-                    self._versions[scope] = str(version)
-                continue
-            self.stats.events += 1
-            prepared = self._prepare(obj)
-            key = object_key(prepared)
-            if event.type == "DELETED":
-                self.store.pop(key)
-                self._emit_delete(prepared)
-            elif event.type in ("ADDED", "MODIFIED"):
-                old = self.store.put(key, prepared)
-                if old is None:
-                    self._emit_add(prepared, False)
-                else:
-                    self._emit_update(old, prepared)
+
+    def _on_event(self, scope: str | None, event: WatchEvent) -> None:
+        obj = event.object
+        version = metadata(obj).get("resourceVersion")
+        if event.type == "BOOKMARK":
             if version:
                 self._versions[scope] = str(version)
+            return
+        self.stats.events += 1
+        prepared = self._prepare(obj)
+        key = object_key(prepared)
+        if event.type == "DELETED":
+            self.store.pop(key)
+            self._emit_delete(prepared)
+        elif event.type in ("ADDED", "MODIFIED"):
+            old = self.store.put(key, prepared)
+            if old is None:
+                self._emit_add(prepared, False)
+            else:
+                self._emit_update(old, prepared)
+        if version:
+            self._versions[scope] = str(version)
 
     async def _resync_loop(self, period: float) -> None:
         while True:

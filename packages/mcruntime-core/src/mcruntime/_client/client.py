@@ -8,19 +8,26 @@ errors in :mod:`mcruntime._base.errors`, naming the cluster and the object.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import orjson
 
-from .._base.errors import APIError, NotFound, Unreachable, error_from_status
+from .._base.errors import NotFound, Unreachable, error_from_status
 from .._base.kind import Kind, Resource
 from .._base.objects import JSON, to_json_shape
 from .discovery import Discovery
 from .permissions import refused_by_authorization, verb_of
 from .transport import Transport
+from .watching import MAX_WATCH_EVENT_BYTES as MAX_WATCH_EVENT_BYTES
+from .watching import Lines, WatchRequest
+from .watching import selector_text as _selector
 from .wording import dropped
+
+if TYPE_CHECKING:
+    from .multiplex import WatchResponse
 
 PatchType = Literal["merge", "json", "strategic"]
 """Which patch format ``Client.patch`` sends: JSON merge patch, JSON patch or strategic merge patch."""
@@ -33,9 +40,6 @@ _APPLY = "application/apply-patch+yaml"  # JSON is valid YAML
 # Metadata-only reads: the server answers with PartialObjectMetadata(List), no spec or data.
 _METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 _METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
-# One watch event carries one object; etcd refuses objects over 1.5 MiB. A server
-# streaming far more without a line break is broken or hostile: stop buffering it.
-MAX_WATCH_EVENT_BYTES = 32 * 2**20
 
 
 class WatchEvent(NamedTuple):
@@ -54,12 +58,6 @@ class ObjectList:
     kind: str = ""
     api_version: str = ""
     metadata: JSON = field(default_factory=dict)
-
-
-def _selector(value: str | Mapping[str, str] | None) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    return ",".join(f"{key}={item}" for key, item in value.items())
 
 
 class Client:
@@ -290,58 +288,85 @@ class Client:
         :class:`Unreachable`. Reconnecting is the caller's decision (the informer
         makes it).
         """
-        resource = await self.resource(kind)
-        params: dict[str, str] = {"watch": "true"}
-        if resource_version:
-            params["resourceVersion"] = resource_version
-        if allow_bookmarks:
-            params["allowWatchBookmarks"] = "true"
-        if (selector := _selector(label_selector)) is not None:
-            params["labelSelector"] = selector
-        if field_selector:
-            params["fieldSelector"] = field_selector
-        if timeout_seconds:
-            params["timeoutSeconds"] = str(timeout_seconds)
-        path = resource.path(namespace)
+        request = WatchRequest(
+            kind, namespace, resource_version, label_selector, field_selector,
+            allow_bookmarks, timeout_seconds, read_timeout, metadata_only,
+        )  # fmt: skip
+        async with self._watch_stream(request) as (response, resource):
+            lines = Lines(resource, self.cluster)
+            health = self.transport.health
+            async for chunk in response.content.iter_any():
+                health.alive()  # events and bookmarks prove the server answers: no probe needed
+                for line in lines.feed(chunk):
+                    yield self._event(line, resource, metadata_only)
+            if (last := lines.rest()) is not None:
+                yield self._event(last, resource, metadata_only)
+
+    async def _watch_each(
+        self,
+        kind: Kind,
+        handle: Callable[[WatchEvent], None],
+        *,
+        namespace: str | None = None,
+        resource_version: str | None = None,
+        label_selector: str | Mapping[str, str] | None = None,
+        field_selector: str | None = None,
+        allow_bookmarks: bool = True,
+        timeout_seconds: int | None = None,
+        read_timeout: float | None = 90.0,
+        metadata_only: bool = False,
+    ) -> None:
+        """:meth:`watch`, with each event handed to ``handle`` as it is read: the informer's path.
+
+        On an HTTP/2 stream the events are handled inside the connection's read,
+        without waking a task per event. An exception from ``handle`` ends the
+        watch and is raised here. A subclass that overrides :meth:`watch` (the
+        namespaced view) is served through its own :meth:`watch`.
+        """
+        request = WatchRequest(
+            kind, namespace, resource_version, label_selector, field_selector,
+            allow_bookmarks, timeout_seconds, read_timeout, metadata_only,
+        )  # fmt: skip
+        if type(self).watch is not Client.watch:
+            async for event in self.watch(kind, **request.options()):
+                handle(event)
+            return
+        async with self._watch_stream(request) as (response, resource):
+            lines = Lines(resource, self.cluster)
+            health = self.transport.health
+            decode = self._event
+
+            def take(chunk: bytes) -> None:
+                health.alive()
+                for line in lines.feed(chunk):
+                    handle(decode(line, resource, metadata_only))
+
+            content = response.content
+            deliver = getattr(content, "deliver", None)  # an HTTP/2 stream (multiplex.Stream)
+            if deliver is not None:
+                await deliver(take)
+            else:
+                async for chunk in content.iter_any():
+                    take(chunk)
+            if (last := lines.rest()) is not None:
+                handle(decode(last, resource, metadata_only))
+
+    @asynccontextmanager
+    async def _watch_stream(self, request: WatchRequest) -> AsyncIterator[tuple[WatchResponse, Resource]]:
+        """The watch's response, status checked; a silent or dropped stream raises :class:`Unreachable`."""
+        resource = await self.resource(request.kind)
+        path = resource.path(request.namespace)
+        read_timeout = request.read_timeout
         try:
-            accept = _METADATA if metadata_only else "application/json"
+            accept = _METADATA if request.metadata_only else "application/json"
             async with self.transport.stream(
-                path, params=params, read_timeout=read_timeout, accept=accept
+                path, params=request.params(), read_timeout=read_timeout, accept=accept
             ) as response:
                 body = _decode(await response.read()) if response.status >= 300 else None
-                self._note_permission(response.status, body, "watch", resource, namespace, None)
+                self._note_permission(response.status, body, "watch", resource, request.namespace, None)
                 if response.status >= 300:
                     raise error_from_status(response.status, body, cluster=self.cluster, kind=resource.kind)
-                # Split lines ourselves: aiohttp's readline caps line length, and one
-                # event carries a whole object (large ConfigMaps, CRDs).
-                # A chunk is most often whole events: split it as it came, and copy into
-                # the buffer only the part of an event that continues in the next chunk.
-                buffer = bytearray()
-                health = self.transport.health
-                async for chunk in response.content.iter_any():
-                    health.alive()  # events and bookmarks prove the server answers: no probe needed
-                    if b"\n" not in chunk:
-                        buffer += chunk
-                        if len(buffer) > MAX_WATCH_EVENT_BYTES:
-                            raise APIError(
-                                f"watch of {resource.plural} sent an event over "
-                                f"{MAX_WATCH_EVENT_BYTES // 2**20} MiB; dropping the connection",
-                                cluster=self.cluster,
-                                kind=resource.kind,
-                            )
-                        continue
-                    if buffer:
-                        buffer += chunk
-                        chunk = bytes(buffer)
-                        buffer.clear()
-                    *lines, rest = chunk.split(b"\n")
-                    if rest:
-                        buffer += rest
-                    for line in lines:
-                        if line and not line.isspace():
-                            yield self._event(line, resource, metadata_only)
-                if buffer and not buffer.isspace():
-                    yield self._event(bytes(buffer), resource, metadata_only)
+                yield response, resource
         except TimeoutError:  # before the dropped connections: aiohttp's read timeout is both
             self.transport.health.failure(f"watch of {resource.kind} silent for {read_timeout}s")
             raise Unreachable(

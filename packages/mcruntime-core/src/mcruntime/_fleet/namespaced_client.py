@@ -10,7 +10,7 @@ overridden, so a change in it cannot route around the pin.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from .._base.errors import Forbidden
@@ -117,6 +117,18 @@ class NamespacedClient(Client):
         pinned = await self._pinned(kind, namespace, None, write=False)
         async for event in self._host.watch(kind, namespace=pinned, **options):
             yield event
+
+    async def _watch_each(
+        self,
+        kind: Kind,
+        handle: Callable[[WatchEvent], None],
+        *,
+        namespace: str | None = None,
+        **options: Any,
+    ) -> None:
+        """The informer's path, pinned as :meth:`watch` is."""
+        pinned = await self._pinned(kind, namespace, None, write=False)
+        await self._host._watch_each(kind, handle, namespace=pinned, **options)
 
     # --- writes: the view's namespace only; cluster-scoped kinds are refused --------------
 
