@@ -35,6 +35,7 @@ from .._base.kind import Kind
 from .._base.labels import LabelSelector
 from .._base.objects import JSON, metadata, object_key
 from .._client.client import Client, WatchEvent
+from .._client.watching import WatchRequest
 
 log = logging.getLogger("mcruntime.informer")
 
@@ -427,9 +428,8 @@ class Informer:
 
     async def _watch(self, scope: str | None) -> None:
         # Events are handled as the connection reads them (no task wake-up per event).
-        await self.client._watch_each(
+        request = WatchRequest(
             self.kind,
-            lambda event: self._on_event(scope, event),
             namespace=scope,
             resource_version=self._versions.get(scope, ""),
             label_selector=self.label_selector.text or None,
@@ -439,6 +439,7 @@ class Informer:
             read_timeout=self._read_timeout,
             metadata_only=self.metadata_only,
         )
+        await self.client._watch_each(request, lambda event: self._on_event(scope, event))
 
     def _on_event(self, scope: str | None, event: WatchEvent) -> None:
         obj = event.object

@@ -302,20 +302,7 @@ class Client:
             if (last := lines.rest()) is not None:
                 yield self._event(last, resource, metadata_only)
 
-    async def _watch_each(
-        self,
-        kind: Kind,
-        handle: Callable[[WatchEvent], None],
-        *,
-        namespace: str | None = None,
-        resource_version: str | None = None,
-        label_selector: str | Mapping[str, str] | None = None,
-        field_selector: str | None = None,
-        allow_bookmarks: bool = True,
-        timeout_seconds: int | None = None,
-        read_timeout: float | None = 90.0,
-        metadata_only: bool = False,
-    ) -> None:
+    async def _watch_each(self, request: WatchRequest, handle: Callable[[WatchEvent], None]) -> None:
         """:meth:`watch`, with each event handed to ``handle`` as it is read: the informer's path.
 
         On an HTTP/2 stream the events are handled inside the connection's read,
@@ -323,12 +310,9 @@ class Client:
         watch and is raised here. A subclass that overrides :meth:`watch` (the
         namespaced view) is served through its own :meth:`watch`.
         """
-        request = WatchRequest(
-            kind, namespace, resource_version, label_selector, field_selector,
-            allow_bookmarks, timeout_seconds, read_timeout, metadata_only,
-        )  # fmt: skip
+        metadata_only = request.metadata_only
         if type(self).watch is not Client.watch:
-            async for event in self.watch(kind, **request.options()):
+            async for event in self.watch(request.kind, **request.options()):
                 handle(event)
             return
         async with self._watch_stream(request) as (response, resource):

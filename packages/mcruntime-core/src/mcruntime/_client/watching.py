@@ -29,14 +29,14 @@ class WatchRequest(NamedTuple):
     """What a watch asks for: :meth:`Client.watch`'s arguments, kept together."""
 
     kind: Kind
-    namespace: str | None
-    resource_version: str | None
-    label_selector: str | Mapping[str, str] | None
-    field_selector: str | None
-    allow_bookmarks: bool
-    timeout_seconds: int | None
-    read_timeout: float | None
-    metadata_only: bool
+    namespace: str | None = None
+    resource_version: str | None = None
+    label_selector: str | Mapping[str, str] | None = None
+    field_selector: str | None = None
+    allow_bookmarks: bool = True
+    timeout_seconds: int | None = None
+    read_timeout: float | None = 90.0
+    metadata_only: bool = False
 
     def params(self) -> dict[str, str]:
         """The query of the watch's GET."""

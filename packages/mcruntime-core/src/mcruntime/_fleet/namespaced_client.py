@@ -18,6 +18,7 @@ from .._base.kind import Kind, Resource
 from .._base.objects import JSON, metadata, to_json_shape
 from .._client.client import Client, ObjectList, WatchEvent
 from .._client.protocols import Reader, Writer
+from .._client.watching import WatchRequest
 
 
 def refused(cluster: str, namespace: str, kind: str, wanted: str | None, name: str | None) -> Forbidden:
@@ -118,17 +119,10 @@ class NamespacedClient(Client):
         async for event in self._host.watch(kind, namespace=pinned, **options):
             yield event
 
-    async def _watch_each(
-        self,
-        kind: Kind,
-        handle: Callable[[WatchEvent], None],
-        *,
-        namespace: str | None = None,
-        **options: Any,
-    ) -> None:
+    async def _watch_each(self, request: WatchRequest, handle: Callable[[WatchEvent], None]) -> None:
         """The informer's path, pinned as :meth:`watch` is."""
-        pinned = await self._pinned(kind, namespace, None, write=False)
-        await self._host._watch_each(kind, handle, namespace=pinned, **options)
+        pinned = await self._pinned(request.kind, request.namespace, None, write=False)
+        await self._host._watch_each(request._replace(namespace=pinned), handle)
 
     # --- writes: the view's namespace only; cluster-scoped kinds are refused --------------
 
