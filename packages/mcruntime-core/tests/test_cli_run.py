@@ -135,6 +135,27 @@ async def probe_ok(port: int, path: str) -> bool:
     return answer is not None and answer[0] == 200
 
 
+@asynccontextmanager
+async def operator_on_hub(
+    fleet: Fleet, tmp_path: Path, *flags: str
+) -> AsyncIterator[tuple[Operator, mcr.Cluster, str]]:
+    """The operator of FACTORY with ``flags``, its hub cluster, and the namespace it watches."""
+    plane = fleet["cluster-1"]
+    async with running_cluster(plane, "hub") as hub:
+        namespace = await new_namespace(hub, "cli")
+        async with operator(plane, tmp_path, namespace, *flags) as op:
+            yield op, hub, namespace
+
+
+async def slow_reconcile_started(op: Operator, hub: mcr.Cluster, namespace: str) -> None:
+    """Once the operator is ready, create ConfigMap "slow" and wait until its reconcile has begun."""
+    await wait_for(lambda: probe_ok(op.probes, "/readyz"), timeout=60)
+    await hub.client.create(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "slow"}}, namespace=namespace
+    )
+    await wait_for(lambda: (op.work / "started").exists(), timeout=60)
+
+
 async def test_run_serves_probes_and_drains_in_flight_work_on_sigterm(fleet: Fleet, tmp_path: Path) -> None:
     plane = fleet["cluster-1"]
     async with running_cluster(plane, "hub") as hub:
@@ -143,11 +164,7 @@ async def test_run_serves_probes_and_drains_in_flight_work_on_sigterm(fleet: Fle
         flags = ("--leader-election", "--leader-election-id", lease, "--leader-election-namespace", namespace)
         async with operator(plane, tmp_path, namespace, *flags, "--graceful-shutdown-timeout", "20") as op:
             await wait_for(lambda: probe_ok(op.probes, "/healthz"), timeout=60)
-            await wait_for(lambda: probe_ok(op.probes, "/readyz"), timeout=60)
-            await hub.client.create(
-                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "slow"}}, namespace=namespace
-            )
-            await wait_for(lambda: (tmp_path / "started").exists(), timeout=60)
+            await slow_reconcile_started(op, hub, namespace)
             op.process.send_signal(signal.SIGTERM)
             (tmp_path / "proceed").touch()
             code = await op.exit_code(timeout=20 + 10 + 5)
@@ -161,59 +178,38 @@ async def test_run_serves_probes_and_drains_in_flight_work_on_sigterm(fleet: Fle
 
 
 async def test_run_on_uvloop_reconciles_writes_and_drains(fleet: Fleet, tmp_path: Path) -> None:
-    plane = fleet["cluster-1"]
-    async with running_cluster(plane, "hub") as hub:
-        namespace = await new_namespace(hub, "cli")
-        async with operator(plane, tmp_path, namespace, "--event-loop", "uvloop") as op:
-            await wait_for(lambda: probe_ok(op.probes, "/readyz"), timeout=60)
-            await hub.client.create(
-                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "slow"}}, namespace=namespace
-            )
-            await wait_for(lambda: (tmp_path / "started").exists(), timeout=60)
-            loop_module = (tmp_path / "started").read_text()
-            op.process.send_signal(signal.SIGTERM)
-            (tmp_path / "proceed").touch()
-            code = await op.exit_code(timeout=30 + 10 + 5)
-            log = await op.stderr()
-        assert code == 0, log
+    async with operator_on_hub(fleet, tmp_path, "--event-loop", "uvloop") as (op, hub, namespace):
+        await slow_reconcile_started(op, hub, namespace)
+        loop_module = (tmp_path / "started").read_text()
+        op.process.send_signal(signal.SIGTERM)
+        (tmp_path / "proceed").touch()
+        code = await op.exit_code(timeout=30 + 10 + 5)
+        assert code == 0, await op.stderr()
         assert loop_module.startswith("uvloop"), loop_module
         finished = await hub.client.get(CONFIGMAP, "slow", namespace=namespace)
         assert finished["metadata"]["annotations"] == {"cli-test/finished": "yes"}
 
 
 async def test_a_drain_that_hits_its_bound_exits_3(fleet: Fleet, tmp_path: Path) -> None:
-    plane = fleet["cluster-1"]
-    async with running_cluster(plane, "hub") as hub:
-        namespace = await new_namespace(hub, "cli")
-        async with operator(plane, tmp_path, namespace, "--graceful-shutdown-timeout", "1") as op:
-            await wait_for(lambda: probe_ok(op.probes, "/readyz"), timeout=60)
-            await hub.client.create(
-                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "slow"}}, namespace=namespace
-            )
-            await wait_for(lambda: (tmp_path / "started").exists(), timeout=60)
-            op.process.send_signal(signal.SIGTERM)  # and the reconcile never gets to proceed
-            code = await op.exit_code(timeout=1 + 10 + 5)
-            log = await op.stderr()
-        assert code == 3, log
-        assert "did not finish within 1s" in log
+    async with operator_on_hub(fleet, tmp_path, "--graceful-shutdown-timeout", "1") as (op, hub, namespace):
+        await slow_reconcile_started(op, hub, namespace)
+        op.process.send_signal(signal.SIGTERM)  # and the reconcile never gets to proceed
+        code = await op.exit_code(timeout=1 + 10 + 5)
+        log = await op.stderr()
+    assert code == 3, log
+    assert "did not finish within 1s" in log
 
 
 async def test_a_second_signal_stops_at_once_and_exits_3(fleet: Fleet, tmp_path: Path) -> None:
-    plane = fleet["cluster-1"]
-    async with running_cluster(plane, "hub") as hub:
-        namespace = await new_namespace(hub, "cli")
-        async with operator(plane, tmp_path, namespace, "--graceful-shutdown-timeout", "600") as op:
-            await wait_for(lambda: probe_ok(op.probes, "/readyz"), timeout=60)
-            slow = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "slow"}}
-            await hub.client.create(slow, namespace=namespace)
-            await wait_for(lambda: (tmp_path / "started").exists(), timeout=60)
-            op.process.send_signal(signal.SIGINT)
-            await wait_for(lambda: "stopping gracefully" in op.log.read_text(), timeout=30)
-            op.process.send_signal(signal.SIGINT)
-            code = await op.exit_code(timeout=30)  # far inside the 600 s drain it would have had
-            log = await op.stderr()
-        assert code == 3, log
-        assert "received SIGINT again" in log
+    async with operator_on_hub(fleet, tmp_path, "--graceful-shutdown-timeout", "600") as (op, hub, namespace):
+        await slow_reconcile_started(op, hub, namespace)
+        op.process.send_signal(signal.SIGINT)
+        await wait_for(lambda: "stopping gracefully" in op.log.read_text(), timeout=30)
+        op.process.send_signal(signal.SIGINT)
+        code = await op.exit_code(timeout=30)  # far inside the 600 s drain it would have had
+        log = await op.stderr()
+    assert code == 3, log
+    assert "received SIGINT again" in log
 
 
 async def test_check_builds_and_describes_the_manager_without_connecting(tmp_path: Path) -> None:
