@@ -307,8 +307,9 @@ class Client:
 
         On an HTTP/2 stream the events are handled inside the connection's read,
         without waking a task per event. An exception from ``handle`` ends the
-        watch and is raised here. A subclass that overrides :meth:`watch` (the
-        namespaced view) is served through its own :meth:`watch`.
+        watch and is raised here. A subclass that overrides :meth:`watch` and
+        not this method (a user's wrapper) is served through its own
+        :meth:`watch`; the namespaced view overrides both.
         """
         metadata_only = request.metadata_only
         if type(self).watch is not Client.watch:
