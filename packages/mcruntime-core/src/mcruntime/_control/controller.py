@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._base.backoff import DEFAULT_BACKOFF, Backoff
-from .._base.errors import ClusterNotFound, Conflict, Fenced, Forbidden, Unreachable
+from .._base.errors import Unreachable
 from .._base.tasks import TaskSet
 from .._reconcile.context import enter_reconcile, leave_reconcile
 from .._reconcile.fence import WriteCheck, enter_write_check, leave_write_check
-from .._reconcile.request import ReconcileFunction, Request, TerminalError
+from .._reconcile.request import ReconcileFunction, Request
 from .gates import LeaderGate, RequestGate
-from .outcomes import ParkedRequests, ReconcileStats, apply_result
+from .outcomes import ParkedRequests, ReconcileStats, apply_failure, apply_result
 from .predicate import ObjectEvent, Predicate, matches
 from .ratelimit import RateLimiter, default_rate_limiter
 from .source import Attachment, ChannelSource, KindSource
@@ -549,65 +549,10 @@ class Controller:
         token = enter_reconcile(self.name, request)
         guard = enter_write_check(self.write_check)
         started = time.monotonic()
-        outcome = "success"
         try:
             result = await self._reconcile(request)
-        except ClusterNotFound:
-            outcome = "dropped"
-            self.stats.dropped_cluster_gone += 1
-            self.queue.forget(request)
-            log.info("controller %s: %s dropped: cluster %r is gone", self.name, request, request.cluster)
-        except Fenced as fenced:
-            # The replica's share or leadership lapsed mid-reconcile, and the write was not sent.
-            # Queued again, the request waits until this replica holds its cluster again; a
-            # sharded gate drops it if the cluster moved away (its new owner reconciles it).
-            outcome = "error"
-            self.stats.fenced += 1
-            self.queue.add_rate_limited(request)
-            log.warning("controller %s: %s stopped, its write not sent: %s", self.name, request, fenced)
-        except (Conflict, Forbidden) as refused:
-            # Optimistic concurrency doing its job (usually a cache behind our own write), or a
-            # permission missing (the cluster's record names it, once): a retry and a line, no traceback.
-            outcome = "error"
-            self.stats.error += 1
-            self.queue.add_rate_limited(request)
-            what = "a conflict" if isinstance(refused, Conflict) else "a missing permission"
-            log.info("controller %s: %s hit %s, retrying: %s", self.name, request, what, refused)
-        except Unreachable as error:
-            outcome = "error"
-            self.stats.error += 1
-            if self._park(request, error):
-                log.info(
-                    "controller %s: %s waits until cluster %r answers again: %s",
-                    self.name,
-                    request,
-                    error.cluster,
-                    error,
-                )
-            else:
-                self.queue.add_rate_limited(request)
-                log.warning(
-                    "controller %s: reconcile of %s failed (retry %d): %s",
-                    self.name,
-                    request,
-                    self.queue.num_requeues(request),
-                    error,
-                )
-        except TerminalError:
-            outcome = "terminal"
-            self.stats.terminal += 1
-            self.queue.forget(request)
-            log.exception("controller %s: %s failed terminally; not retrying", self.name, request)
-        except Exception:
-            outcome = "error"
-            self.stats.error += 1
-            self.queue.add_rate_limited(request)
-            log.exception(
-                "controller %s: reconcile of %s failed (retry %d)",
-                self.name,
-                request,
-                self.queue.num_requeues(request),
-            )
+        except Exception as error:
+            outcome = apply_failure(self.name, self.queue, self.stats, request, error, self._park)
         else:
             outcome = apply_result(self.name, self.queue, self.stats, request, result)
         finally:

@@ -2,9 +2,10 @@
 
 A reconcile that returned is counted and its request forgotten, requeued with
 backoff or requeued after a delay, as its :class:`Result` says. A reconcile
-that failed because its cluster does not answer is parked: held until that
-cluster's health probe gets an answer, instead of burning its backoff on
-retries that would fail at once.
+that raised is counted by what it raised, with one log line that says what
+happens next. One that failed because its cluster does not answer is parked:
+held until that cluster's health probe gets an answer, instead of burning its
+backoff on retries that would fail at once.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .._reconcile.request import Request, Result
+from .._base.errors import ClusterNotFound, Conflict, Fenced, Forbidden, Unreachable
+from .._reconcile.request import Request, Result, TerminalError
 from .workqueue import WorkQueue
 
 if TYPE_CHECKING:
@@ -66,6 +68,78 @@ def apply_result(
     stats.success += 1
     queue.forget(request)
     return "success"
+
+
+def apply_failure(
+    controller: str,
+    queue: WorkQueue[Request],
+    stats: ReconcileStats,
+    request: Request,
+    error: Exception,
+    park: Callable[[Request, Unreachable], bool],
+) -> str:
+    """Count a reconcile that raised ``error``, queue its request as the error asks; the outcome's name.
+
+    Only a reconciler's own bug gets a traceback: the errors the runtime
+    expects (a cluster gone, a fence, a conflict, a missing permission, a
+    cluster not answering) get one line naming the request and what comes next.
+    """
+    if isinstance(error, ClusterNotFound):
+        stats.dropped_cluster_gone += 1
+        queue.forget(request)
+        log.info("controller %s: %s dropped: cluster %r is gone", controller, request, request.cluster)
+        return "dropped"
+    if isinstance(error, Fenced):
+        # The replica's share or leadership lapsed mid-reconcile, and the write was not sent.
+        # Queued again, the request waits until this replica holds its cluster again; a
+        # sharded gate drops it if the cluster moved away (its new owner reconciles it).
+        stats.fenced += 1
+        queue.add_rate_limited(request)
+        log.warning("controller %s: %s stopped, its write not sent: %s", controller, request, error)
+        return "error"
+    if isinstance(error, (Conflict, Forbidden)):
+        # Optimistic concurrency doing its job (usually a cache behind our own write), or a
+        # permission missing (the cluster's record names it, once): a retry and a line, no traceback.
+        stats.error += 1
+        queue.add_rate_limited(request)
+        what = "a conflict" if isinstance(error, Conflict) else "a missing permission"
+        log.info("controller %s: %s hit %s, retrying: %s", controller, request, what, error)
+        return "error"
+    if isinstance(error, Unreachable):
+        stats.error += 1
+        if park(request, error):
+            log.info(
+                "controller %s: %s waits until cluster %r answers again: %s",
+                controller,
+                request,
+                error.cluster,
+                error,
+            )
+        else:
+            queue.add_rate_limited(request)
+            log.warning(
+                "controller %s: reconcile of %s failed (retry %d): %s",
+                controller,
+                request,
+                queue.num_requeues(request),
+                error,
+            )
+        return "error"
+    if isinstance(error, TerminalError):
+        stats.terminal += 1
+        queue.forget(request)
+        log.error("controller %s: %s failed terminally; not retrying", controller, request, exc_info=error)
+        return "terminal"
+    stats.error += 1
+    queue.add_rate_limited(request)
+    log.error(
+        "controller %s: reconcile of %s failed (retry %d)",
+        controller,
+        request,
+        queue.num_requeues(request),
+        exc_info=error,
+    )
+    return "error"
 
 
 class ParkedRequests:
