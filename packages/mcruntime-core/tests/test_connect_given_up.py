@@ -6,7 +6,9 @@ moment (a timeout, a cluster stopping) then leaves a socket behind, and a test
 process that ends first sees it as an unclosed transport (first seen on 3.12
 under load). Both our pools, HTTP/1.1 requests and HTTP/2 watches, must abort
 what they made instead. The server here finishes the handshake and never reads
-again, so only an abort ends the connection before the bound.
+again, so only an abort ends the connection before the bound. (Our TLS transport
+calls ``connection_made`` in the connecting task itself, so the cancel lands at
+the caller's next wait: the request's answer, the HTTP/2 connection's SETTINGS.)
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ async def test_a_watch_given_up_as_its_handshake_finished_drops_the_connection(
 ) -> None:
     gone = _cancel_when_made(monkeypatch, multiplex._Channel)
     context = ssl.create_default_context(cadata=ca.cert_pem.decode())
+    context.set_alpn_protocols(["h2"])  # as a cluster's watch context does: the server picks h2
 
     async def tls() -> ssl.SSLContext:
         return context

@@ -30,6 +30,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 import httptools
 
+from .tls_socket import open_tls
 from .wording import os_reason, plain_word
 
 MAX_HEADER_BYTES = 256 * 1024
@@ -349,13 +350,16 @@ class RequestPool:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):
-                _, connection = await loop.create_connection(
-                    protocol,
-                    self._host,
-                    self._port,
-                    ssl=self._context,
-                    server_hostname=self._server_hostname,
-                )
+                if self._context is None:
+                    _, connection = await loop.create_connection(protocol, self._host, self._port)
+                else:
+                    _, connection = await open_tls(
+                        protocol,
+                        self._host,
+                        self._port,
+                        context=self._context,
+                        server_hostname=self._server_hostname,
+                    )
         except TimeoutError:
             raise RequestFailed(
                 f"cannot connect: no connection in {timeout:g}s", never_sent=True, timed_out=True

@@ -34,6 +34,7 @@ from hpack import NeverIndexedHeaderTuple
 from .silence import Sweep
 from .stream import Stream as Stream  # importable from here as before
 from .stream import WatchResponse as WatchResponse
+from .tls_socket import open_tls
 from .wire import CANCEL, Wire, WireError, error_name
 from .wording import StreamClosed as StreamClosed  # raised here; importable from here as before
 
@@ -382,16 +383,15 @@ class Multiplexer:
     async def _open(
         self, context: Callable[[], Awaitable[ssl.SSLContext]], protocol: Callable[[], _Channel]
     ) -> _Channel | None:
-        loop = asyncio.get_running_loop()
         try:
             if self._context is None:
                 self._context = await context()
             async with asyncio.timeout(self.connect_timeout):
-                transport, channel = await loop.create_connection(
+                transport, channel = await open_tls(
                     protocol,
                     self._host,
                     self._port,
-                    ssl=self._context,
+                    context=self._context,
                     server_hostname=self._server_hostname or self._host,
                 )
                 if channel.negotiated != "h2":
