@@ -3,9 +3,10 @@
 Every request and watch of the client rides on it, so the suite's tests against
 real API servers exercise its common path. These pin the paths an API server
 rarely takes: a write larger than the socket takes at once (the "want write"
-retry of the same bytes), the server's close reaching the protocol once, a
-protocol that raises, many records in one read, and a server the client does
-not trust. The server is asyncio's own TLS server on loopback.
+retry of the same bytes), a close whose bytes the server never reads, the
+server's close reaching the protocol once, a protocol that raises, many records
+and a long body, and a server the client does not trust. The server is
+asyncio's own TLS server on loopback.
 """
 
 from __future__ import annotations
@@ -174,10 +175,11 @@ async def test_the_servers_close_reaches_the_protocol_once_after_its_data(
     transport.write(b"after the end")  # ignored, as asyncio's transport does: nothing raises
 
 
-async def test_many_records_in_one_read_are_all_delivered(
+async def test_many_short_records_and_a_long_body_are_all_delivered_in_order(
     server_context: ssl.SSLContext, client_context: ssl.SSLContext
 ) -> None:
     records = [f"event {n:05d}\n".encode() for n in range(2000)]  # each write is a TLS record of its own
+    records.append(bytes(range(256)) * (16 << 10))  # 4 MiB in full records, as a LIST's body comes
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         for record in records:

@@ -30,6 +30,7 @@ log = logging.getLogger("mcruntime.transport")
 
 _READ_SIZE = 256 * 1024  # a LIST's body arrives in few reads (asyncio's TLS buffer, tuned in tls.py)
 _READS_PER_WAKE = 16  # records decrypted in one wake-up before the other sockets get their turn
+_FULL_RECORD = 16384  # TLS's largest record of plaintext
 
 P = TypeVar("P", bound=asyncio.Protocol)
 
@@ -268,8 +269,11 @@ class TLSTransport(asyncio.Transport):
                 log.exception("the connection's reader failed; the connection is closed")
                 self._fail(error)
                 return
-            if not self._reading or not tls.pending():
-                return  # nothing decrypted is waiting: the selector says when the socket has more
+            if not self._reading or (len(data) < _FULL_RECORD and not tls.pending()):
+                # A short record ends what the server sent (an event, an answer): the selector
+                # says when there is more, with no read that fails to find out. A full one is
+                # likely a LIST's body going on: read on, up to the bound.
+                return
 
     def _write_ready(self) -> None:
         if self._read_wants_write:
