@@ -39,7 +39,10 @@ def tune_tls_read_buffer() -> None:
     an idle cluster's memory. TLS records carry at most 16 KiB, so 64 KiB
     reads lose nothing. The setting is the process's, so it is only lowered
     from the standard library's own default; ``MCRUNTIME_TLS_READ_BUFFER_KIB``
-    chooses another size (256 keeps the default).
+    chooses another size (256 keeps the default). Since the client's own
+    connections read through the socket's TLS (``tls_socket.py``), this
+    applies to the ones asyncio still makes: aiohttp's (a cluster behind a
+    proxy, a watch on a server without HTTP/2) and the webhook server's.
     """
     global _tls_buffer_tuned
     if _tls_buffer_tuned:

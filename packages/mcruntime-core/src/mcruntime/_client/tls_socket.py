@@ -28,7 +28,10 @@ from typing import Any, TypeVar
 
 log = logging.getLogger("mcruntime.transport")
 
-_READ_SIZE = 256 * 1024  # a LIST's body arrives in few reads (asyncio's TLS buffer, tuned in tls.py)
+# One read returns one record (16 KiB of plaintext at most). The buffer is allocated per read
+# and shrunk to what came: at 256 KiB it is above glibc's mmap threshold, and every read
+# cost an mmap, an mremap and an munmap; at 64 KiB it comes from the heap.
+_READ_SIZE = 64 * 1024
 _READS_PER_WAKE = 16  # records decrypted in one wake-up before the other sockets get their turn
 _FULL_RECORD = 16384  # TLS's largest record of plaintext
 
