@@ -78,4 +78,6 @@ def object_key(obj: Mapping[str, Any]) -> str:
 def metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     """The object's metadata (empty when absent)."""
     value = obj.get("metadata")
+    if isinstance(value, dict):  # what JSON decodes to: no ABC check (three per watch event)
+        return value
     return value if isinstance(value, Mapping) else {}
