@@ -250,3 +250,26 @@ async def test_a_port_nobody_listens_on_raises_the_connections_error(client_cont
         bound.bind(("127.0.0.1", 0))
         with pytest.raises(ConnectionRefusedError):
             await connect(bound.getsockname()[1], client_context)
+
+
+async def test_a_name_whose_every_address_refuses_raises_that_refusal(
+    client_context: ssl.SSLContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two addresses refusing alike (``localhost`` as ::1 and 127.0.0.1) is one named failure, not "OSError"."""
+    with socket.socket() as first, socket.socket() as second:  # bound, never listening: each refuses
+        first.bind(("127.0.0.1", 0))
+        second.bind(("127.0.0.2", first.getsockname()[1]))
+        port = first.getsockname()[1]
+        loop = asyncio.get_running_loop()
+
+        async def two_addresses(host: str, port: int, **_: object) -> list[tuple[object, ...]]:
+            return [
+                (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.1", port)),
+                (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.2", port)),
+            ]
+
+        monkeypatch.setattr(loop, "getaddrinfo", two_addresses)
+        with pytest.raises(ConnectionRefusedError):
+            await open_tls(
+                Recorder, "both.example", port, context=client_context, server_hostname="127.0.0.1"
+            )

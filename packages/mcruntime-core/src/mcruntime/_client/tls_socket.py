@@ -95,8 +95,8 @@ async def _connect(loop: asyncio.AbstractEventLoop, host: str, port: int) -> soc
             sock.close()
             raise
         return sock
-    if len({str(error) for error in errors}) == 1:
-        raise errors[0]
+    if len({error.errno for error in errors}) == 1:
+        raise errors[0]  # the same failure at every address (each message names its own): say it once
     raise OSError("; ".join(str(error) for error in errors))
 
 
