@@ -392,11 +392,20 @@ def peer_kinds(go_binary: Path | None, local_kubeconfig: Path) -> dict[str, Peer
         binary = str(go_binary)
         for name, engage in (("go", "shipped"), ("go concurrent", "concurrent")):
             kinds[name] = PeerKind(name, True, _go_command(binary, local_kubeconfig, engage))
+        # The same runtime on JSON: what controller-runtime speaks to a custom resource.
+        kinds[GO_JSON] = PeerKind(GO_JSON, True, _go_command(binary, local_kubeconfig, "concurrent", "json"))
     return kinds
 
 
-def _go_command(binary: str, local_kubeconfig: Path, engage: str) -> Callable[[Path, str], list[str]]:
-    """The Go peer's command line; ``engage`` is ``shipped`` (the file provider) or ``concurrent``."""
+# controller-runtime asks for protobuf for built-in kinds (the benchmark's ConfigMaps) and
+# for JSON for custom resources, which have no protobuf; mcruntime speaks JSON to every kind.
+GO_JSON = "go concurrent json"
+
+
+def _go_command(
+    binary: str, local_kubeconfig: Path, engage: str, wire: str = "default"
+) -> Callable[[Path, str], list[str]]:
+    """The Go peer's command line; ``engage``: shipped or concurrent; ``wire``: default or json."""
 
     def command(directory: Path, namespace: str) -> list[str]:
         return [
@@ -409,6 +418,8 @@ def _go_command(binary: str, local_kubeconfig: Path, engage: str) -> Callable[[P
             namespace,
             "-engage",
             engage,
+            "-wire",
+            wire,
         ]
 
     return command

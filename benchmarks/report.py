@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on CI
 import matplotlib.pyplot as plt
 from matplotlib import ticker
-from report_fleet import BASELINE, SECTIONS, profile_lines, section, spread_text
+from report_fleet import BASELINE, GO_JSON, SECTIONS, profile_lines, section, spread_text
 from report_fleet import goals as fleet_goals
 from report_webhook import goal as webhook_goal
 from report_webhook import section as webhook_section
@@ -29,6 +29,7 @@ COLORS = {
     "mcruntime": "#3572a5",
     "mcruntime debounce=0": "#7fa8d0",
     "go concurrent": "#5dc9e2",
+    "go concurrent json": "#9fdcec",
     "kopf": "#e07b39",
     "floor": "#999999",
 }
@@ -112,7 +113,11 @@ def render(results: dict[str, Any], out: Path) -> None:
         "provider over a directory of kubeconfig files; *go* is multicluster-runtime's file",
         "provider as shipped (it engages one cluster at a time, each blocking until its cache",
         f"has synced), *{BASELINE}* the same runtime with a provider that engages them side by",
-        "side: ratios in the goals are against it. The Python peers run byte-compiled, as an",
+        "side: ratios in the goals are against it. That runtime asks the API servers for",
+        "protobuf for built-in kinds such as these ConfigMaps, and for JSON for custom",
+        f"resources (they have no protobuf); mcruntime speaks JSON to every kind. *{GO_JSON}*",
+        "(S7 and S8 only) is the concurrent variant on JSON: the comparison on an operator's",
+        "own kinds. The Python peers run byte-compiled, as an",
         "installed package does (the Go peer is a compiled binary). Peers run in a random order per round",
         f"(seed {results.get('order_seed', '-')}).",
         "",

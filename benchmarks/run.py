@@ -42,11 +42,8 @@ from report import render
 from report_fleet import losing
 from scenarios import (
     BULK,
-    FULL,
     SMALL,
-    SMOKE,
     Bench,
-    Sizes,
     s1_initial_sync,
     s2_steady_state,
     s3_engage,
@@ -68,6 +65,7 @@ from scenarios_fleet import (
 )
 from scenarios_fleet import profile as profile_scenario
 from scenarios_webhook import s13_admission
+from sizes import FULL, SMOKE, Sizes
 
 import mcruntime as mcr
 from mcruntime.testing import ETCD_VERSION, KUBERNETES_VERSION, Fleet
@@ -247,7 +245,9 @@ def main() -> None:
         "--only",
         help=f"comma-separated scenarios, e.g. s1,s3 (all: all but {', '.join(OPT_IN)}; smoke: every one)",
     )
-    parser.add_argument("--peers", default="go,go concurrent,mcruntime,kopf", help="comma-separated peers")
+    parser.add_argument(
+        "--peers", default="go,go concurrent,go concurrent json,mcruntime,kopf", help="comma-separated peers"
+    )
     parser.add_argument(
         "--profile",
         action="store_true",

@@ -20,10 +20,8 @@ from typing import Any
 from harness import BenchError, Peer, percentile, running, write_kubeconfig, write_load
 from scenarios import (
     BULK,
-    FULL,
     SMALL,
     Bench,
-    Sizes,
     _all_reconciled,
     _completed_at,
     _matched,
@@ -33,6 +31,7 @@ from scenarios import (
     spread,
     write_run,
 )
+from sizes import FULL, Sizes
 
 from mcruntime._manager.gcfreeze import THAW_SHARE
 from mcruntime.testing import ControlPlane
@@ -119,9 +118,9 @@ async def s7_writes(bench: Bench) -> dict[str, Any]:
     """Every object of every plane reconciled once by a reconcile that patches it; 4 workers."""
     sizes = bench.sizes
     total = len(bench.planes) * sizes.writes_objects
-    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in bench.multicluster()}
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in bench.multicluster(on_json=True)}
     for repeat in range(sizes.writes_repeats):
-        for kind in bench.multicluster():
+        for kind in bench.multicluster(on_json=True):
             runs[kind].append(await _s7_run(bench, kind, f"s7-{kind.replace(' ', '-')}-{repeat}"))
             data = runs[kind][-1]
             bench.log(f"S7 {kind}: {data['per_second']:.0f} patches/s, {data['cpu_s']:.1f} CPU s")
@@ -134,9 +133,10 @@ async def s7_writes(bench: Bench) -> dict[str, Any]:
 async def s8_steady_cpu(bench: Bench) -> dict[str, Any]:
     """CPU seconds per 1,000 watch events at a fixed event rate, after the initial sync."""
     sizes = bench.sizes
-    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in bench.multicluster(shipped=False)}
+    kinds = bench.multicluster(shipped=False, on_json=True)
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
     for repeat in range(sizes.cpu_repeats):  # the order is drawn anew each round
-        for kind in bench.multicluster(shipped=False):
+        for kind in bench.multicluster(shipped=False, on_json=True):
             label = f"s8-{kind.replace(' ', '-')}-{repeat}"
             rate, seconds = sizes.cpu_rate, sizes.cpu_seconds
             data = await write_run(bench, kind, BULK, sizes.bulk_objects, rate, seconds, label)

@@ -36,7 +36,8 @@ from typing import Any
 import aiohttp
 import orjson
 from harness import PEERS, BenchError, Peer, percentile, running
-from scenarios import FULL, Bench, Sizes, spread
+from scenarios import Bench, spread
+from sizes import FULL, Sizes
 
 import mcruntime as mcr
 from mcruntime.testing import ControlPlane

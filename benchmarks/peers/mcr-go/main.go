@@ -17,7 +17,11 @@
 // off (QPS -1; mcruntime has no limiter), and -engage concurrent engages
 // clusters side by side (see concurrent.go) instead of the file provider's one
 // at a time. -mode write patches each object once (data.observed), -mode live
-// reads from the API server instead of the cache. -floor lists and exits.
+// reads from the API server instead of the cache. -wire json makes the client and
+// the cache speak JSON: controller-runtime picks protobuf for built-in kinds such
+// as ConfigMap, and JSON for every custom resource (CRDs have no protobuf), so
+// this is how the same runtime talks to an operator's own kinds.
+// -floor lists and exits.
 // -webhook-port serves S13's validating admission webhook (webhook.go) instead.
 //
 // Timestamps are wall-clock seconds (time.Now), the clock the harness's writer
@@ -98,7 +102,16 @@ func main() {
 	floorRuns := flag.Int("floor", 0, "list every context's namespace this many times (after one warm-up), report the fastest, exit")
 	webhookPort := flag.Int("webhook-port", 0, "serve the S13 validating webhook on this port (see webhook.go) instead of reconciling")
 	certDir := flag.String("cert-dir", "", "webhook mode: directory with tls.crt and tls.key")
+	wire := flag.String("wire", "default", "default: controller-runtime's choice (protobuf for built-in kinds); json: JSON, as for a custom resource")
 	flag.Parse()
+	switch *wire {
+	case "default":
+	case "json":
+		jsonWire = true
+	default:
+		fmt.Fprintf(os.Stderr, "mcr-go: -wire: unknown value %q (default or json)\n", *wire)
+		os.Exit(2)
+	}
 	ctrllog.SetLogger(logr.Discard())
 
 	o := &out{w: bufio.NewWriterSize(os.Stdout, 1<<16)}
@@ -119,10 +132,19 @@ func main() {
 	o.flush()
 }
 
+// jsonWire is -wire json: every request and watch in JSON, as for a custom resource.
+var jsonWire bool
+
 // unlimited turns client-go's client-side rate limit off (QPS < 0): mcruntime has none.
+// With -wire json it also sets the content type, which controller-runtime then
+// keeps instead of choosing protobuf for built-in kinds.
 func unlimited(config *rest.Config) *rest.Config {
 	config = rest.CopyConfig(config)
 	config.QPS = -1
+	if jsonWire {
+		config.ContentType = "application/json"
+		config.AcceptContentTypes = "application/json"
+	}
 	return config
 }
 
