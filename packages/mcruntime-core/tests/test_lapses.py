@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from kube_helpers import new_namespace, running_cluster, unique
-from test_lease_loops import Partition, Partitionable, liveness_through
+from lease_helpers import Partition, Partitionable, liveness_through
 
 import mcruntime as mcr
 from mcruntime._reconcile.fence import enter_write_check, leave_write_check

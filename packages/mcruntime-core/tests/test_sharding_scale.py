@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 from kube_helpers import running_cluster
-from test_sharding import Shards, shard_group
+from shard_group import Shards, shard_group
 
 import mcruntime as mcr
 from mcruntime.testing import Fleet, wait_until

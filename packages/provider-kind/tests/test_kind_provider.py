@@ -1,7 +1,8 @@
 """KindProvider against a stand-in ``kind`` whose clusters are real testbed control planes.
 
 No container runtime exists where these tests run, so each test writes a tiny
-``kind`` executable of its own into ``tmp_path`` and puts it first on ``PATH``.
+``kind`` executable of its own (``kind_standin.py``) into ``tmp_path`` and puts
+it first on ``PATH`` (the ``kind`` fixture, ``conftest.py``).
 It answers ``kind get clusters`` and ``kind get kubeconfig --name X
 [--internal]`` with kind's output format, messages and exit codes, from a JSON
 state file the test edits: which clusters exist, which kubeconfig each one's
@@ -13,29 +14,19 @@ runtime is up, whether a kubeconfig is readable yet. Everything after discovery
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-import stat
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
+from kind_standin import FakeKind
 
 import mcruntime as mcr
 from mcruntime.testing import Fleet
-from mcruntime.testing.conformance import (
-    CLUSTER_OPTIONS,
-    PROBE_INTERVAL,
-    Capability,
-    ProviderConformance,
-    ProviderDriver,
-    Target,
-    wait_until,
-)
+from mcruntime.testing.conformance import CLUSTER_OPTIONS, PROBE_INTERVAL, Target, wait_until
 from mcruntime_kind import (
     LISTING,
     NO_CLUSTERS,
@@ -52,150 +43,6 @@ POLL = 0.1
 """Poll interval of every provider under test: changes show within a few tenths of a second."""
 
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
-
-# --- the stand-in kind ----------------------------------------------------------------------
-
-_STANDIN = r'''#!{python} -IS
-"""Stand-in for the kind CLI (tests only): answers from the JSON state file next to it."""
-import json
-import os
-import subprocess
-import sys
-import time
-
-RUNTIME_DOWN = (
-    "failed to list clusters: command \"docker ps -a --filter label=io.x-k8s.kind.cluster "
-    "--format '{{{{.Label \"io.x-k8s.kind.cluster\"}}}}'\" failed with error: exit status 1\n"
-    "Command Output: Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
-    "Is the docker daemon running?"
-)
-
-
-def fail(message):
-    sys.stderr.write("ERROR: " + message + "\n")
-    sys.exit(1)
-
-
-def scalar(value):
-    return json.dumps(value)  # a JSON string is a YAML double-quoted scalar; {{}} and [] are flow YAML
-
-
-def block(value, indent):
-    lines = []
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(item, (dict, list)) and item:
-                lines.append(indent + key + ":")
-                lines.extend(block(item, indent + "  "))
-            else:
-                lines.append(indent + key + ": " + scalar(item))
-    else:
-        for item in value:
-            if isinstance(item, dict) and item:
-                inner = block(item, indent + "  ")
-                inner[0] = indent + "- " + inner[0][len(indent) + 2:]
-                lines.extend(inner)
-            else:
-                lines.append(indent + "- " + scalar(item))
-    return lines
-
-
-with open({state!r}) as file:
-    state = json.load(file)
-args = sys.argv[1:]
-if state.get("hang"):  # a kind stuck on its runtime: say who we are, then never answer
-    runtime = subprocess.Popen(["sleep", "60"])  # a runtime CLI that inherited kind's output pipes
-    with open({pid!r}, "w") as file:
-        file.write(str(os.getpid()) + " " + str(runtime.pid))
-    time.sleep(60)
-if args == ["get", "clusters"]:
-    if not state["runtime_up"]:
-        fail(RUNTIME_DOWN)
-    names = sorted(state["clusters"])
-    if not names:
-        sys.stderr.write("No kind clusters found.\n")
-    for name in names:
-        print(name)
-    sys.exit(0)
-if args[:3] == ["get", "kubeconfig", "--name"] and len(args) >= 4 and args[4:] in ([], ["--internal"]):
-    name = args[3]
-    if not state["runtime_up"]:
-        fail(RUNTIME_DOWN.replace("failed to list clusters", "failed to list nodes"))
-    cluster = state["clusters"].get(name)
-    if cluster is None:
-        fail("could not locate any control plane nodes for cluster named '" + name + "'. "
-             "Use the --name option to select a different cluster")
-    if not cluster["readable"]:
-        fail("failed to get cluster internal kubeconfig: command \"docker exec --privileged "
-             + name + "-control-plane cat /etc/kubernetes/admin.conf\" failed with error: exit status 1")
-    config = cluster["admin_conf"]
-    key = "kind-" + name  # kind renames the one cluster, user and context of admin.conf
-    config["clusters"][0]["name"] = key
-    config["users"][0]["name"] = key
-    config["contexts"][0]["name"] = key
-    config["contexts"][0]["context"].update(cluster=key, user=key)
-    config["current-context"] = key
-    if args[4:] == ["--internal"]:
-        config["clusters"][0]["cluster"]["server"] = "https://" + name + "-control-plane:6443"
-    print("\n".join(block(config, "")))
-    sys.exit(0)
-fail("unknown command " + " ".join(args))
-'''
-
-
-class FakeKind:
-    """The stand-in's state: what ``kind`` will answer next time it runs."""
-
-    def __init__(self, directory: Path) -> None:
-        self.bin = directory / "bin"
-        self.bin.mkdir()
-        self.state_path = directory / "kind-state.json"
-        self.pid_path = directory / "hanging.pid"
-        self.state: dict[str, Any] = {"runtime_up": True, "hang": False, "clusters": {}}
-        self._save()
-        self.executable = self.install(self.bin / "kind")
-
-    def install(self, path: Path) -> Path:
-        """Write the stand-in executable to ``path``."""
-        path.write_text(
-            _STANDIN.format(python=sys.executable, state=str(self.state_path), pid=str(self.pid_path))
-        )
-        path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-        return path
-
-    def _save(self) -> None:
-        partial = self.state_path.with_suffix(".tmp")
-        partial.write_text(json.dumps(self.state))
-        os.replace(partial, self.state_path)  # the stand-in never reads half a file
-
-    def create(self, name: str, kubeconfig: dict[str, Any], *, readable: bool = True) -> None:
-        """A cluster ``name`` whose control plane holds ``kubeconfig`` (its admin.conf)."""
-        self.state["clusters"][name] = {"admin_conf": kubeconfig, "readable": readable}
-        self._save()
-
-    def delete(self, name: str) -> None:
-        del self.state["clusters"][name]
-        self._save()
-
-    def readable(self, name: str, readable: bool) -> None:
-        self.state["clusters"][name]["readable"] = readable
-        self._save()
-
-    def runtime(self, *, up: bool) -> None:
-        self.state["runtime_up"] = up
-        self._save()
-
-    def hang(self) -> None:
-        self.state["hang"] = True
-        self._save()
-
-
-@pytest.fixture
-def kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeKind:
-    """A stand-in ``kind`` first on ``PATH``, with no clusters yet."""
-    fake = FakeKind(tmp_path)
-    monkeypatch.setenv("PATH", f"{fake.bin}{os.pathsep}{os.environ.get('PATH', '')}")
-    return fake
 
 
 def provider(**kwargs: Any) -> KindProvider:
@@ -701,43 +548,3 @@ def test_defaults_match_kind_and_the_go_provider(monkeypatch: pytest.MonkeyPatch
 
 
 # --- conformance -------------------------------------------------------------------------------
-
-
-class KindDriver(ProviderDriver):
-    """The source is the stand-in's state: each cluster is a kind cluster serving the target's kubeconfig."""
-
-    unsupported: ClassVar[dict[Capability, str]] = {
-        Capability.DUPLICATE_NAMES: "kind lists each cluster name once: names are distinct container labels",
-    }
-
-    def __init__(self, kind: FakeKind) -> None:
-        self.kind = kind
-        self.provider: KindProvider | None = None
-
-    def build(self) -> mcr.Provider:
-        self.provider = KindProvider(
-            poll_interval=0.2, options=CLUSTER_OPTIONS, probe_interval=PROBE_INTERVAL
-        )
-        return self.provider
-
-    def status(self, name: str) -> mcr.ClusterStatus | None:
-        return self.provider.statuses().get(name) if self.provider is not None else None
-
-    async def add(self, name: str, target: Target) -> None:
-        self.kind.create(name, target.kubeconfig())
-
-    async def corrupt(self, name: str) -> None:
-        self.kind.readable(name, False)  # `kind get kubeconfig` fails: the listing still names it
-
-    async def remove(self, name: str) -> None:
-        self.kind.delete(name)
-
-    async def settle(self) -> None:
-        assert self.provider is not None
-        await self.provider.next_poll()
-
-
-class TestKindProvider(ProviderConformance):
-    @pytest.fixture
-    def driver(self, kind: FakeKind) -> ProviderDriver:
-        return KindDriver(kind)
