@@ -397,9 +397,7 @@ def peer_kinds(go_binary: Path | None, local_kubeconfig: Path) -> dict[str, Peer
     return kinds
 
 
-# controller-runtime asks for protobuf for built-in kinds (the benchmark's ConfigMaps) and
-# for JSON for custom resources, which have no protobuf; mcruntime speaks JSON to every kind.
-GO_JSON = "go concurrent json"
+GO_JSON = "go concurrent json"  # controller-runtime's wire for custom resources (built-ins get protobuf)
 
 
 def _go_command(

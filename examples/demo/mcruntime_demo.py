@@ -294,12 +294,7 @@ class Demo:
         self.say("Test CRD (tests.demo.mcruntime.dev) installed on main")
 
         self.provider = KubeconfigFileProvider(self.fleet_dir, naming="context", removal_delay=0.2)
-        manager, _fanout = build(
-            main_config,
-            self.provider,
-            metrics_address="127.0.0.1:0",
-            handle_signals=False,
-        )
+        manager, _ = build(main_config, self.provider, metrics_address="127.0.0.1:0", handle_signals=False)
         self.manager = manager
         self.runner = asyncio.create_task(manager.start(), name="manager")
         watcher: asyncio.Task[None] | None = None
