@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +13,7 @@ import mcruntime as mcr
 from mcruntime._cli.check import describe, problems
 from mcruntime._cli.commands import COMMAND_MODULES, commands
 from mcruntime._cli.errors import UsageError
-from mcruntime._cli.main import build_parser
+from mcruntime._cli.main import build_parser, main
 from mcruntime._cli.options import export_flags, flag_of, given_flags, load_settings, variable_of
 from mcruntime._cli.run import loop_factory
 
@@ -136,6 +138,35 @@ def test_a_manager_that_watches_something_passes_the_check() -> None:
         "metrics: :8080",
         "probes: :8081",
     ]
+
+
+async def _accept(_request: mcr.AdmissionRequest) -> None:
+    return None
+
+
+def test_the_check_names_the_webhook_server_and_what_it_serves() -> None:
+    widget = mcr.Kind("example.com/v1", "Widget")
+    manager = mcr.Manager(mcr.StaticProvider())
+    mcr.controller_managed_by(manager).for_(widget).complete(_noop)
+    assert not any(line.startswith("webhooks:") for line in describe(manager))
+    mcr.webhook_managed_by(manager).for_(widget).with_validator(_accept).complete()
+    assert describe(manager)[-1] == "webhooks: 127.0.0.1:9443: validates Widget (example.com/v1)"
+
+
+def test_an_argparse_error_is_one_line_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "pkg:factory", "--log-format", "xml"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "mcruntime run: error: argument --log-format: invalid choice: 'xml' (choose from 'text', 'json') "
+        "(see mcruntime run --help)"
+    ]
+
+
+def test_the_readme_lists_every_setting_as_its_variable() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    rows = set(re.findall(r"^\| `(MCRUNTIME_[A-Z_]+)` \|", readme, re.MULTILINE))
+    assert rows == {variable_of(name) for name in mcr.ManagerSettings.model_fields}
 
 
 def test_a_controller_without_sources_fails_the_check() -> None:

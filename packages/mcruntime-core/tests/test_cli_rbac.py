@@ -102,3 +102,20 @@ async def test_rbac_with_a_bad_name_exits_2_naming_it(tmp_path: Path) -> None:
     assert code == 2, (out, err)
     [line] = err.splitlines()
     assert line.startswith("mcruntime rbac: error: ") and "Not_A_Name" in line
+
+
+async def test_rbac_refuses_flags_a_factory_ignores(tmp_path: Path) -> None:
+    env = _environment(tmp_path)
+    (tmp_path / "fixed.py").write_text(
+        "import mcruntime as mcr\n\n\ndef factory() -> mcr.Manager:\n"
+        "    return mcr.Manager(mcr.StaticProvider({}), local=mcr.load_kubeconfig_env())\n"
+    )
+    target = f"{tmp_path / 'fixed.py'}:factory"
+    code, out, err = await mcruntime(
+        "rbac", target, "--name", "w", "--namespace", "ops", "--leader-election", env=env
+    )
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        "mcruntime rbac: error: --leader-election given, but the factory built its Manager without "
+        "settings: use Manager.from_settings() or take a 'settings' parameter"
+    ]

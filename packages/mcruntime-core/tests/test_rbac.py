@@ -207,6 +207,17 @@ def test_explain_says_why_each_permission_is_there() -> None:
     )
 
 
+def test_a_declared_permission_without_a_reason_is_explained_by_where_it_came_from() -> None:
+    manager = _fanout_manager()
+    manager.declare_rbac(
+        mcr.Permission(CONFIGMAP, ("create",), "hub", namespace="ops"),
+        mcr.Permission(CONFIGMAP, ("get",), "hub", reason="reads its settings"),
+    )
+    lines = mcr.rbac_for(manager, name="fanout", namespace="ops").explain()
+    assert "hub ops create configmaps (core)  # Manager.declare_rbac" in lines
+    assert "hub cluster-wide get configmaps (core)  # reads its settings" in lines
+
+
 def test_a_member_subject_of_its_own_is_bound_without_a_service_account() -> None:
     rbac = mcr.rbac_for(
         _fanout_manager(), name="fanout", namespace="ops", member_subject=Subject("User", "fleet-bot")

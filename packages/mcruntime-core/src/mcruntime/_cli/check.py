@@ -35,7 +35,21 @@ def describe(manager: Manager) -> list[str]:
             lines.append(f"leader election: Lease {where}")
         if settings.sharding:
             lines.append(f"sharding: group {settings.shard_group} in {settings.shard_namespace}")
+    webhooks = _webhooks(manager)
+    if webhooks is not None:
+        lines.append(webhooks)
     return lines
+
+
+def _webhooks(manager: Manager) -> str | None:
+    """Where the webhook server listens and what it serves; ``None`` when it would not run."""
+    server = manager.webhook  # built, never started: --check exits before anything runs
+    if not server.has_handlers and (manager.settings is None or manager.settings.webhook_options() is None):
+        return None
+    served = [f"validates {kind.kind} ({kind.api_version})" for kind in server.validators]
+    served += [f"defaults {kind.kind} ({kind.api_version})" for kind in server.defaulters]
+    served += [f"converts {kind}.{group}" for group, kind in server.conversions]
+    return f"webhooks: {server.options.address}: {', '.join(served) or 'nothing registered'}"
 
 
 def _source(source: KindSource, has_provider: bool) -> str:
@@ -59,10 +73,18 @@ def problems(manager: Manager, flags: Mapping[str, object]) -> list[str]:
         for source in controller.sources:
             if _source(source, manager.has_provider).endswith("in no cluster"):
                 found.append(f"controller {name!r} watches {source.kind.kind} in no cluster")
-    if flags and manager.settings is None:
-        given = ", ".join(flag_of(name) for name in flags)
-        found.append(
-            f"{given} given, but the factory built its Manager without settings: "
-            "use Manager.from_settings() or take a 'settings' parameter"
-        )
+    ignored = ignored_flags(manager, flags)
+    if ignored is not None:
+        found.append(ignored)
     return found
+
+
+def ignored_flags(manager: Manager, flags: Mapping[str, object]) -> str | None:
+    """Why the flags given never reached ``manager`` (its factory ignored settings); ``None`` if they did."""
+    if not flags or manager.settings is not None:
+        return None
+    given = ", ".join(flag_of(name) for name in flags)
+    return (
+        f"{given} given, but the factory built its Manager without settings: "
+        "use Manager.from_settings() or take a 'settings' parameter"
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from .commands import Command, commands
 from .errors import ExitCode, UsageError
@@ -14,11 +15,24 @@ INTERRUPTED = 130
 """Exit code for Ctrl-C before the manager started (the shell's 128 + SIGINT)."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line, like every other exit 2.
+
+    argparse prints the whole usage block before its message; in a pod's log
+    or a CI step the line that names the bad flag is then the last of twenty.
+    The subcommands' parsers are of this class too (argparse makes them of
+    the parent's).
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(ExitCode.USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one subparser per registered command."""
     from .. import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG, description="Run and inspect mcruntime managers (multi-cluster Kubernetes controllers)."
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")

@@ -14,6 +14,7 @@ import sys
 from .._base.permissions import Role
 from .._manager.settings import ManagerSettings
 from .._rbac.rbac import rbac_for
+from .check import ignored_flags
 from .commands import Command
 from .common import add_target_arguments, load_manager, prepare
 from .errors import ExitCode, UsageError
@@ -50,12 +51,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def execute(arguments: argparse.Namespace) -> int:
-    settings, _flags = prepare(arguments)
-    return asyncio.run(_render(arguments, settings))
+    settings, flags = prepare(arguments)
+    return asyncio.run(_render(arguments, settings, flags))
 
 
-async def _render(arguments: argparse.Namespace, settings: ManagerSettings) -> ExitCode:
+async def _render(
+    arguments: argparse.Namespace, settings: ManagerSettings, flags: dict[str, object]
+) -> ExitCode:
     manager = await load_manager(arguments, settings)
+    # RBAC generated for a manager the flags never reached would lack what they ask for
+    # (a --leader-election without its Lease rules): refuse, as run --check does.
+    ignored = ignored_flags(manager, flags)
+    if ignored is not None:
+        raise UsageError(ignored)
     try:
         rbac = rbac_for(
             manager,

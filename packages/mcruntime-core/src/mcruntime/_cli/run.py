@@ -12,7 +12,6 @@ from .check import describe, problems
 from .commands import Command
 from .common import add_target_arguments, load_manager, prepare
 from .errors import ExitCode, UsageError
-from .options import flag_of
 from .runner import SHUTDOWN_MARGIN, run_until_signalled
 
 log = logging.getLogger("mcruntime.cli")
@@ -67,10 +66,7 @@ async def _run(
             raise UsageError("check failed: " + "; ".join(found))
         print(f"ok: {arguments.target}")
         return ExitCode.OK
-    if flags and manager.settings is None:
-        given = ", ".join(flag_of(name) for name in flags)
-        log.warning("%s not applied: the factory built its Manager without settings", given)
-    for problem in found:
+    for problem in found:  # flags the factory ignored among them: one warning, not two
         log.warning("%s", problem)
     return await run_until_signalled(manager)
 

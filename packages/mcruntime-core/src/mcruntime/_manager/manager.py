@@ -177,9 +177,14 @@ class Manager:
         """Permissions the program needs that no controller's wiring shows (a reader's own lookups).
 
         They are only collected, for ``mcruntime.rbac_for`` and ``mcruntime rbac``;
-        nothing is checked at run time.
+        nothing is checked at run time. One given without a reason gets one
+        saying where it came from, so ``--explain`` accounts for every rule.
         """
-        self.permissions.extend(permissions)
+        unexplained = "Manager.declare_rbac"
+        self.permissions.extend(
+            permission if permission.reason else dataclasses.replace(permission, reason=unexplained)
+            for permission in permissions
+        )
 
     @classmethod
     def from_settings(
