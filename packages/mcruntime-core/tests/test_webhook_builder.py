@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 import mcruntime as mcr
 from mcruntime.webhook import Webhooks
@@ -107,3 +109,54 @@ def test_a_manager_from_settings_gets_the_webhook_options() -> None:
         mcr.StaticProvider({}), settings=mcr.ManagerSettings.load(), handle_signals=False
     )
     assert plain.webhook.options == mcr.WebhookOptions()
+
+
+def test_a_configuration_timeout_below_the_handler_timeout_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    mcr.webhook_managed_by(manager()).for_(KIND).with_validator(allow).complete()
+    assert not [r for r in caplog.records if "handler_timeout" in r.getMessage()]
+    mcr.webhook_managed_by(manager()).for_(KIND).with_validator(allow).with_options(
+        timeout_seconds=5
+    ).complete()
+    [warning] = [r for r in caplog.records if "handler_timeout" in r.getMessage()]
+    assert warning.levelname == "WARNING"
+    assert warning.getMessage().startswith(
+        "webhook for Test.example.com/v1: timeout_seconds=5 is below the server's handler_timeout (10.0s)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("webhook", "other", "clash"),
+    [
+        ("127.0.0.1:9443", {"metrics_bind_address": ":9443"}, "MCRUNTIME_METRICS_BIND_ADDRESS ':9443'"),
+        (":8081", {}, "MCRUNTIME_HEALTH_PROBE_BIND_ADDRESS ':8081'"),
+        ("127.0.0.1:8081", {"health_probe_bind_address": "127.0.0.2:8081"}, None),
+        ("127.0.0.1:0", {"metrics_bind_address": "127.0.0.1:0"}, None),
+    ],
+    ids=["metrics-every-interface", "probes-default", "other-host", "port-0"],
+)
+def test_the_webhook_server_needs_a_port_of_its_own(
+    webhook: str, other: dict[str, str], clash: str | None
+) -> None:
+    if clash is None:
+        assert mcr.ManagerSettings.load(webhook_bind_address=webhook, **other).webhook_bind_address == webhook
+        return
+    with pytest.raises(mcr.SettingsError, match=f"MCRUNTIME_WEBHOOK_BIND_ADDRESS '{webhook}' and {clash}"):
+        mcr.ManagerSettings.load(webhook_bind_address=webhook, **other)
+
+
+async def test_an_endpoint_that_cannot_listen_names_its_paths_and_address() -> None:
+    from mcruntime._manager.serving import Checks, Endpoints
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    address = f"127.0.0.1:{taken.getsockname()[1]}"
+    endpoints = Endpoints(Checks(), Checks(), CollectorRegistry())
+    try:
+        with pytest.raises(OSError, match=f"cannot serve /metrics on {address}: .*address already in use"):
+            await endpoints.start(probes="127.0.0.1:0", metrics=address)
+    finally:
+        await endpoints.stop()
+        taken.close()

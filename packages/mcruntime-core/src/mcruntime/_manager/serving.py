@@ -134,7 +134,12 @@ class Endpoints:
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             site = web.TCPSite(runner, host or "0.0.0.0", int(port))  # noqa: S104 -- probes must be reachable
-            await site.start()
+            try:
+                await site.start()
+            except OSError as error:
+                await runner.cleanup()
+                paths = ", ".join(route.path for route in address_routes)
+                raise OSError(f"cannot serve {paths} on {address}: {error}") from error
             self._runners.append(runner)
             server = site._server
             sockets = getattr(server, "sockets", None) or []

@@ -131,6 +131,22 @@ class ManagerSettings(BaseSettings):
             raise ValueError(f"{order} must hold")
         return self
 
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> ManagerSettings:
+        # /metrics and the probes may share an address (one server serves both); the webhook
+        # server is HTTPS of its own, so an address it shares with them fails only at bind time.
+        webhook = self.webhook_bind_address
+        if not webhook:
+            return self
+        for name in ("metrics_bind_address", "health_probe_bind_address"):
+            other = getattr(self, name)
+            if other and _overlap(webhook, other):
+                raise ValueError(
+                    f"{ENV_PREFIX}WEBHOOK_BIND_ADDRESS {webhook!r} and {ENV_PREFIX}{name.upper()} "
+                    f"{other!r} are the same port: the webhook server needs one of its own"
+                )
+        return self
+
     def leader_election_config(self) -> LeaderElectionConfig | None:
         """The Lease to elect a leader on, when ``MCRUNTIME_LEADER_ELECTION`` is set."""
         if not self.leader_election:
@@ -186,3 +202,15 @@ class ManagerSettings(BaseSettings):
                 variable = f"{ENV_PREFIX}{field.upper()}" if field else "settings"
                 problems.append(f"{variable}: {detail['msg']}")
             raise SettingsError("invalid manager settings: " + "; ".join(problems)) from None
+
+
+_EVERY_INTERFACE = ("", "0.0.0.0", "::", "[::]")  # noqa: S104 -- compared, never bound
+
+
+def _overlap(first: str, second: str) -> bool:
+    """Whether two ``host:port`` addresses would bind the same port (port 0 never does)."""
+    first_host, _, first_port = first.rpartition(":")
+    second_host, _, second_port = second.rpartition(":")
+    if first_port != second_port or first_port in ("", "0"):
+        return False
+    return first_host == second_host or first_host in _EVERY_INTERFACE or second_host in _EVERY_INTERFACE

@@ -131,8 +131,10 @@ async def _call(function: ConversionFunction, obj: JSON, direction: str) -> JSON
     except ConversionFailed as error:
         raise ConversionFailed(f"converting {_describe(obj)} from {direction}: {error}") from error
     except Exception as error:
+        # The type only: an exception's text may hold anything (a field's value, a secret), and
+        # this message goes to the client. The server logs the traceback (see its _convert).
         raise ConversionFailed(
-            f"converting {_describe(obj)} from {direction} failed: {type(error).__name__}: {error}"
+            f"converting {_describe(obj)} from {direction} failed: {type(error).__name__}"
         ) from error
     if not isinstance(result, dict):
         raise ConversionFailed(

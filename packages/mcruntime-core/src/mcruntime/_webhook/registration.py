@@ -145,11 +145,14 @@ class Registrar:
         """Install ``cluster``'s configurations and CRD conversion settings as they are now."""
         server = self._server
         configuration = server.options.configuration_name
+        blocked: list[str] = []
         for kind, hooks, mutating in (
             (VALIDATING, server.validators, False),
             (MUTATING, server.defaulters, True),
         ):
             if not hooks:
+                if (problem := await self._clear(name, cluster, kind, configuration)) is not None:
+                    blocked.append(problem)
                 continue
             webhooks = [
                 await self._webhook(name, cluster, hook, mutating=mutating) for hook in hooks.values()
@@ -191,6 +194,61 @@ class Registrar:
                 # A cluster without the CRD holds no objects to convert (a fleet's hub often has
                 # CRDs its members lack); retrying would only fill the log. The next change applies again.
                 log.debug("cluster %r: no CRD %s.%s to set the conversion of", name, plural, conversion.group)
+        if blocked:  # after everything else was applied: the registration's line in /readyz, retried
+            raise PermissionError("; ".join(blocked))
+
+    async def _clear(self, name: str, cluster: Cluster, kind: Kind, configuration: str) -> str | None:
+        """Empty the configuration of a kind this server no longer has handlers for.
+
+        An earlier version of the operator (one that had a defaulter, say) left
+        it: its webhooks point at paths this server answers with 404, signed by
+        a CA it may no longer have, and with ``failurePolicy: Fail`` they refuse
+        every write they match. Applying it with no webhooks drops the entries
+        this field manager applied (it needs no right to delete); the object is
+        harmless without them and is used again if handlers come back. Returns
+        what stands in the way when it may not (shown in ``/readyz``).
+        """
+        # RBAC generated for a manager grants nothing on a kind it has no handlers for. Asked
+        # first, so that a refused read is not recorded as a missing permission of the cluster.
+        if not await _may(cluster, "get", kind, configuration):
+            log.debug("cluster %r: may not read %s %r; not clearing it", name, kind.kind, configuration)
+            return None
+        try:
+            existing = await cluster.client.get(kind, configuration)
+        except NotFound:
+            return None
+        if not existing.get("webhooks"):
+            return None
+        if not await _may(cluster, "patch", kind, configuration):
+            return (
+                f"{kind.kind} {configuration!r} holds webhooks of an earlier version that this server "
+                "no longer serves, and this identity may not patch it: delete it, or grant patch"
+            )
+        manifest: dict[str, Any] = {
+            "apiVersion": kind.api_version,
+            "kind": kind.kind,
+            "metadata": {"name": configuration, "labels": {"app.kubernetes.io/managed-by": "mcruntime"}},
+            "webhooks": [],
+        }
+        left = await cluster.client.apply(manifest, field_manager=self.field_manager, force=True)
+        kept = [webhook.get("name") for webhook in left.get("webhooks") or [] if isinstance(webhook, dict)]
+        if kept:
+            log.warning(
+                "cluster %r: %s %r still holds webhooks %s that another field manager applied; "
+                "this manager serves none of that kind",
+                name,
+                kind.kind,
+                configuration,
+                kept,
+            )
+        else:
+            log.info(
+                "cluster %r: emptied %s %r: this manager serves no webhook of that kind now",
+                name,
+                kind.kind,
+                configuration,
+            )
+        return None
 
     async def _remove(self, name: str, cluster: Cluster) -> None:
         configuration = self._server.options.configuration_name
@@ -209,3 +267,26 @@ class Registrar:
         else:
             log.info("cluster %r: removed webhook configuration %r on disengage", name, configuration)
         self._forget(name)
+
+
+ACCESS_REVIEW = Kind("authorization.k8s.io/v1", "SelfSubjectAccessReview")
+
+
+async def _may(cluster: Cluster, verb: str, kind: Kind, name: str) -> bool:
+    """Whether this identity may ``verb`` the named object (every authenticated user may ask)."""
+    review = await cluster.client.create(
+        {
+            "apiVersion": ACCESS_REVIEW.api_version,
+            "kind": ACCESS_REVIEW.kind,
+            "spec": {
+                "resourceAttributes": {
+                    "group": kind.group,
+                    "resource": (await cluster.client.resource(kind)).plural,
+                    "verb": verb,
+                    "name": name,
+                }
+            },
+        }
+    )
+    status = review.get("status")
+    return isinstance(status, dict) and status.get("allowed") is True

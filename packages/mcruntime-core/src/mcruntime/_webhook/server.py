@@ -431,9 +431,21 @@ class WebhookServer:
             returned: object = await hook.defaulter(review)
             if returned is not None and not isinstance(returned, dict):
                 raise TypeError(f"the defaulter returned a {type(returned).__name__}, not the object")
-            return returned if returned is not None else review.object
+            defaulted = returned if returned is not None else review.object
+            metadata = defaulted.get("metadata") if defaulted is not None else None
+            if metadata is not None and not isinstance(metadata, dict):
+                # The API server would refuse the patch with an unmarshal error the operator never sees.
+                raise TypeError(f"the defaulter's object has a {type(metadata).__name__} as its metadata")
+            return defaulted
         assert hook.validator is not None
-        await hook.validator(review)
+        validate: Callable[[AdmissionRequest], Awaitable[object]] = hook.validator  # typed None; may not be
+        verdict = await validate(review)
+        if verdict is not None:
+            # A validator that returns False or {"allowed": False} would otherwise admit: fail closed.
+            raise TypeError(
+                f"the validator returned a {type(verdict).__name__}; "
+                "it returns None to admit and raises Denied to refuse"
+            )
         return None
 
     def _failed(self, hook: AdmissionHook, review: AdmissionRequest, message: str) -> JSON:
@@ -464,13 +476,33 @@ class WebhookServer:
                     await conversion.convert(obj, review.desired_api_version) for obj in review.objects
                 ]
         except ConversionFailed as error:
-            log.warning("cluster %r: %s", name, error)
+            if error.__cause__ is not None and not isinstance(error.__cause__, ConversionFailed):
+                # A function that raised: its traceback in the log, only its type in the answer.
+                log.error("cluster %r: %s", name, error, exc_info=error.__cause__)
+            else:
+                log.warning("cluster %r: %s", name, error)  # a refusal: its message is for the client
             return web.json_response(conversion_response(review.uid, None, str(error)), dumps=encode)
         except TimeoutError:
-            message = f"conversion to {review.desired_api_version} took over {self.options.handler_timeout}s"
+            message = (
+                f"converting {len(review.objects)} {conversion.kind}.{conversion.group} "
+                f"({_names(review.objects)}) to {review.desired_api_version} "
+                f"took over {self.options.handler_timeout}s"
+            )
             log.error("cluster %r: %s", name, message)
             return web.json_response(conversion_response(review.uid, None, message), dumps=encode)
         return web.json_response(conversion_response(review.uid, converted), dumps=encode)
+
+
+def _names(objects: list[JSON], shown: int = 3) -> str:
+    """``ns/name`` of the first few objects of a conversion, for its log line."""
+    names = []
+    for obj in objects[:shown]:
+        metadata = obj.get("metadata")
+        metadata = metadata if isinstance(metadata, dict) else {}
+        namespace, name = metadata.get("namespace"), metadata.get("name", "?")
+        names.append(f"{namespace}/{name}" if namespace else str(name))
+    more = f" and {len(objects) - shown} more" if len(objects) > shown else ""
+    return ", ".join(names) + more
 
 
 async def _in_context(review: AdmissionRequest, call: Awaitable[JSON | None]) -> JSON | None:

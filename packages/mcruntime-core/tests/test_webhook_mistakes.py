@@ -1,0 +1,243 @@
+"""Handler mistakes and leftovers that used to pass in silence, each now refused or named.
+
+Called by real API servers: a validator that returns a verdict instead of
+raising, a defaulter whose object the API server could not store, a
+conversion whose exception text would reach the client, and the webhook
+configuration an earlier version of the operator registered and this one no
+longer serves.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+from typing import Any
+
+import pytest
+from kube_helpers import running, unique, wait_for
+from webhook_helpers import (
+    config_of,
+    install_crd,
+    kind_crd,
+    make_test,
+    new_group,
+    serving,
+    webhook_options,
+)
+
+import mcruntime as mcr
+from mcruntime.rbac import Subject
+from mcruntime.testing import ControlPlane, Fleet
+
+VALIDATING = mcr.Kind("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration")
+MUTATING = mcr.Kind("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration")
+CLUSTER_ROLE = mcr.Kind("rbac.authorization.k8s.io/v1", "ClusterRole")
+CLUSTER_ROLE_BINDING = mcr.Kind("rbac.authorization.k8s.io/v1", "ClusterRoleBinding")
+
+
+def _manager(
+    plane: ControlPlane, options: mcr.WebhookOptions, config: mcr.ClusterConfig | None = None
+) -> mcr.Manager:
+    provider = mcr.StaticProvider({plane.name: config or config_of(plane)})
+    return mcr.Manager(provider, handle_signals=False, webhook=options)
+
+
+async def _create(plane: ControlPlane, obj: dict[str, Any]) -> dict[str, Any]:
+    async with mcr.Cluster("caller", config_of(plane)) as cluster:
+        return await cluster.client.create(obj)
+
+
+async def test_a_validator_that_returns_a_verdict_refuses_and_says_why(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    plane, group = fleet["cluster-1"], new_group()
+    kind = mcr.Kind(f"{group}/v1", "Test")
+    await install_crd(plane, kind_crd(group))
+    manager = _manager(plane, webhook_options())
+
+    async def validate(req: mcr.AdmissionRequest) -> Any:  # a mistake the types would catch
+        return {"allowed": False}
+
+    mcr.webhook_managed_by(manager).for_(kind).with_validator(validate).complete()
+    async with serving(manager, [plane.name]):
+        with pytest.raises(mcr.APIError, match="the validator failed: TypeError"):
+            await _create(plane, make_test(kind, "verdict", "default", image="x"))
+    [record] = [r for r in caplog.records if r.name == "mcruntime.webhook" and "validator" in r.getMessage()]
+    assert record.levelno == logging.ERROR and "verdict" in record.getMessage()
+    assert record.exc_info is not None
+    assert "the validator returned a dict; it returns None to admit" in str(record.exc_info[1])
+
+
+async def test_a_defaulter_whose_metadata_is_not_an_object_refuses_in_its_own_words(fleet: Fleet) -> None:
+    plane, group = fleet["cluster-1"], new_group()
+    kind = mcr.Kind(f"{group}/v1", "Test")
+    await install_crd(plane, kind_crd(group))
+    manager = _manager(plane, webhook_options())
+
+    async def default(req: mcr.AdmissionRequest) -> dict[str, Any]:
+        assert req.object is not None
+        return {**req.object, "metadata": "nope"}
+
+    mcr.webhook_managed_by(manager).for_(kind).with_defaulter(default).complete()
+    async with serving(manager, [plane.name]):
+        with pytest.raises(mcr.APIError, match="the defaulter failed: TypeError"):
+            await _create(plane, make_test(kind, "bad-metadata", "default", image="x"))
+
+
+async def test_a_conversion_that_raises_shows_its_type_never_its_text(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    plane, group = fleet["cluster-2"], new_group()
+    old, new = mcr.Kind(f"{group}/v1alpha1", "Test"), mcr.Kind(f"{group}/v1", "Test")
+    await install_crd(plane, kind_crd(group, ("v1alpha1", "v1"), storage="v1"))
+    manager = _manager(plane, webhook_options())
+
+    def to_hub(obj: dict[str, Any]) -> dict[str, Any]:
+        return obj
+
+    def from_hub(obj: dict[str, Any]) -> dict[str, Any]:
+        raise KeyError("password=hunter2")
+
+    mcr.webhook_managed_by(manager).for_(new).with_conversion(
+        hub="v1", to_hub={"v1alpha1": to_hub}, from_hub={"v1alpha1": from_hub}
+    ).complete()
+    name = unique("leaky")
+    async with serving(manager, [plane.name]), mcr.Cluster("caller", config_of(plane)) as cluster:
+        await cluster.client.create(make_test(new, name, "default", image="x"))
+        with pytest.raises(mcr.APIError) as raised:
+            await cluster.client.get(old, name, namespace="default")
+        await cluster.client.delete(new, name, namespace="default")
+    assert f"converting Test default/{name} from v1 to v1alpha1 failed: KeyError" in str(raised.value)
+    assert "hunter2" not in str(raised.value)
+    logged = [r for r in caplog.records if r.name == "mcruntime.webhook" and name in r.getMessage()]
+    assert logged and all(r.levelno == logging.ERROR and r.exc_info is not None for r in logged)
+    assert all("hunter2" not in r.getMessage() for r in logged)  # the text only in the traceback
+
+
+async def _register_both(plane: ControlPlane, kind: mcr.Kind, configuration: str) -> None:
+    """What an earlier version of the operator left: a validator and a defaulter, registered, kept."""
+    earlier = _manager(plane, webhook_options(configuration_name=configuration, remove_on_disengage=False))
+
+    async def allow(_req: mcr.AdmissionRequest) -> None:
+        return None
+
+    async def keep(_req: mcr.AdmissionRequest) -> None:
+        return None
+
+    mcr.webhook_managed_by(earlier).for_(kind).with_validator(allow).with_defaulter(keep).complete()
+    async with serving(earlier, [plane.name]):
+        pass
+
+
+async def _remove(plane: ControlPlane, *objects: tuple[mcr.Kind, str]) -> None:
+    async with mcr.Cluster("cleanup", config_of(plane)) as cluster:
+        for kind, name in objects:
+            with contextlib.suppress(mcr.NotFound):
+                await cluster.client.delete(kind, name)
+
+
+async def test_an_earlier_versions_mutating_configuration_is_emptied(fleet: Fleet) -> None:
+    plane, group = fleet["cluster-2"], new_group()
+    kind = mcr.Kind(f"{group}/v1", "Test")
+    await install_crd(plane, kind_crd(group))
+    configuration = unique("mcruntime-test")
+    await _register_both(plane, kind, configuration)
+    try:
+        # The next version validates only: its CA is new, so the defaulter left behind would
+        # refuse every Test with an unknown-authority error, while /readyz says all is well.
+        manager = _manager(plane, webhook_options(configuration_name=configuration))
+
+        async def deny(_req: mcr.AdmissionRequest) -> None:
+            raise mcr.Denied("validated by the new version")
+
+        mcr.webhook_managed_by(manager).for_(kind).with_validator(deny).complete()
+        async with serving(manager, [plane.name]), mcr.Cluster("check", config_of(plane)) as cluster:
+            left = await cluster.client.get(MUTATING, configuration)
+            assert not left.get("webhooks")
+            assert plane.name not in manager.webhook.registrar.failing
+            with pytest.raises(mcr.Forbidden, match="validated by the new version"):
+                await cluster.client.create(make_test(kind, "after", "default", image="x"))
+    finally:
+        await _remove(plane, (MUTATING, configuration), (VALIDATING, configuration))
+
+
+@pytest.mark.parametrize("may_read", [True, False], ids=["may-read", "may-not-read"])
+async def test_a_leftover_this_identity_may_not_patch_is_named_and_costs_no_health(
+    fleet: Fleet, may_read: bool
+) -> None:
+    plane, group = fleet["cluster-3"], new_group()
+    kind = mcr.Kind(f"{group}/v1", "Test")
+    await install_crd(plane, kind_crd(group))
+    configuration = unique("mcruntime-test")
+    await _register_both(plane, kind, configuration)
+    user = plane.add_token_user(unique("validates"), cluster_admin=False)
+    manager = _manager(
+        plane,
+        webhook_options(configuration_name=configuration, remove_on_disengage=False),
+        config=mcr.kubeconfig_from_dict(plane.kubeconfig(user)),
+    )
+
+    async def allow(_req: mcr.AdmissionRequest) -> None:
+        return None
+
+    mcr.webhook_managed_by(manager).for_(kind).with_validator(allow).complete()
+    # Exactly the generated RBAC (nothing on mutating configurations), and with may_read a
+    # read of them too: enough to see the leftover, not to change it.
+    subject = Subject("User", user.name)
+    rbac = mcr.rbac_for(manager, name=unique("validates"), namespace="default", member_subject=subject)
+    objects = [obj for obj in rbac.objects("member") if obj["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    if may_read:
+        reader = unique("reads-mutating")
+        rules = [
+            {"apiGroups": [MUTATING.group], "resources": ["mutatingwebhookconfigurations"], "verbs": ["get"]}
+        ]
+        objects.append(
+            {
+                "apiVersion": CLUSTER_ROLE.api_version,
+                "kind": "ClusterRole",
+                "metadata": {"name": reader},
+                "rules": rules,
+            }
+        )
+        objects.append(
+            {
+                "apiVersion": CLUSTER_ROLE_BINDING.api_version,
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": reader},
+                "roleRef": {"apiGroup": CLUSTER_ROLE.group, "kind": "ClusterRole", "name": reader},
+                "subjects": [subject.as_json()],
+            }
+        )
+    grants = [(mcr.Kind(obj["apiVersion"], obj["kind"]), obj["metadata"]["name"]) for obj in objects]
+    async with mcr.Cluster("admin", config_of(plane)) as admin:
+        for obj in objects:
+            await admin.client.create(obj)
+    try:
+        registrar = manager.webhook.registrar
+        registrar.backoff = mcr.Backoff(base=0.05, cap=0.5)
+        async with running(manager):
+            if may_read:
+                await wait_for(lambda: plane.name in registrar.failing)
+                assert "holds webhooks of an earlier version" in registrar.failing[plane.name]
+                assert "may not patch it" in registrar.failing[plane.name]
+                lines = await manager.webhook.readiness()
+                assert (f"webhook:registration:{plane.name}", registrar.failing[plane.name], False) in lines
+            else:  # nothing it could see: registered, and quiet about it
+                await wait_for(lambda: registrar.applied.get(plane.name, 0) >= 1)
+                assert plane.name not in registrar.failing
+            # The validating configuration was applied all the same, and nothing was refused:
+            # the access review asked first, so no 403 marks the cluster as missing a permission.
+            async with mcr.Cluster("check", config_of(plane)) as cluster:
+                current = await cluster.client.get(VALIDATING, configuration)
+                assert current["webhooks"][0]["clientConfig"]["caBundle"] == _bundle(manager)
+            engaged = await manager.get_cluster(plane.name)
+            assert engaged.health.missing_permissions == ()
+    finally:
+        await _remove(plane, (MUTATING, configuration), (VALIDATING, configuration), *grants)
+
+
+def _bundle(manager: mcr.Manager) -> str:
+    bundle = manager.webhook.ca_bundle()
+    assert bundle is not None
+    return base64.b64encode(bundle).decode("ascii")
