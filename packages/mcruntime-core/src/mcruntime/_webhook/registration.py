@@ -7,7 +7,9 @@ naming that cluster) and sets each converted CRD's
 ``spec.conversion.webhook.clientConfig``. It applies them again whenever a
 handler is added or the CA bundle changes, and retries with the capped backoff
 while a cluster refuses (its CRD not installed yet, say). Each cluster's loop
-lives in the cluster's own task set, so it ends when the cluster does.
+lives in the cluster's own task set, so it ends when the cluster does. A
+configuration of a kind the server has no handlers for (left by an earlier
+version) is emptied, not left to refuse writes with a CA nobody holds.
 
 On disengage the configurations stay unless ``remove_on_disengage`` is set:
 removing a validating webhook silently is a security decision, not a cleanup.
