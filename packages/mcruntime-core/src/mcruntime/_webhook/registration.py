@@ -159,12 +159,7 @@ class Registrar:
             webhooks = [
                 await self._webhook(name, cluster, hook, mutating=mutating) for hook in hooks.values()
             ]
-            manifest: dict[str, Any] = {
-                "apiVersion": kind.api_version,
-                "kind": kind.kind,
-                "metadata": {"name": configuration, "labels": {"app.kubernetes.io/managed-by": "mcruntime"}},
-                "webhooks": webhooks,
-            }
+            manifest = _configuration(kind, configuration, webhooks)
             await cluster.client.apply(manifest, field_manager=self.field_manager, force=True)
         for conversion in list(server.conversions.values()):
             plural = (
@@ -226,12 +221,7 @@ class Registrar:
                 f"{kind.kind} {configuration!r} holds webhooks of an earlier version that this server "
                 "no longer serves, and this identity may not patch it: delete it, or grant patch"
             )
-        manifest: dict[str, Any] = {
-            "apiVersion": kind.api_version,
-            "kind": kind.kind,
-            "metadata": {"name": configuration, "labels": {"app.kubernetes.io/managed-by": "mcruntime"}},
-            "webhooks": [],
-        }
+        manifest = _configuration(kind, configuration, [])
         left = await cluster.client.apply(manifest, field_manager=self.field_manager, force=True)
         kept = [webhook.get("name") for webhook in left.get("webhooks") or [] if isinstance(webhook, dict)]
         if kept:
@@ -269,6 +259,16 @@ class Registrar:
         else:
             log.info("cluster %r: removed webhook configuration %r on disengage", name, configuration)
         self._forget(name)
+
+
+def _configuration(kind: Kind, name: str, webhooks: list[JSON]) -> dict[str, Any]:
+    """A webhook configuration as this manager applies it (server-side, one field manager)."""
+    return {
+        "apiVersion": kind.api_version,
+        "kind": kind.kind,
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "mcruntime"}},
+        "webhooks": webhooks,
+    }
 
 
 ACCESS_REVIEW = Kind("authorization.k8s.io/v1", "SelfSubjectAccessReview")
