@@ -72,8 +72,15 @@ def test_cluster_profiles_are_read_where_they_live(tmp_path: Path) -> None:
     assert rules == {"profiles": [("multicluster.x-k8s.io", ("clusterprofiles",), ("get", "list", "watch"))]}
 
 
-def test_the_namespace_provider_watches_namespaces() -> None:
-    assert _hub_rules(NamespaceProvider(HUB)) == {None: [("", ("namespaces",), ("get", "list", "watch"))]}
+def test_the_namespace_provider_watches_namespaces_on_its_host_in_the_member_role() -> None:
+    # The host gets the member role (its namespaces are the clusters), hub or not.
+    assert _hub_rules(NamespaceProvider(HUB)) == {}
+    rbac = mcr.rbac_for(
+        mcr.Manager(NamespaceProvider(HUB), handle_signals=False), name="fleet", namespace="ops"
+    )
+    assert {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]} in rbac.rules(
+        "member"
+    )
 
 
 @pytest.mark.parametrize("provider", [KubeconfigFileProvider, KindProvider], ids=["file", "kind"])

@@ -27,6 +27,7 @@ WIDGET = mcr.Kind("example.com/v1", "Widget")
 JOB = mcr.Kind("batch/v1", "Job")
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
 DEPLOYMENT = mcr.Kind("apps/v1", "Deployment")
+SECRET = mcr.Kind("v1", "Secret")
 READ = ["get", "list", "watch"]
 
 
@@ -74,11 +75,28 @@ def test_watched_kinds_are_read_in_the_clusters_their_source_selects_and_declare
     assert _verbs(rbac, "member", "batch", "jobs") == ["create", "delete", "get", "list", "watch"]
 
 
-def test_events_are_recorded_where_the_for_kind_is_reconciled() -> None:
-    rbac = mcr.rbac_for(_fanout_manager(), name="fanout", namespace="ops")
+def test_events_are_recorded_in_every_cluster_a_request_can_name() -> None:
+    # The fanout's Jobs are watched in every cluster and enqueue themselves: requests of members.
+    fanout = mcr.rbac_for(_fanout_manager(), name="fanout", namespace="ops")
+    hub_only = mcr.Manager(mcr.StaticProvider({}), local=CONFIG, handle_signals=False)
+    mcr.controller_managed_by(hub_only).for_(WIDGET, clusters=mcr.LOCAL_ONLY).owns(
+        DEPLOYMENT, clusters=mcr.LOCAL_ONLY
+    ).complete(_reconcile)
+    # A mapper from hub objects may name any cluster (the secret-mirror shape).
+    mapped = mcr.Manager(mcr.StaticProvider({}), local=CONFIG, handle_signals=False)
+    mcr.controller_managed_by(mapped).named("mirror").watches(
+        SECRET, mcr.enqueue_mapped(lambda _cluster, _obj: []), clusters=mcr.LOCAL_ONLY
+    ).complete(_reconcile)
     for group in ("", "events.k8s.io"):
-        assert _verbs(rbac, "hub", group, "events") == ["create", "patch"]
-        assert _verbs(rbac, "member", group, "events") == []
+        assert _verbs(fanout, "hub", group, "events") == ["create", "patch"]
+        assert _verbs(fanout, "member", group, "events") == ["create", "patch"]
+        only = mcr.rbac_for(hub_only, name="only", namespace="ops")
+        assert (_verbs(only, "hub", group, "events"), _verbs(only, "member", group, "events")) == (
+            ["create", "patch"],
+            [],
+        )
+        either = mcr.rbac_for(mapped, name="mapped", namespace="ops")
+        assert _verbs(either, "member", group, "events") == ["create", "patch"]
 
 
 def test_owned_kinds_get_every_write_in_the_for_kinds_clusters_by_default() -> None:
@@ -104,6 +122,21 @@ def test_without_a_provider_everything_is_the_hubs() -> None:
     assert rbac.roles == ["hub"]
     assert _verbs(rbac, "hub", "apps", "deployments") == READ
     assert _verbs(rbac, "hub", "", "configmaps") == ["get", "list", "patch", "update", "watch"]
+
+
+def test_a_namespaced_cache_read_is_a_role_only_where_the_cache_is_scoped_to_it() -> None:
+    def secrets_read(options: mcr.ClusterOptions | None) -> tuple[list[str], list[str]]:
+        manager = mcr.Manager(local=CONFIG, handle_signals=False, cluster_options=options)
+        mcr.controller_managed_by(manager).for_(CONFIGMAP).reads(SECRET, namespace="ops").complete(_reconcile)
+        rbac = mcr.rbac_for(manager, name="cm", namespace="ops")
+        return _verbs(rbac, "hub", "", "secrets"), _verbs(rbac, "hub", "", "secrets", "ops")
+
+    # The informer a cache read starts lists cluster-wide: a Role alone would stall it on a 403.
+    assert secrets_read(None) == (READ, [])
+    assert secrets_read(mcr.ClusterOptions(cache_namespace="ops")) == ([], READ)
+    scoped = mcr.ClusterOptions(cache=mcr.CacheOptions(by_object={SECRET: mcr.ByObject(namespaces=["ops"])}))
+    assert secrets_read(scoped) == ([], READ)
+    assert secrets_read(mcr.ClusterOptions(cache_namespace="other")) == (READ, [])
 
 
 def test_leader_election_needs_its_lease_verbs_in_its_namespace_only() -> None:

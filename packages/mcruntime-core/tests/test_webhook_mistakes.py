@@ -241,3 +241,39 @@ def _bundle(manager: mcr.Manager) -> str:
     bundle = manager.webhook.ca_bundle()
     assert bundle is not None
     return base64.b64encode(bundle).decode("ascii")
+
+
+async def test_a_defaulter_only_manager_removes_its_configuration_under_its_generated_rbac(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    plane, group = fleet["cluster-1"], new_group()
+    kind = mcr.Kind(f"{group}/v1", "Test")
+    await install_crd(plane, kind_crd(group))
+    configuration = unique("mcruntime-test")
+    user = plane.add_token_user(unique("defaults"), cluster_admin=False)
+    manager = _manager(
+        plane,
+        webhook_options(configuration_name=configuration),  # remove_on_disengage=True
+        config=mcr.kubeconfig_from_dict(plane.kubeconfig(user)),
+    )
+
+    async def keep(_req: mcr.AdmissionRequest) -> None:
+        return None
+
+    mcr.webhook_managed_by(manager).for_(kind).with_defaulter(keep).complete()
+    subject = Subject("User", user.name)
+    rbac = mcr.rbac_for(manager, name=unique("defaults"), namespace="default", member_subject=subject)
+    objects = [obj for obj in rbac.objects("member") if obj["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    grants = [(mcr.Kind(obj["apiVersion"], obj["kind"]), obj["metadata"]["name"]) for obj in objects]
+    async with mcr.Cluster("admin", config_of(plane)) as admin:
+        for obj in objects:
+            await admin.client.create(obj)
+    try:
+        async with serving(manager, [plane.name]), mcr.Cluster("check", config_of(plane)) as cluster:
+            assert (await cluster.client.get(MUTATING, configuration))["webhooks"]
+        # Stopped: its one configuration removed, and nothing asked of the kind it never had.
+        async with mcr.Cluster("check", config_of(plane)) as cluster:
+            assert await cluster.client.get_or_none(MUTATING, configuration) is None
+        assert not [r for r in caplog.records if "forbidden" in r.getMessage() or "failed" in r.getMessage()]
+    finally:
+        await _remove(plane, (MUTATING, configuration), *grants)

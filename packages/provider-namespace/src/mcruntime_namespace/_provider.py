@@ -98,12 +98,17 @@ class NamespaceProvider:
         self._running = False
 
     def rbac_rules(self) -> list[mcr.Permission]:
-        """On the host (the hub role): watch Namespaces. The member role applies to the host too."""
+        """Watch Namespaces on the host, in the member role: the one applied where the clusters live.
+
+        The host is the cluster every engaged namespace lives in, so it gets
+        the member role whether or not it is also the manager's own cluster
+        (the hub role goes to that one, which may be another).
+        """
         return [
             mcr.Permission(
                 NAMESPACE,
                 ("get", "list", "watch"),
-                "hub",
+                "member",
                 reason="NamespaceProvider: the namespaces it engages",
             )
         ]

@@ -21,6 +21,7 @@ from .._control.handler import EventHandler, enqueue_for_object, enqueue_for_own
 from .._control.predicate import ObjectEvent, Predicate
 from .._control.ratelimit import RateLimiter
 from .._control.source import ChannelSource, ClusterSelection, KindSource
+from .._fleet.cluster import ClusterOptions
 from .._reconcile.request import ReconcileFunction, Reconciler, Request, as_reconcile_function
 
 if TYPE_CHECKING:
@@ -355,6 +356,7 @@ class Builder:
                     )
                 )
 
+        # The clusters requests can name: events are recorded in the request's cluster.
         reconciled: list[ClusterSelection | None] = []
         if self._for is not None:
             kind, clusters = self._for.kind, self._for.clusters
@@ -366,16 +368,72 @@ class Builder:
             )
             for owned in self._owns:
                 grant(owned.kind, (*READ, *WRITE), owned.clusters or clusters, f"owns it for {kind.kind}")
+                reconciled.append(owned.clusters or clusters)  # the owner, in the owned object's cluster
         for source in self._watches:
             if isinstance(source, KindSource):
-                reconciled.append(source.clusters)
                 grant(source.kind, READ, source.clusters, "watches it")
+            # A handler that maps (or a channel's requests) may name any cluster, not the event's.
+            if isinstance(source, KindSource) and source.handler.same_cluster:
+                reconciled.append(source.clusters)
+            else:
+                reconciled.append(ClusterSelection(local=True))
         for declared in self._declared:
-            grant(declared.kind, declared.verbs, declared.clusters, "declared", declared=declared)
-        # Events go to the cluster of the request: the for_ kind's (or the first source's) clusters.
+            if declared.verbs == READ and declared.namespace is not None:
+                found.extend(self._cache_reads(name, declared))
+            else:
+                grant(declared.kind, declared.verbs, declared.clusters, "declared", declared=declared)
+        roles = {role for clusters in reconciled or [None] for role in self._roles(clusters)}
         for event in _EVENT_KINDS:
-            grant(event, ("create", "patch"), reconciled[0] if reconciled else None, "records events")
+            for role in sorted(roles):
+                reason = f"controller {name}: records events"
+                found.append(Permission(event, ("create", "patch"), role, reason=reason))
         return found
+
+    def _cache_reads(self, name: str, declared: _Declared) -> list[Permission]:
+        """``reads(kind, namespace=ns)``: a Role in ``ns`` only where the cache is scoped to it.
+
+        A cache read starts the kind's informer, which lists cluster-wide unless
+        the cluster's cache is scoped (``ClusterOptions.cache_namespace``,
+        ``CacheOptions.namespaces`` or the kind's ``ByObject``): a Role alone
+        would leave that list refused and the reconcile waiting for a sync.
+        """
+        found = []
+        for role in self._roles(declared.clusters):
+            scope = self._cache_scope(role, declared.kind)
+            scoped = scope is not None and declared.namespace in scope
+            why = "declared"
+            if not scoped:
+                why = f"declared (its cache lists cluster-wide, not {declared.namespace} only)"
+            found.append(
+                Permission(
+                    declared.kind,
+                    declared.verbs,
+                    role,
+                    namespace=declared.namespace if scoped else None,
+                    resource=declared.resource,
+                    reason=f"controller {name}: {why}",
+                )
+            )
+        return found
+
+    def _cache_scope(self, role: Role, kind: Kind) -> frozenset[str] | None:
+        """The namespaces ``role``'s clusters cache ``kind`` in; ``None``: every namespace (or unknown)."""
+        if role == "hub":
+            options = self._manager._cluster_options  # the local cluster's, as the manager opens it
+        else:
+            clusters = getattr(self._manager.provider, "clusters", None)  # a ClusterSet's providers
+            options = getattr(clusters, "options", None)
+        if not isinstance(options, ClusterOptions):
+            return None
+        by_object = options.cache.by_object.get(kind)
+        for namespaces in (
+            by_object.namespaces if by_object is not None else None,
+            options.cache.namespaces,
+            [options.cache_namespace] if options.cache_namespace is not None else None,
+        ):
+            if namespaces is not None:
+                return frozenset(namespaces)
+        return None
 
     build = complete
 

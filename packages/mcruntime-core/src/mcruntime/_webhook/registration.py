@@ -243,21 +243,26 @@ class Registrar:
         return None
 
     async def _remove(self, name: str, cluster: Cluster) -> None:
-        configuration = self._server.options.configuration_name
-        try:
-            async with asyncio.timeout(_REMOVE_TIMEOUT):
-                for kind in (VALIDATING, MUTATING):
+        # Only the kinds this server registers (the generated RBAC grants delete on those alone),
+        # each on its own: a failure to remove one must not leave the other behind.
+        server = self._server
+        configuration = server.options.configuration_name
+        served = ((VALIDATING, server.validators), (MUTATING, server.defaulters))
+        for kind in [kind for kind, hooks in served if hooks]:
+            try:
+                async with asyncio.timeout(_REMOVE_TIMEOUT):
                     with contextlib.suppress(NotFound):
                         await cluster.client.delete(kind, configuration)
-        except Exception as error:
-            log.warning(
-                "cluster %r: removing webhook configuration %r on disengage failed: %s",
-                name,
-                configuration,
-                error,
-            )
-        else:
-            log.info("cluster %r: removed webhook configuration %r on disengage", name, configuration)
+            except Exception as error:
+                log.warning(
+                    "cluster %r: removing %s %r on disengage failed: %s",
+                    name,
+                    kind.kind,
+                    configuration,
+                    error,
+                )
+            else:
+                log.info("cluster %r: removed %s %r on disengage", name, kind.kind, configuration)
         self._forget(name)
 
 
