@@ -171,11 +171,8 @@ async def test_a_leftover_this_identity_may_not_patch_is_named_and_costs_no_heal
     await install_crd(plane, kind_crd(group))
     configuration = unique("mcruntime-test")
     await _register_both(plane, kind, configuration)
-    user = plane.add_token_user(unique("validates"), cluster_admin=False)
-    manager = _manager(
-        plane,
-        webhook_options(configuration_name=configuration, remove_on_disengage=False),
-        config=mcr.kubeconfig_from_dict(plane.kubeconfig(user)),
+    manager, subject = _limited(
+        plane, webhook_options(configuration_name=configuration, remove_on_disengage=False)
     )
 
     async def allow(_req: mcr.AdmissionRequest) -> None:
@@ -184,9 +181,7 @@ async def test_a_leftover_this_identity_may_not_patch_is_named_and_costs_no_heal
     mcr.webhook_managed_by(manager).for_(kind).with_validator(allow).complete()
     # Exactly the generated RBAC (nothing on mutating configurations), and with may_read a
     # read of them too: enough to see the leftover, not to change it.
-    subject = Subject("User", user.name)
-    rbac = mcr.rbac_for(manager, name=unique("validates"), namespace="default", member_subject=subject)
-    objects = [obj for obj in rbac.objects("member") if obj["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    objects = _generated(manager, subject)
     if may_read:
         reader = unique("reads-mutating")
         rules = [
@@ -209,10 +204,7 @@ async def test_a_leftover_this_identity_may_not_patch_is_named_and_costs_no_heal
                 "subjects": [subject.as_json()],
             }
         )
-    grants = [(mcr.Kind(obj["apiVersion"], obj["kind"]), obj["metadata"]["name"]) for obj in objects]
-    async with mcr.Cluster("admin", config_of(plane)) as admin:
-        for obj in objects:
-            await admin.client.create(obj)
+    grants = await _grant(plane, objects)
     try:
         registrar = manager.webhook.registrar
         registrar.backoff = mcr.Backoff(base=0.05, cap=0.5)
@@ -237,6 +229,27 @@ async def test_a_leftover_this_identity_may_not_patch_is_named_and_costs_no_heal
         await _remove(plane, (MUTATING, configuration), (VALIDATING, configuration), *grants)
 
 
+def _limited(plane: ControlPlane, options: mcr.WebhookOptions) -> tuple[mcr.Manager, Subject]:
+    """A manager whose identity is a token user with no permission yet, and that user as a subject."""
+    user = plane.add_token_user(unique("limited"), cluster_admin=False)
+    config = mcr.kubeconfig_from_dict(plane.kubeconfig(user))
+    return _manager(plane, options, config=config), Subject("User", user.name)
+
+
+def _generated(manager: mcr.Manager, subject: Subject) -> list[dict[str, Any]]:
+    """The cluster-wide part of the member RBAC generated for ``manager``, bound to ``subject``."""
+    rbac = mcr.rbac_for(manager, name=unique("limited"), namespace="default", member_subject=subject)
+    return [obj for obj in rbac.objects("member") if obj["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+
+
+async def _grant(plane: ControlPlane, objects: list[dict[str, Any]]) -> list[tuple[mcr.Kind, str]]:
+    """Create ``objects`` as the admin; what to delete afterwards."""
+    async with mcr.Cluster("admin", config_of(plane)) as admin:
+        for obj in objects:
+            await admin.client.create(obj)
+    return [(mcr.Kind(obj["apiVersion"], obj["kind"]), obj["metadata"]["name"]) for obj in objects]
+
+
 def _bundle(manager: mcr.Manager) -> str:
     bundle = manager.webhook.ca_bundle()
     assert bundle is not None
@@ -250,24 +263,13 @@ async def test_a_defaulter_only_manager_removes_its_configuration_under_its_gene
     kind = mcr.Kind(f"{group}/v1", "Test")
     await install_crd(plane, kind_crd(group))
     configuration = unique("mcruntime-test")
-    user = plane.add_token_user(unique("defaults"), cluster_admin=False)
-    manager = _manager(
-        plane,
-        webhook_options(configuration_name=configuration),  # remove_on_disengage=True
-        config=mcr.kubeconfig_from_dict(plane.kubeconfig(user)),
-    )
+    manager, subject = _limited(plane, webhook_options(configuration_name=configuration))  # removes on stop
 
     async def keep(_req: mcr.AdmissionRequest) -> None:
         return None
 
     mcr.webhook_managed_by(manager).for_(kind).with_defaulter(keep).complete()
-    subject = Subject("User", user.name)
-    rbac = mcr.rbac_for(manager, name=unique("defaults"), namespace="default", member_subject=subject)
-    objects = [obj for obj in rbac.objects("member") if obj["kind"] in ("ClusterRole", "ClusterRoleBinding")]
-    grants = [(mcr.Kind(obj["apiVersion"], obj["kind"]), obj["metadata"]["name"]) for obj in objects]
-    async with mcr.Cluster("admin", config_of(plane)) as admin:
-        for obj in objects:
-            await admin.client.create(obj)
+    grants = await _grant(plane, _generated(manager, subject))
     try:
         async with serving(manager, [plane.name]), mcr.Cluster("check", config_of(plane)) as cluster:
             assert (await cluster.client.get(MUTATING, configuration))["webhooks"]
