@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
+import aiohttp
 import pytest
 import pytest_asyncio
 
@@ -394,3 +395,86 @@ async def test_scoped_informers_hold_only_the_selected_namespaces(host: Host) ->
         # Disengaged is announced before the view's own tasks are ended; stop() waits for that end.
         await view.stop()
         assert len(view.tasks) == 0
+
+
+# --- a host that refuses --------------------------------------------------------------
+
+
+async def test_a_host_that_refuses_its_namespaces_is_named_in_readyz_until_granted(host: Host) -> None:
+    # A token user bound to nothing: the host answers, and refuses to list namespaces.
+    account = host.name("refused")
+    user = host.plane.add_token_user(account, cluster_admin=False)
+    config = mcr.kubeconfig_from_dict(host.plane.kubeconfig(user), origin="refused host")
+    provider = NamespaceProvider(
+        config, label_selector={SELECT: host.token}, options=OPTIONS, host_name="tenants"
+    )
+    manager = mcr.Manager(provider, health_probe_address="127.0.0.1:0", handle_signals=False)
+    mcr.controller_managed_by(manager).named("recorder").for_(CONFIGMAP).complete(Recorder(manager))
+    name = await host.namespace(host.name("a"))
+    binding = host.name("grant")
+    try:
+        async with run_manager(manager, tasks_must_end=False):
+            await wait_until(lambda: "host:tenants" in provider.statuses(), what="the refused host reported")
+            status = provider.statuses()["host:tenants"]
+            assert status.phase is mcr.ClusterPhase.UNHEALTHY
+            assert status.error is not None and "forbidden by RBAC" in status.error
+            assert any("namespaces" in missing for missing in status.missing_permissions), status
+            code, body = await _get(manager.endpoints.url("/readyz") + "?verbose")
+            line = (
+                "[-]cluster:host:tenants failed: not engaged: the host's namespaces cannot be read: forbidden"
+            )
+            assert code == 500 and line in body, body
+
+            # What the provider's generated member role would grant, for this controller.
+            await host.admin.client.create(
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "ClusterRole",
+                    "metadata": {"name": binding},
+                    "rules": [
+                        {
+                            "apiGroups": [""],
+                            "resources": ["namespaces", "configmaps"],
+                            "verbs": ["get", "list", "watch"],
+                        }
+                    ],
+                }
+            )
+            await host.admin.client.create(
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "ClusterRoleBinding",
+                    "metadata": {"name": binding},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": binding,
+                    },
+                    "subjects": [{"kind": "User", "name": user.name}],
+                }
+            )
+            # Granted: the refusal clears without a restart, the namespace engages, the line goes.
+            await wait_until(lambda: engaged(manager) == {name}, timeout=60, what="the namespace engaged")
+            assert "host:tenants" not in provider.statuses()
+            await wait_until(lambda: _ready(manager), timeout=60, what="ready once the namespace synced")
+            _code, body = await _get(manager.endpoints.url("/readyz") + "?verbose")
+            assert "host:tenants" not in body, body
+    finally:
+        for kind in (CLUSTERROLEBINDING, CLUSTERROLE):
+            with contextlib.suppress(mcr.NotFound):
+                await host.admin.client.delete(kind, binding)
+        host.plane.revoke_token_user(account)
+
+
+CLUSTERROLE = mcr.Kind("rbac.authorization.k8s.io/v1", "ClusterRole")
+CLUSTERROLEBINDING = mcr.Kind("rbac.authorization.k8s.io/v1", "ClusterRoleBinding")
+
+
+async def _ready(manager: mcr.Manager) -> bool:
+    code, _body = await _get(manager.endpoints.url("/readyz"))
+    return code == 200
+
+
+async def _get(url: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status, await response.text()

@@ -162,7 +162,44 @@ class NamespaceProvider:
                 else:
                     phase, since = ClusterPhase.READY, max(health.since, engaged.since)
             result[name] = ClusterStatus(name, phase, since, error, engagements=1, source=source)
+        if host is not None and not result:
+            trouble = self._host_trouble(host)
+            if trouble is not None:
+                result[trouble.name] = trouble
         return result
+
+    def _host_trouble(self, host: mcr.Cluster) -> ClusterStatus | None:
+        """The host itself, while it is failing and no namespace is engaged to say so.
+
+        An engaged namespace carries the host's health (its line in ``/readyz``
+        names a refused list or a hung server). With none engaged, a host whose
+        namespaces cannot be read would otherwise fail in the log alone: a 403
+        on ``list namespaces`` left ``/readyz`` and ``statuses()`` empty. It is
+        reported under ``host:NAME`` (a name no namespace can have) as
+        unhealthy, which counts against readiness: with its one source failing,
+        the provider engages nothing, and a replica that does nothing must not
+        pass its rollout as ready.
+        """
+        health = host.health
+        if health.missing_permissions:
+            # The core's wording for a cluster's refusals (its readiness lines say the same).
+            error = "forbidden by RBAC: " + "; ".join(health.missing_permissions)
+        elif health.state is HealthState.UNHEALTHY:
+            error = health.reason or "unhealthy"
+        else:
+            return None
+        error = f"the host's namespaces cannot be read: {error}"
+        name = f"host:{self.host_name}"
+        source = SourceStatus(kind="host cluster", name=self.host_name, error=error)
+        return ClusterStatus(
+            name,
+            ClusterPhase.UNHEALTHY,
+            health.since,
+            error,
+            engagements=0,
+            source=source,
+            missing_permissions=health.missing_permissions,
+        )
 
     async def run(self, aware: Aware) -> None:
         """Connect to the host, follow its Namespaces and engage them with ``aware`` until cancelled."""

@@ -61,7 +61,12 @@ def readiness_lines(
             # Never engaged: shown, so an operator sees it, but there is nothing to be ready.
             lines.append((f"cluster:{name}", f"never engaged: {status.error}", False))
             continue
-        reason = not_ready(name, cluster) if cluster is not None else "engaging"
+        if cluster is not None:
+            reason = not_ready(name, cluster)
+        elif status is not None and status.error:  # known, not engaged, and the provider says why
+            reason = f"not engaged: {status.error}"
+        else:
+            reason = "engaging"
         if name == LOCAL_CLUSTER:
             lines.append(("cluster:local", reason, True))
             continue
