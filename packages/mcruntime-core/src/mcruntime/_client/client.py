@@ -40,6 +40,9 @@ _APPLY = "application/apply-patch+yaml"  # JSON is valid YAML
 # Metadata-only reads: the server answers with PartialObjectMetadata(List), no spec or data.
 _METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 _METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+# Answers the API server gives only after its authorizer allowed the request (the object or
+# its namespace is missing, it changed, it is invalid): a refusal of the same request is over.
+_AUTHORIZED = frozenset({404, 409, 410, 422})
 
 
 class WatchEvent(NamedTuple):
@@ -156,7 +159,7 @@ class Client:
         if status == 403:
             if refused_by_authorization(body):  # not an admission plugin's or a webhook's 403
                 denials.denied(verb, resource, namespace, subresource=subresource)
-        elif status < 300:
+        elif status < 300 or status in _AUTHORIZED:
             denials.allowed(verb, resource, namespace, subresource=subresource)
 
     async def _target(self, obj: Any, namespace: str | None) -> tuple[JSON, Resource, str | None, str | None]:

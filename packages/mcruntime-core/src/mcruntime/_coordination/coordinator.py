@@ -167,7 +167,10 @@ class Coordinator(Protocol):
     A coordinator that runs loops of its own should also have a ``failing()``
     method returning one line per loop that died (see :class:`ReportsFailing`):
     the manager's ``/healthz`` then shows them, instead of passing while a
-    loop is down and waiting to restart.
+    loop is down and waiting to restart. One whose replica can be shut out
+    by the hub (its Lease refused, its namespace missing) should also have a
+    ``problem()`` method (see :class:`ReportsProblem`): ``/readyz`` then
+    fails with it, instead of passing while this replica does nothing.
     """
 
     async def run(self, seat: Seat) -> None: ...
@@ -179,4 +182,17 @@ class ReportsFailing(Protocol):
 
     def failing(self) -> list[str]:
         """One line per loop that died and is waiting to restart, naming it and why."""
+        ...
+
+
+@runtime_checkable
+class ReportsProblem(Protocol):
+    """A coordinator (or the leader elector) that can say why this replica cannot take part now."""
+
+    def problem(self) -> str | None:
+        """Why this replica cannot do its share now (which Lease, what the hub said), or ``None``.
+
+        The manager's ``/readyz`` shows it as its ``coordination`` line: a
+        replica that will never work, because the hub refuses it, must not pass.
+        """
         ...

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .._base.backoff import DEFAULT_BACKOFF, Backoff
-from .._base.errors import AlreadyExists, APIError, Conflict, NotFound, Unreachable
+from .._base.errors import AlreadyExists, APIError, Conflict, Forbidden, NotFound, Unreachable
 from .heartbeat import Connect, Heartbeat, own_connection
 from .lease import LEASE, default_identity, lease_object, released, spec_of, take, transitions_of
 
@@ -92,6 +92,12 @@ class LeaderElector:
         # A request may take longer than a retry period on a busy server; half the renew
         # deadline still leaves a second attempt before the leader steps down.
         self._request_timeout = max(config.retry_period, config.renew_deadline / 2)
+        # Why the campaign cannot run (the Lease's namespace is missing, the identity may
+        # not use Leases there); None while the hub answers the campaign. Shown by /readyz.
+        self._trouble: str | None = None
+        # Another holder this replica read on the Lease while it led (it was deleted and
+        # taken, or edited): the term is over at once. Written by the heartbeat's thread.
+        self._taken_by: str | None = None
 
     @property
     def identity(self) -> str:
@@ -116,12 +122,26 @@ class LeaderElector:
         where = f"leader election {self.config.namespace}/{self.config.name}"
         if not self.leading.is_set():
             return f"{where}: this replica does not lead"
+        if self._taken_by is not None:
+            return f"{where}: the Lease is now held by {self._taken_by!r}"
         if self._lapses != self._lapses_handled:
             return f"{where}: a renewal landed after the renew deadline, so another replica may lead"
         quiet = time.monotonic() - self._renewed_at
         if quiet >= self._give_up_after:
             return f"{where}: the Lease was not renewed for {quiet:.1f}s, so another replica may lead soon"
         return None
+
+    def problem(self) -> str | None:
+        """Why this replica cannot campaign now, or ``None``; for ``/readyz``.
+
+        A standby that waits for the leader is fine. One whose every attempt
+        is refused (no such namespace, no right to use Leases there) will never
+        lead, so it is named as not ready instead of passing in silence.
+        """
+        trouble = self._trouble
+        if trouble is None:
+            return None
+        return f"leader election {self.config.namespace}/{self.config.name}: {trouble}"
 
     @property
     def _give_up_after(self) -> float:
@@ -173,7 +193,13 @@ class LeaderElector:
         while True:
             try:
                 assert self._cluster is not None
-                won = await self._try_acquire_or_renew(self._cluster.client)
+                won, _holder = await self._try_acquire_or_renew(self._cluster.client)
+            except NotFound as error:  # the create's: there is no such namespace
+                self._troubled(f"its namespace does not exist ({error})")
+                self.failures = 0
+            except Forbidden as error:
+                self._troubled(f"forbidden: {error}")
+                self.failures = 0
             except (APIError, OSError, TimeoutError) as error:
                 log.debug("leader election: %s", error)
                 self.failures = 0
@@ -183,6 +209,7 @@ class LeaderElector:
                 continue
             else:
                 self.failures = 0
+                self._untroubled()
                 if won:
                     self.leading.set()
                     self._lost = asyncio.Event()
@@ -195,6 +222,23 @@ class LeaderElector:
                     return
             await asyncio.sleep(self.config.retry_period)
 
+    def _troubled(self, reason: str) -> None:
+        """Record why the campaign is refused; logged when the reason changes, not every retry."""
+        if reason != self._trouble:
+            log.warning(
+                "leader election %s/%s: cannot campaign: %s; retrying every %gs",
+                self.config.namespace,
+                self.config.name,
+                reason,
+                self.config.retry_period,
+            )
+        self._trouble = reason
+
+    def _untroubled(self) -> None:
+        if self._trouble is not None:
+            log.info("leader election %s/%s: campaigning again", self.config.namespace, self.config.name)
+            self._trouble = None
+
     async def _lead(self, cluster: Cluster) -> None:
         """Renew from the heartbeat's thread while leading; step down when renewals stop landing.
 
@@ -205,6 +249,7 @@ class LeaderElector:
         """
         self._renewed_at = time.monotonic()  # the acquisition just now was a renewal
         self._lapses_handled = self._lapses
+        self._taken_by = None
         heartbeat = Heartbeat(
             f"leader election {self.config.namespace}/{self.config.name}",
             self._liveness or functools.partial(own_connection, cluster.config, self._request_timeout),
@@ -218,6 +263,9 @@ class LeaderElector:
             while True:
                 await asyncio.sleep(self.config.retry_period / 2)
                 heartbeat.tick()
+                if (usurper := self._usurper()) is not None:
+                    self._step_down(f"the Lease is now held by {usurper!r}")
+                    return
                 if self._lapses != self._lapses_handled:
                     self._step_down(
                         f"a renewal landed only after {give_up_after:g}s without one, too late to "
@@ -242,15 +290,20 @@ class LeaderElector:
     async def _beat(self, client: Client) -> float:
         """One renewal, on the heartbeat's thread with its own client; the next is due a retry period on."""
         started = time.monotonic()
+        other = ""
         try:
             async with asyncio.timeout(self._request_timeout):
-                renewed = await self._try_acquire_or_renew(client)
+                renewed, other = await self._try_acquire_or_renew(client)
         except (APIError, OSError, TimeoutError, Unreachable) as error:
             renewed = False
             self.last_reason = str(error) or type(error).__name__
         except Exception as error:  # a failed renewal, whatever the cause
             renewed = False
             self._failed(error)
+        if not renewed and other:
+            # Deleted and taken by another, or edited: never wait out the deadline while
+            # someone else holds it (the refusal stops this replica's writes from now on).
+            self._taken_by = other
         if renewed:
             self.failures = 0
             self.renewals += 1
@@ -258,6 +311,10 @@ class LeaderElector:
                 self._lapses += 1  # before _renewed_at: whoever sees the fresh renewal sees the lapse too
             self._renewed_at = started
         return self.config.retry_period
+
+    def _usurper(self) -> str | None:
+        """Another holder the heartbeat read on the Lease during this term (set from its thread)."""
+        return self._taken_by
 
     def _step_down(self, reason: str) -> None:
         if self.leading.is_set():
@@ -273,7 +330,8 @@ class LeaderElector:
             self._observed_at = now
         return now - self._observed_at > self.config.lease_duration
 
-    async def _try_acquire_or_renew(self, client: Client) -> bool:
+    async def _try_acquire_or_renew(self, client: Client) -> tuple[bool, str]:
+        """Whether this replica holds the Lease now, and the other holder it read (``""`` if none)."""
         try:
             lease = await client.get(LEASE, self.config.name, namespace=self.config.namespace)
         except NotFound:
@@ -283,22 +341,23 @@ class LeaderElector:
             try:
                 await client.create(fresh)
             except AlreadyExists:
-                return False
+                return False, ""
             self.transitions = 0
-            return True
+            return True, ""
         if not isinstance(lease, dict) or not isinstance(lease.get("metadata"), dict):
             raise ValueError(f"the hub answered a Lease without metadata: {str(lease)[:200]!r}")
         spec = spec_of(lease)
         holder = str(spec.get("holderIdentity") or "")
-        if holder and holder != self.identity and not self._expired(holder, str(spec.get("renewTime", ""))):
-            return False
+        other = holder if holder != self.identity else ""
+        if other and not self._expired(other, str(spec.get("renewTime", ""))):
+            return False, other
         written = take(lease, self.identity, self.config.lease_duration)
         try:
             await client.update(written)  # resourceVersion in lease: optimistic concurrency
         except Conflict:
-            return False
+            return False, other
         self.transitions = transitions_of(spec_of(written))
-        return True
+        return True, other
 
     async def _release(self) -> None:
         assert self._cluster is not None

@@ -72,6 +72,9 @@ class Membership:
         self.lapses = 0
         self.lapses_handled = 0
         self.main_loop: asyncio.AbstractEventLoop | None = None
+        # Why the last renewal failed (the hub's answer, no answer, no such namespace); None
+        # after a good one. Written by the heartbeat's thread; shown by /readyz while not alive.
+        self.trouble: str | None = None
 
     # --- what the informer tells us -------------------------------------------------------
 
@@ -229,26 +232,35 @@ class Membership:
     async def renew(self, client: Client) -> None:
         """Renew (or create) the peer Lease; runs on the heartbeat's thread."""
         started = time.monotonic()
+        current = self.peer_lease
+        creating = current is None
         try:
             async with asyncio.timeout(self.hub.request_timeout):
-                if self.peer_lease is None:
+                if current is None:
                     self.peer_lease = await self._create_or_take(client)
                 else:
-                    lease = take(self.peer_lease, self.identity, self.config.lease_duration)
+                    lease = take(current, self.identity, self.config.lease_duration)
                     self.peer_lease = await self.hub.write("peer-renew", lambda: client.update(lease))
-        except (Conflict, NotFound):
+        except NotFound as error:
+            self.peer_lease = None
+            if creating:  # the create's 404: the namespace is not there
+                self._troubled(f"its namespace {self.config.namespace!r} does not exist ({error})")
+            else:
+                name = self.config.name
+                log.info("sharding %s: this replica's peer Lease was deleted; creating it again", name)
+            return
+        except Conflict:
             self.peer_lease = None  # someone touched it; read it again next round
             return
         except TimeoutError:
-            log.warning(
-                "sharding %s: could not renew this replica's peer Lease: no answer within %gs",
-                self.config.name,
-                self.hub.request_timeout,
-            )
+            self._troubled(f"no answer from the hub within {self.hub.request_timeout:g}s")
             return
         except API_ERRORS as error:
-            log.warning("sharding %s: could not renew this replica's peer Lease: %s", self.config.name, error)
+            self._troubled(str(error))
             return
+        if self.trouble is not None:
+            log.info("sharding %s: renewed this replica's peer Lease again", self.config.name)
+            self.trouble = None
         previous = self.renewed_at
         if previous is not None and time.monotonic() - previous >= self.config.renew_deadline:
             self.lapses += 1  # before renewed_at: whoever sees the fresh renewal sees the lapse too
@@ -256,6 +268,13 @@ class Membership:
         if self.main_loop is not None:
             with contextlib.suppress(RuntimeError):  # the main loop closed: nobody left to tell
                 self.main_loop.call_soon_threadsafe(self.on_renewal)
+
+    def _troubled(self, reason: str) -> None:
+        """Record why the renewal failed; a warning when the reason changes, not at every attempt."""
+        if reason != self.trouble:
+            name = self.config.name
+            log.warning("sharding %s: could not renew this replica's peer Lease: %s", name, reason)
+        self.trouble = reason
 
     async def _create_or_take(self, client: Client) -> JSON | None:
         name = self.config.peer_lease(self.identity)

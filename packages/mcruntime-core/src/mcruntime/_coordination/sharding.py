@@ -155,6 +155,20 @@ class ShardedCoordinator:
             for loop in self._tasks.failing()
         ]
 
+    def problem(self) -> str | None:
+        """Why this replica does no work now, or ``None`` while its peer Lease is renewed; for ``/readyz``.
+
+        Without a renewed peer Lease the replica owns nothing (the watchdog has
+        stopped its work), so it is not ready, and the line says what the hub
+        answered: a refusal, no answer, a namespace that does not exist.
+        """
+        members = self._members
+        if members.alive(time.monotonic()):
+            return None
+        refusal = members.refusal()
+        trouble = members.trouble
+        return f"{refusal}: {trouble}" if refusal and trouble else refusal
+
     def peers(self) -> dict[str, float]:
         """Live peers (identity → weight) as this replica sees them, itself included."""
         return self._members.live_peers(time.monotonic())

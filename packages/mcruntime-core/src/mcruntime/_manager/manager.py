@@ -30,7 +30,7 @@ from .._cache.informer import IndexFunc
 from .._config.kubeconfig import ClusterConfig
 from .._control.controller import Controller
 from .._control.events import EventRecorder
-from .._coordination.coordinator import Coordinator, ReportsFailing, WorkGate
+from .._coordination.coordinator import Coordinator, ReportsFailing, ReportsProblem, WorkGate
 from .._coordination.leaderelection import LeaderElectionConfig, LeaderElector
 from .._fleet.clients import FleetClient, RoutedClient
 from .._fleet.cluster import Cluster, ClusterOptions
@@ -166,6 +166,8 @@ class Manager:
         self._engage_started: dict[str, float] = {}
         self.freezer: CacheFreezer = CacheFreezer(gc_freeze)
         self.coordinator = coordinator
+        if isinstance(self.elector or coordinator, ReportsProblem):
+            self._readyz.add("coordination", self._coordination_problem)
         self.work: WorkGate = WorkGate(lambda: list(self.controllers.values()))
         self._webhook_options = webhook
         self._webhook: WebhookServer | None = None
@@ -303,6 +305,10 @@ class Manager:
     def _count_crash(self, loop: str, _error: BaseException) -> None:
         # Labelled by the loop's kind of work, not its cluster: bounded, and nothing to drop on churn.
         self.metrics.loop_crashes.labels(loop.split(" ", 1)[0]).inc()
+
+    def _coordination_problem(self) -> str | None:
+        reporter = self.elector or self.coordinator
+        return reporter.problem() if isinstance(reporter, ReportsProblem) else None
 
     def _loops_alive(self) -> str | None:
         failing = self._loops.failing()
