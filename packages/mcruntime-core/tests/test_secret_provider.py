@@ -462,3 +462,67 @@ async def test_a_token_that_cannot_be_sent_is_refused_naming_the_secret(
         assert provider.statuses()["shaped"].phase is mcr.ClusterPhase.FAILED
         exposed = caplog.text + repr(provider.sources()) + repr(provider.statuses())
         assert not quotes_token(exposed, token)
+
+
+async def _readyz(manager: mcr.Manager) -> tuple[int, str]:
+    url = manager.endpoints.url("/readyz") + "?verbose"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status, await response.text()
+
+
+async def test_a_hub_that_refuses_the_secrets_fails_readyz_while_nothing_is_engaged_and_is_shown_after(
+    hub: Hub, fleet: Fleet
+) -> None:
+    await hub.write("member", Target.of(fleet["cluster-2"]).kubeconfig())
+    account = unique("refused")
+    user = hub.plane.add_token_user(account, cluster_admin=False)
+    config = mcr.kubeconfig_from_dict(hub.plane.kubeconfig(user), origin="refused hub")
+    provider = KubeconfigSecretProvider(
+        config, hub.namespace, options=CLUSTER_OPTIONS, probe_interval=PROBE_INTERVAL
+    )
+    manager = mcr.Manager(provider, handle_signals=False, health_probe_address="127.0.0.1:0")
+    recorder = EngagementRecorder()
+    manager.add(recorder)
+    name = f"hub:{provider.owner}"
+    rules = [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]}]
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "secrets", "namespace": hub.namespace},
+        "rules": rules,
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "secrets", "namespace": hub.namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "secrets"},
+        "subjects": [{"kind": "User", "name": user.name}],
+    }
+    try:
+        async with running(manager, recorder):
+            # Refused from the start: nothing engaged, so the hub's line counts.
+            await wait_until(lambda: name in provider.statuses(), what="the refused hub reported")
+            status = provider.statuses()[name]
+            assert status.phase is mcr.ClusterPhase.UNHEALTHY and status.missing_permissions, status
+            code, body = await _readyz(manager)
+            assert code == 500, body
+            assert f"[-]cluster:{name} failed: not engaged: the hub cannot be read: forbidden by RBAC" in body
+            assert "cannot list Secret (secrets)" in body, body
+            await hub.writer.client.create(role)
+            await hub.writer.client.create(binding)
+            await wait_until(lambda: "member" in manager.clusters(), timeout=60, what="the member engaged")
+            await wait_until(lambda: name not in provider.statuses(), timeout=30, what="the hub line gone")
+            # Refused again with a member engaged: shown, not counted (the member works on).
+            await hub.writer.client.delete(
+                mcr.Kind("rbac.authorization.k8s.io/v1", "RoleBinding"), "secrets", namespace=hub.namespace
+            )
+            hub.plane.revoke_token_user(account)  # and the identity gone: 401 at the next look
+            account = ""
+            await wait_until(lambda: name in provider.statuses(), timeout=60, what="the hub reported again")
+            assert provider.statuses()[name].phase is mcr.ClusterPhase.FAILED
+            assert "member" in manager.clusters()
+            code, body = await _readyz(manager)
+            assert f"[-]cluster:{name} failed: never engaged: the hub cannot be read: " in body, body
+    finally:
+        if account:
+            hub.plane.revoke_token_user(account)

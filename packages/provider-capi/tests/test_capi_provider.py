@@ -389,6 +389,11 @@ async def test_a_hub_without_cluster_api_is_waited_for_and_the_manager_keeps_run
         assert crd.error == provider.waiting and crd.cluster is None
         assert said(logging.WARNING) == 1  # one line for the whole wait, not one per look
         assert manager.clusters() == {}
+        # The hub is shown waiting, never counted against /readyz: the wait is documented.
+        waiting = provider.statuses()[f"hub:{provider.owner}"]
+        assert waiting.phase is mcr.ClusterPhase.FAILED and "Cluster API not installed" in (
+            waiting.error or ""
+        )
         await install_crd(writer, ("v1beta2", "v1beta1"))
         await writer.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "late"}})
         late = Hub(fresh_cluster, writer, "late")
@@ -397,6 +402,61 @@ async def test_a_hub_without_cluster_api_is_waited_for_and_the_manager_keeps_run
         cluster = await provider.clusters.wait_engaged(late.key("w"))
         assert await manager.get_cluster(late.key("w")) is cluster
         assert provider.waiting is None and provider.api_version == "cluster.x-k8s.io/v1beta2"
+
+
+async def test_a_hub_that_refuses_the_clusters_is_named_until_granted(hub: Hub, fleet: Fleet) -> None:
+    await hub.write_secret("w", fleet["cluster-2"].kubeconfig(fleet["cluster-2"].token_user))
+    await hub.create_cluster("w", ready=True)
+    account = f"capi-refused-{uuid.uuid4().hex[:8]}"
+    user = hub.plane.add_token_user(account, cluster_admin=False)
+    config = mcr.kubeconfig_from_dict(hub.plane.kubeconfig(user), origin="refused hub")
+    provider = ClusterAPIProvider(
+        config, namespace=hub.namespace, options=CLUSTER_OPTIONS, probe_interval=PROBE_INTERVAL
+    )
+    name = f"hub:{provider.owner}"
+    try:
+        async with running(provider) as manager:
+            await wait_until(lambda: name in provider.statuses(), what="the refused hub reported")
+            refused = provider.statuses()[name]
+            # Nothing engaged: it counts, and it names the verb, the kind and the namespace.
+            assert refused.phase is mcr.ClusterPhase.UNHEALTHY, refused
+            assert any("Cluster (clusters.cluster.x-k8s.io)" in m for m in refused.missing_permissions), (
+                refused
+            )
+            rules = [
+                {
+                    "apiGroups": ["cluster.x-k8s.io"],
+                    "resources": ["clusters"],
+                    "verbs": ["get", "list", "watch"],
+                },
+                {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]},
+            ]
+            await hub.writer.client.create(
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "Role",
+                    "metadata": {"name": "capi-reader", "namespace": hub.namespace},
+                    "rules": rules,
+                }
+            )
+            await hub.writer.client.create(
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "RoleBinding",
+                    "metadata": {"name": "capi-reader", "namespace": hub.namespace},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "Role",
+                        "name": "capi-reader",
+                    },
+                    "subjects": [{"kind": "User", "name": user.name}],
+                }
+            )
+            await provider.clusters.wait_engaged(hub.key("w"))
+            assert hub.key("w") in manager.clusters()
+            await wait_until(lambda: name not in provider.statuses(), timeout=30, what="the hub line gone")
+    finally:
+        hub.plane.revoke_token_user(account)
 
 
 async def test_an_oversized_kubeconfig_secret_is_refused_unparsed_and_named(hub: Hub, fleet: Fleet) -> None:

@@ -12,17 +12,19 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from .._base.backoff import Backoff
 from .._base.kind import Kind
 from .._cache.informer import IndexFunc, Informer
+from .._client.health import HealthState
 from .._config.kubeconfig import ClusterConfig
 from .cluster import Cluster, ClusterOptions
 from .clusterset import ClusterSet
 from .follow import KindNotInstalled, Watcher, follow_informers, wait_for_kind
 from .protocols import Aware
-from .status import ClusterPhase, ClusterStatus, SourceStatus
+from .status import ClusterPhase, ClusterStatus, SourceStatus, forbidden
 
 Answer = tuple[Mapping[str, ClusterConfig], Mapping[str, SourceStatus]]
 """What a watching provider's pass decides: the clusters that should exist, and a source per thing read."""
@@ -62,6 +64,7 @@ class ClusterSetProvider:
         self._failed_since: dict[str, float] = {}
         self._published: dict[str, SourceStatus] = {}
         self._waiting: SourceStatus | None = None
+        self._watched_hub: Cluster | None = None  # the hub being watched, while it is (see :meth:`watching`)
 
     @property
     def waiting(self) -> str | None:
@@ -198,7 +201,62 @@ class ClusterSetProvider:
         for name in list(self._failed_since):
             if name not in merged or merged[name].phase is not ClusterPhase.FAILED:
                 del self._failed_since[name]
+        trouble = self._hub_trouble(merged)
+        if trouble is not None:
+            merged[trouble.name] = trouble
         return merged
+
+    @asynccontextmanager
+    async def watching(
+        self, connection: AbstractAsyncContextManager[Cluster], *, own: bool = True
+    ) -> AsyncIterator[Cluster]:
+        """Enter ``connection`` (the hub this provider reads) and report its trouble in :meth:`statuses`.
+
+        A hub that refuses the provider (403, 401), does not answer, or lacks
+        the provider's CRD would otherwise show in the log alone: nothing is
+        engaged, so no cluster's line says anything. While that lasts,
+        ``statuses()`` has a ``hub:OWNER`` entry (a name no Kubernetes object
+        can have) saying why. It counts against ``/readyz`` only while no
+        cluster of this provider is engaged, and never for a CRD that is merely
+        not installed yet (the documented wait): members that still work keep
+        a replica, and its webhooks, in service. With ``own=False`` (the
+        caller's cluster, such as the manager's own, whose line in ``/readyz``
+        speaks for it already) nothing is added.
+        """
+        async with connection as hub:
+            self._watched_hub = hub if own else None
+            try:
+                yield hub
+            finally:
+                self._watched_hub = None
+
+    def _hub_trouble(self, found: Mapping[str, ClusterStatus]) -> ClusterStatus | None:
+        hub = self._watched_hub
+        if hub is None:
+            return None
+        health = hub.health
+        counts = True
+        if health.missing_permissions:
+            error = forbidden(health.missing_permissions)
+        elif health.state is HealthState.UNHEALTHY:
+            error = health.reason or "it does not answer"
+        elif self.waiting is not None:
+            error, counts = self.waiting, False
+        else:
+            return None
+        if any(status.phase is not ClusterPhase.FAILED for status in found.values()):
+            counts = False  # engaged members work on: shown, not counted
+        name = f"hub:{self.owner}"
+        phase = ClusterPhase.UNHEALTHY if counts else ClusterPhase.FAILED
+        return ClusterStatus(
+            name,
+            phase,
+            health.since,
+            f"the hub cannot be read: {error}",
+            engagements=0,
+            source=SourceStatus("hub", hub.name, error=error),
+            missing_permissions=health.missing_permissions,
+        )
 
     async def run(self, aware: Aware) -> None:
         """Engage the clusters set so far, and later ones, with ``aware`` until cancelled."""

@@ -220,15 +220,18 @@ async def wait_for_kind(
                     report(None)
                 return kind
             problem = f"{what} not installed: the hub {server} serves no {served}; waiting for it"
+            reason = "not installed"
         except asyncio.CancelledError:
             raise
         except Exception as error:  # unreachable, forbidden: the same wait, another reason
             problem = f"cannot tell whether {what} is installed: the hub {server} did not answer ({error})"
+            # Logged once per kind of error: a hung hub's error text changes from look to look.
+            reason = type(error).__name__
         if report is not None:
             report(problem)
-        if problem != logged:
+        if reason != logged:
             log.warning("%s: %s", owner, problem)
-            logged = problem
+            logged = reason
         else:
             log.debug("%s: %s", owner, problem)
         delay = backoff.delay(failures)

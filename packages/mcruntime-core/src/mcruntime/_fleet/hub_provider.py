@@ -67,7 +67,8 @@ class HubProvider(ClusterSetProvider):
 
     def connect(self) -> AbstractAsyncContextManager[Cluster]:
         """The hub connection (see :func:`hub_connection`): the provider's own, or the caller's cluster."""
-        return hub_connection(self._hub, f"{self.owner} (hub)", self._options)
+        connection = hub_connection(self._hub, f"{self.owner} (hub)", self._options)
+        return self.watching(connection, own=not isinstance(self._hub, Cluster))
 
     async def served_kind(self, hub: Cluster, candidates: Sequence[Kind], *, what: str, crd: str) -> Kind:
         """The first of ``candidates`` the hub serves: waited for, or :attr:`not_installed` at once.

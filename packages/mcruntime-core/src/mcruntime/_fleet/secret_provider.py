@@ -137,7 +137,8 @@ class KubeconfigSecretProvider(ClusterSetProvider):
     # --8<-- [start:run]
     async def run(self, aware: Aware) -> None:
         """Watch the Secrets and keep the engaged clusters equal to them until cancelled."""
-        async with hub_connection(self._hub, f"{self._owner} (hub)", self._options) as hub:
+        connection = hub_connection(self._hub, f"{self._owner} (hub)", self._options)
+        async with self.watching(connection, own=not isinstance(self._hub, Cluster)) as hub:
             informer = Informer(
                 hub.client,
                 SECRET,
