@@ -328,3 +328,58 @@ async def test_a_cluster_that_leaves_stops_alone_and_its_shard_fence_goes_with_t
             await wait_until(fence_gone, timeout=30)
             assert seat.work.opened == {""}
             assert coordinator.metrics.fence_acquisitions._value.get() == acquired
+
+
+async def test_after_the_hub_was_gone_for_everyone_no_replica_takes_a_live_peers_fences(
+    fleet: Fleet,
+) -> None:
+    # Both replicas lose the hub for longer than a lease: each saw the other silent, but
+    # only because it could hear nothing itself. Back, neither may take the other's fences.
+    namespace = unique("outage")
+    clusters = [f"c{index}" for index in range(8)]
+    link = Partition()
+    async with (
+        running_cluster(fleet["cluster-1"], "hub-a") as hub_a,
+        running_cluster(fleet["cluster-1"], "hub-b") as hub_b,
+    ):
+        await hub_a.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        coordinators, seats, reals = [], [], []
+        for identity, hub in (("a", hub_a), ("b", hub_b)):
+            reals.append(hub.client)
+            hub.client = Partitionable(hub.client, link)  # type: ignore[assignment]
+            config = mcr.ShardingConfig(
+                name="outage", namespace=namespace, identity=identity, shards=8, **FAST
+            )
+            coordinator = mcr.ShardedCoordinator(config)
+            coordinator._liveness = liveness_through(hub, lambda client: Partitionable(client, link))
+            coordinators.append(coordinator)
+            seats.append(Seat(hub, clusters))
+        a, b = coordinators
+        try:
+            async with coordinating(a, seats[0]), coordinating(b, seats[1]):
+
+                def split() -> bool:
+                    return a.owned | b.owned == set(clusters) and not a.owned & b.owned and bool(a.owned)
+
+                await wait_until(lambda: split() and len(a.peers()) == 2 and len(b.peers()) == 2, timeout=30)
+                await wait_until(lambda: split() and seats[0].work.opened == a.owned, timeout=30)
+                before = (set(a.owned), set(b.owned))
+                link.cut = True
+                await wait_until(lambda: not a.owned and not b.owned, timeout=30)
+                losses = [
+                    seat.registry.get_sample_value("mcruntime_shard_fence_losses_total") for seat in seats
+                ]
+                # Longer than a lease: each has seen the other silent for a full term.
+                outage = asyncio.get_running_loop().create_future()
+                asyncio.get_running_loop().call_later(FAST["lease_duration"] * 1.5, outage.set_result, None)
+                await outage
+                link.cut = False
+                await wait_until(lambda: (set(a.owned), set(b.owned)) == before, timeout=30)
+                await wait_until(lambda: seats[0].work.opened == before[0], timeout=30)
+                after = [
+                    seat.registry.get_sample_value("mcruntime_shard_fence_losses_total") for seat in seats
+                ]
+                assert after == losses, f"fences changed hands after the outage: {losses} -> {after}"
+        finally:
+            for hub, real in zip((hub_a, hub_b), reals, strict=True):
+                hub.client = real

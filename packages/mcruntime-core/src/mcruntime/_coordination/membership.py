@@ -75,6 +75,10 @@ class Membership:
         # Why the last renewal failed (the hub's answer, no answer, no such namespace); None
         # after a good one. Written by the heartbeat's thread; shown by /readyz while not alive.
         self.trouble: str | None = None
+        # Since when this replica has heard the hub without a break: its first renewal, or the
+        # first after a lapse (written by the heartbeat's thread). A peer's silence counts only
+        # from here: while the hub was gone for this replica, everyone looked silent to it.
+        self.heard_since: float | None = None
 
     # --- what the informer tells us -------------------------------------------------------
 
@@ -150,11 +154,17 @@ class Membership:
         """Live peers (identity → weight), this replica included while it is alive."""
         peers: dict[str, float] = {}
         for identity, peer in self.peers.items():
-            if identity != self.identity and peer.observed.quiet_for(now) <= self.config.lease_duration:
+            if identity != self.identity and self._quiet(peer, now) <= self.config.lease_duration:
                 peers[identity] = peer.weight
         if self.alive(now):
             peers[self.identity] = self.config.weight
         return peers
+
+    def _quiet(self, peer: Peer, now: float) -> float:
+        """How long ``peer`` has been silent while this replica could hear the hub."""
+        heard = self.heard_since
+        quiet = peer.observed.quiet_for(now)
+        return quiet if heard is None else min(quiet, now - heard)
 
     def disagreeing(self, now: float) -> dict[str, str]:
         """Live peers that announce another shard count than this replica's (identity → theirs).
@@ -169,15 +179,22 @@ class Membership:
             for identity, peer in self.peers.items()
             if identity != self.identity
             and peer.shards != ours
-            and peer.observed.quiet_for(now) <= self.config.lease_duration
+            and self._quiet(peer, now) <= self.config.lease_duration
         }
 
     def last_sign_of_life(self, holder: str, since: float | None) -> float:
         """The latest moment this replica knows ``holder`` may have been working.
 
         ``since`` is when a fence ``holder`` holds was last seen to change, if any.
+        This replica's own return to the hub counts as one: a peer it could not
+        hear while the hub was gone (for it, or for everyone: a hub that hung)
+        gets a full term from then before its fences are taken. Without it,
+        both replicas of a hung hub found each other silent when it answered
+        again, and took each other's fences while both were alive.
         """
         signs = [self.gone.get(holder, float("-inf"))]
+        if self.heard_since is not None:
+            signs.append(self.heard_since)
         peer = self.peers.get(holder)
         if peer is not None:
             signs.append(peer.observed.since)
@@ -262,6 +279,8 @@ class Membership:
             log.info("sharding %s: renewed this replica's peer Lease again", self.config.name)
             self.trouble = None
         previous = self.renewed_at
+        if previous is None or time.monotonic() - previous >= self.config.renew_deadline:
+            self.heard_since = started  # before renewed_at, as the lapse
         if previous is not None and time.monotonic() - previous >= self.config.renew_deadline:
             self.lapses += 1  # before renewed_at: whoever sees the fresh renewal sees the lapse too
         self.renewed_at = started
