@@ -105,6 +105,34 @@ async def test_a_lease_namespace_that_does_not_exist_fails_readyz_until_it_is_cr
         await _delete_namespace(plane, namespace)
 
 
+async def _limited(plane: ControlPlane, prefix: str, who: str) -> tuple[str, str, Any, mcr.ClusterConfig]:
+    """A namespace of the test's own, and a token user with no permission yet (the account, the user, its config)."""
+    namespace = unique(prefix)
+    await _create_namespace(plane, namespace)
+    account = unique(who)
+    user = plane.add_token_user(account, cluster_admin=False)
+    return namespace, account, user, mcr.kubeconfig_from_dict(plane.kubeconfig(user), origin=f"{who} replica")
+
+
+def _lease_rights(namespace: str, user: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A Role on the Leases of ``namespace`` and its binding to ``user``."""
+    rules = [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]}]
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "leases", "namespace": namespace},
+        "rules": rules,
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "leases", "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "leases"},
+        "subjects": [{"kind": "User", "name": user}],
+    }
+    return role, binding
+
+
 async def _line(manager: mcr.Manager, line: str) -> bool:
     _status, body = await _readyz(manager)
     return line in body
@@ -154,26 +182,8 @@ async def test_a_sharded_replica_refused_its_peer_lease_mid_run_fails_readyz_and
     fleet: Fleet,
 ) -> None:
     plane = fleet["cluster-1"]
-    namespace = unique("shards")
-    await _create_namespace(plane, namespace)
-    account = unique("sharded")
-    user = plane.add_token_user(account, cluster_admin=False)
-    config = mcr.kubeconfig_from_dict(plane.kubeconfig(user), origin="sharded replica")
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": {"name": "leases", "namespace": namespace},
-        "rules": [
-            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]},
-        ],
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": {"name": "leases", "namespace": namespace},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "leases"},
-        "subjects": [{"kind": "User", "name": user.name}],
-    }
+    namespace, account, user, config = await _limited(plane, "shards", "sharded")
+    role, binding = _lease_rights(namespace, user.name)
     manager = _sharded(config, namespace, "replica")
     try:
         async with _admin(plane) as admin:
@@ -197,34 +207,13 @@ async def test_a_lease_403_leaves_readyz_once_granted_though_the_lease_did_not_e
     fleet: Fleet,
 ) -> None:
     plane = fleet["cluster-1"]
-    namespace = unique("granted")
-    await _create_namespace(plane, namespace)
-    account = unique("elected")
-    user = plane.add_token_user(account, cluster_admin=False)
-    config = mcr.kubeconfig_from_dict(plane.kubeconfig(user), origin="elected replica")
+    namespace, account, user, config = await _limited(plane, "granted", "elected")
     manager = _elected(config, namespace, "replica")
     try:
         async with running(manager), _admin(plane) as admin:
             await wait_until(lambda: _line(manager, "forbidden"), timeout=30, what="the 403 named")
-            await admin.client.create(
-                {
-                    "apiVersion": "rbac.authorization.k8s.io/v1",
-                    "kind": "Role",
-                    "metadata": {"name": "leases", "namespace": namespace},
-                    "rules": [
-                        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]}
-                    ],
-                }
-            )
-            await admin.client.create(
-                {
-                    "apiVersion": "rbac.authorization.k8s.io/v1",
-                    "kind": "RoleBinding",
-                    "metadata": {"name": "leases", "namespace": namespace},
-                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "leases"},
-                    "subjects": [{"kind": "User", "name": user.name}],
-                }
-            )
+            for obj in _lease_rights(namespace, user.name):
+                await admin.client.create(obj)
             elector = manager.elector
             assert elector is not None
             await wait_until(lambda: elector.leading.is_set(), timeout=30, what="leading once granted")
