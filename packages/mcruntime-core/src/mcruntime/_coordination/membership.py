@@ -279,9 +279,10 @@ class Membership:
             log.info("sharding %s: renewed this replica's peer Lease again", self.config.name)
             self.trouble = None
         previous = self.renewed_at
-        if previous is None or time.monotonic() - previous >= self.config.renew_deadline:
-            self.heard_since = started  # before renewed_at, as the lapse
-        if previous is not None and time.monotonic() - previous >= self.config.renew_deadline:
+        lapsed = previous is not None and time.monotonic() - previous >= self.config.renew_deadline
+        if previous is None or lapsed:
+            self.heard_since = started  # hearing starts (again); before renewed_at, as the lapse
+        if lapsed:
             self.lapses += 1  # before renewed_at: whoever sees the fresh renewal sees the lapse too
         self.renewed_at = started
         if self.main_loop is not None:
