@@ -30,14 +30,18 @@ from types import MappingProxyType
 from typing import Any
 
 from .._base.backoff import Backoff
-from .._base.errors import Gone, KindNotFound
+from .._base.errors import Forbidden, Gone, KindNotFound, NotFound, Unauthorized, Unreachable
 from .._base.kind import Kind
 from .._base.labels import LabelSelector
 from .._base.objects import JSON, metadata, object_key
 from .._client.client import Client, WatchEvent
+from .._client.health import HealthState
 from .._client.watching import WatchRequest
 
 log = logging.getLogger("mcruntime.informer")
+
+_PERSISTENT_AFTER = 3
+"""Failures in a row after which a list or watch that keeps failing is a warning, not a blip."""
 
 Transform = Callable[[JSON], JSON]
 IndexFunc = Callable[[JSON], Iterable[str]]
@@ -205,6 +209,8 @@ class Informer:
         self._handlers: list[HandlerRegistration] = []
         self._synced = asyncio.Event()
         self._created = time.monotonic()
+        self._failing: Exception | None = None
+        self._warned: type[Exception] | None = None  # the kind of failure already logged at WARNING
 
     def __repr__(self) -> str:
         scope = f" namespaces={','.join(self.namespaces)}" if self.namespaces else ""
@@ -230,6 +236,20 @@ class Informer:
     @property
     def has_synced(self) -> bool:
         return self._synced.is_set()
+
+    @property
+    def failing(self) -> Exception | None:
+        """What has made every list or watch fail since the last one that worked; ``None`` when it works.
+
+        After its first sync an informer's store is trusted as current; while
+        this is set it is not: the store keeps what it last heard, and nothing
+        new arrives. A kind deleted from the server (its CRD uninstalled), a
+        server that answers 500, a selector it rejects: each is retried with
+        backoff for as long as it lasts, and this says so to whoever reports
+        health (a provider's hub entry, a test). Cleared by a list that
+        succeeds or a watch event, bookmarks included.
+        """
+        return self._failing
 
     async def wait_for_sync(self, timeout: float | None = None) -> bool:
         """Wait until the first list is in the store; ``False`` if ``timeout`` passed first."""
@@ -366,6 +386,7 @@ class Informer:
                     need_list = False
                     failures = 0
                     gone_streak = 0
+                    self._working()
                 await self._watch(scope)
                 failures = 0
                 self.stats.watch_restarts += 1
@@ -384,10 +405,44 @@ class Informer:
                     need_list = True
                 self.stats.last_error = str(error)
                 self.stats.watch_restarts += 1
-                log.info("%r: %s; retrying with backoff (failure %d)", self, error, failures + 1)
+                self._failed(error, failures + 1)
                 # While the cluster is known unreachable, resume as soon as it answers again.
                 await self._backoff.sleep(failures, wake=health.recovery())
                 failures += 1
+
+    def _failed(self, error: Exception, streak: int) -> None:
+        """Record a failed list or watch; warn, once, when it is persistent and no one else names it.
+
+        A dropped watch or a server restarting is a blip (INFO). A kind the
+        server no longer serves (a 404 for the whole collection), or three
+        failures in a row, are not, unless the cluster's own health already
+        says why: a 401 or 403 (its missing permissions) or a cluster found
+        unreachable.
+        """
+        self._failing = error
+        health = self.client.transport.health
+        refused = isinstance(error, (Forbidden, Unauthorized, Unreachable))
+        named = refused or health.state is HealthState.UNHEALTHY
+        persistent = isinstance(error, (KindNotFound, NotFound)) or streak >= _PERSISTENT_AFTER
+        if persistent and not named and type(error) is not self._warned:
+            self._warned = type(error)
+            log.warning(
+                "%r: listing or watching fails (attempt %d): %s; its store keeps what it last heard, "
+                "and it retries with backoff until this passes",
+                self,
+                streak,
+                error,
+            )
+        else:
+            log.info("%r: %s; retrying with backoff (failure %d)", self, error, streak)
+
+    def _working(self) -> None:
+        """A list succeeded or an event arrived: whatever was failing has stopped."""
+        if self._failing is None:
+            return
+        if self._warned is not None:
+            log.info("%r: listing and watching work again (it had failed with: %s)", self, self._failing)
+        self._failing = self._warned = None
 
     async def _relist(self, scope: str | None) -> None:
         listed: dict[str, JSON] = {}
@@ -442,6 +497,8 @@ class Informer:
         await self.client._watch_each(request, lambda event: self._on_event(scope, event))
 
     def _on_event(self, scope: str | None, event: WatchEvent) -> None:
+        if self._failing is not None:
+            self._working()
         obj = event.object
         version = metadata(obj).get("resourceVersion")
         if event.type == "BOOKMARK":

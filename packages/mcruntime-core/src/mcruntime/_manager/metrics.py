@@ -327,6 +327,11 @@ class _LiveCollector(Collector):
             "How long each informer took to fill its store the first time.",
             labels=["cluster", "kind"],
         )
+        failing = GaugeMetricFamily(
+            "mcruntime_informer_failing",
+            "1 while every list or watch of the kind fails since the last that worked (its store is stale).",
+            labels=["cluster", "kind"],
+        )
         for name, cluster in sorted(clusters.items()):
             label = _cluster_label(name)
             health = cluster.health
@@ -334,17 +339,19 @@ class _LiveCollector(Collector):
             if health.last_error_at is not None:
                 last_error.add_metric([label], health.last_error_at)
             # One series per kind: a kind may have several informers (scopes, a metadata view).
-            per_kind: dict[str, tuple[int, int, float | None]] = {}
+            per_kind: dict[str, tuple[int, int, float | None, bool]] = {}
             for informer in cluster.cache.informers():
                 kind = str(informer.kind)
                 stats = informer.stats
-                lists, watches, seconds = per_kind.get(kind, (0, 0, None))
+                lists, watches, seconds, stale = per_kind.get(kind, (0, 0, None, False))
                 if stats.sync_seconds is not None:
                     seconds = max(seconds or 0.0, stats.sync_seconds)
-                per_kind[kind] = (lists + stats.relists, watches + stats.watch_restarts, seconds)
-            for kind, (lists, watches, seconds) in sorted(per_kind.items()):
+                stale = stale or informer.failing is not None
+                per_kind[kind] = (lists + stats.relists, watches + stats.watch_restarts, seconds, stale)
+            for kind, (lists, watches, seconds, stale) in sorted(per_kind.items()):
                 relists.add_metric([label, kind], lists)
                 restarts.add_metric([label, kind], watches)
+                failing.add_metric([label, kind], 1.0 if stale else 0.0)
                 if seconds is not None:
                     sync.add_metric([label, kind], seconds)
-        yield from (healthy, last_error, relists, restarts, sync)
+        yield from (healthy, last_error, relists, restarts, sync, failing)

@@ -1,0 +1,96 @@
+"""An informer whose kind stops being served says so, once, and says when it works again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import pytest
+from kube_helpers import install_widget_crd, new_namespace, running_cluster, widget_crd
+
+import mcruntime as mcr
+from mcruntime._manager.metrics import _LiveCollector
+from mcruntime.cache import Informer
+from mcruntime.testing import Fleet, wait_until
+
+CRD = mcr.Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+
+
+def _failing_gauge(cluster: mcr.Cluster) -> dict[str, float]:
+    collector = _LiveCollector(list, lambda: {"w": cluster}, dict)
+    return {
+        sample.labels["kind"]: sample.value
+        for family in collector.collect()
+        if family.name == "mcruntime_informer_failing"
+        for sample in family.samples
+    }
+
+
+async def test_a_kind_deleted_from_the_server_is_named_until_it_is_served_again(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="mcruntime.informer")
+    async with running_cluster(fleet["cluster-1"]) as cluster:
+        kind = await install_widget_crd(cluster)
+        group = kind.api_version.split("/")[0]
+        namespace = await new_namespace(cluster)
+        informer = Informer(
+            cluster.client, kind, namespace=namespace, backoff=mcr.Backoff(base=0.05, cap=0.2)
+        )
+        running = asyncio.create_task(informer.run())
+        try:
+            assert await informer.wait_for_sync(30)
+            assert informer.failing is None
+            await cluster.client.delete(CRD, f"widgets.{group}")
+            await wait_until(lambda: informer.failing is not None, what="the informer failing")
+            failed_at = informer.stats.watch_restarts
+            await wait_until(
+                lambda: informer.stats.watch_restarts >= failed_at + 4, what="a few more failed attempts"
+            )
+            warnings = [
+                r.getMessage()
+                for r in caplog.records
+                if r.levelno == logging.WARNING and r.name == "mcruntime.informer"
+            ]
+            # One warning for the whole outage, naming the informer's kind and what the server said.
+            assert len(warnings) == 1, warnings
+            assert "Widget" in warnings[0] and "cluster-1" in warnings[0] and "fails" in warnings[0], (
+                warnings[0]
+            )
+            assert isinstance(informer.failing, mcr.NotFound | mcr.KindNotFound), informer.failing
+
+            # The kind is served again (the old CRD may still be finishing its deletion).
+            async def reinstalled() -> bool:
+                with contextlib.suppress(mcr.AlreadyExists):
+                    await cluster.client.create(widget_crd(group))
+                    return True
+                return False
+
+            await wait_until(reinstalled, what="the CRD created again")
+            widget = {"apiVersion": kind.api_version, "kind": "Widget", "metadata": {"name": "back"}}
+
+            async def written() -> bool:
+                with contextlib.suppress(mcr.KindNotFound, mcr.NotFound):
+                    await cluster.client.create(widget, namespace=namespace)
+                    return True
+                await cluster.client.discovery.refresh()
+                return False
+
+            await wait_until(written, what="a Widget written once the kind is served")
+            await wait_until(lambda: f"{namespace}/back" in informer.store.objects, what="the Widget heard")
+            assert informer.failing is None
+            assert any("work again" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
+        finally:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+
+
+async def test_the_failing_gauge_follows_a_cache_informer(fleet: Fleet) -> None:
+    async with running_cluster(fleet["cluster-2"]) as cluster:
+        kind = await install_widget_crd(cluster)
+        namespace = await new_namespace(cluster)
+        await cluster.cache.list(kind, namespace=namespace)  # starts, and syncs, the cache's informer
+        assert _failing_gauge(cluster) == {str(kind): 0.0}
+        await cluster.client.delete(CRD, f"widgets.{kind.api_version.split('/')[0]}")
+        await wait_until(lambda: _failing_gauge(cluster) == {str(kind): 1.0}, what="the gauge at 1")
