@@ -404,6 +404,50 @@ async def test_a_hub_without_cluster_api_is_waited_for_and_the_manager_keeps_run
         assert provider.waiting is None and provider.api_version == "cluster.x-k8s.io/v1beta2"
 
 
+async def test_cluster_api_uninstalled_while_running_is_named_until_it_is_back(
+    fresh_cluster: ControlPlane, fleet: Fleet
+) -> None:
+    async with mcr.Cluster("capi", admin_config(fresh_cluster)) as writer:
+        await install_crd(writer, ("v1beta2", "v1beta1"))
+        await writer.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gone"}})
+        hub = Hub(fresh_cluster, writer, "gone")
+        provider = hub.provider()
+        name = f"hub:{provider.owner}"
+        async with running(provider) as manager:
+            await hub.write_secret("w", fleet["cluster-2"].kubeconfig(fleet["cluster-2"].token_user))
+            await hub.create_cluster("w", ready=True)
+            await provider.clusters.wait_engaged(hub.key("w"))
+            assert name not in provider.statuses()
+            await writer.client.delete(CRD, "clusters.cluster.x-k8s.io")
+            # Its Clusters go with the CRD; then discovery itself is named, not only logged.
+            await wait_until(lambda: name in provider.statuses(), what="the uninstalled kind named")
+            gone = provider.statuses()[name]
+            assert "Cluster (cluster.x-k8s.io/v1beta2) is no longer served" in (gone.error or ""), gone
+            # Like the wait for a CRD not installed yet: shown, never counted against /readyz.
+            assert gone.phase is mcr.ClusterPhase.FAILED, gone
+            await wait_until(lambda: hub.key("w") not in manager.clusters(), what="its Cluster disengaged")
+
+            async def reinstalled() -> bool:
+                with contextlib.suppress(mcr.AlreadyExists):
+                    await writer.client.create(cluster_crd(("v1beta2", "v1beta1")))
+                    return True
+                return False
+
+            await wait_until(reinstalled, what="the CRD created again once the old one is gone")
+            await install_crd(writer, ("v1beta2", "v1beta1"))  # established
+
+            async def recreated() -> bool:
+                with contextlib.suppress(mcr.KindNotFound, mcr.NotFound):
+                    await hub.create_cluster("w", ready=True)
+                    return True
+                await writer.client.discovery.refresh()
+                return False
+
+            await wait_until(recreated, what="the Cluster written again")
+            await provider.clusters.wait_engaged(hub.key("w"))
+            await wait_until(lambda: name not in provider.statuses(), what="the hub line gone")
+
+
 async def test_a_hub_that_refuses_the_clusters_is_named_until_granted(hub: Hub, fleet: Fleet) -> None:
     await hub.write_secret("w", fleet["cluster-2"].kubeconfig(fleet["cluster-2"].token_user))
     await hub.create_cluster("w", ready=True)

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from .._base.backoff import Backoff
+from .._base.errors import KindNotFound, NotFound
 from .._base.kind import Kind
 from .._cache.informer import IndexFunc, Informer
 from .._client.health import HealthState
@@ -65,6 +66,7 @@ class ClusterSetProvider:
         self._published: dict[str, SourceStatus] = {}
         self._waiting: SourceStatus | None = None
         self._watched_hub: Cluster | None = None  # the hub being watched, while it is (see :meth:`watching`)
+        self._followed: Sequence[Informer] = ()  # the hub's informers, while :meth:`follow` runs them
 
     @property
     def waiting(self) -> str | None:
@@ -137,16 +139,20 @@ class ClusterSetProvider:
         def applied() -> None:
             self._published = dict(pending)
 
-        await follow_informers(
-            self.clusters,
-            aware,
-            informers,
-            desired,
-            owner=self.owner,
-            applied=applied,
-            backoff=self._retry_backoff if backoff is None else backoff,
-            watchers=watchers,
-        )
+        self._followed = tuple(informers)
+        try:
+            await follow_informers(
+                self.clusters,
+                aware,
+                informers,
+                desired,
+                owner=self.owner,
+                applied=applied,
+                backoff=self._retry_backoff if backoff is None else backoff,
+                watchers=watchers,
+            )
+        finally:
+            self._followed = ()
 
     async def get(self, name: str) -> Cluster:
         """The engaged cluster of this name; raises :class:`ClusterNotFound`."""
@@ -242,6 +248,8 @@ class ClusterSetProvider:
             error = health.reason or "it does not answer"
         elif self.waiting is not None:
             error, counts = self.waiting, False
+        elif (failing := self._failing_informer()) is not None:
+            error, counts = failing
         else:
             return None
         if any(status.phase is not ClusterPhase.FAILED for status in found.values()):
@@ -257,6 +265,17 @@ class ClusterSetProvider:
             source=SourceStatus("hub", hub.name, error=error),
             missing_permissions=health.missing_permissions,
         )
+
+    def _failing_informer(self) -> tuple[str, bool] | None:
+        """Why one of the hub's informers fails, and whether it counts (a kind no longer served does not)."""
+        for informer in self._followed:
+            failing = informer.failing
+            if failing is None:
+                continue
+            gone = isinstance(failing, (KindNotFound, NotFound))
+            what = "is no longer served" if gone else "fails to list or watch"
+            return f"{informer.kind.kind} ({informer.kind.api_version}) {what}: {failing}", not gone
+        return None
 
     async def run(self, aware: Aware) -> None:
         """Engage the clusters set so far, and later ones, with ``aware`` until cancelled."""
