@@ -6,13 +6,14 @@ import asyncio
 import contextlib
 import logging
 
+import aiohttp
 import pytest
 from kube_helpers import install_widget_crd, new_namespace, running_cluster, widget_crd
 
 import mcruntime as mcr
 from mcruntime._manager.metrics import _LiveCollector
 from mcruntime.cache import Informer
-from mcruntime.testing import Fleet, wait_until
+from mcruntime.testing import Fleet, admin_config, running, wait_until
 
 CRD = mcr.Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 
@@ -58,7 +59,8 @@ async def test_a_kind_deleted_from_the_server_is_named_until_it_is_served_again(
             assert "Widget" in warnings[0] and "cluster-1" in warnings[0] and "fails" in warnings[0], (
                 warnings[0]
             )
-            assert isinstance(informer.failing, mcr.NotFound | mcr.KindNotFound), informer.failing
+            failing: Exception | None = informer.failing  # read anew: mypy kept the None asserted above
+            assert isinstance(failing, mcr.NotFound | mcr.KindNotFound), failing
 
             # The kind is served again (the old CRD may still be finishing its deletion).
             async def reinstalled() -> bool:
@@ -94,3 +96,46 @@ async def test_the_failing_gauge_follows_a_cache_informer(fleet: Fleet) -> None:
         assert _failing_gauge(cluster) == {str(kind): 0.0}
         await cluster.client.delete(CRD, f"widgets.{kind.api_version.split('/')[0]}")
         await wait_until(lambda: _failing_gauge(cluster) == {str(kind): 1.0}, what="the gauge at 1")
+
+
+async def _readyz_line(manager: mcr.Manager, name: str) -> str:
+    url = manager.endpoints.url("/readyz") + "?verbose"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        body = await response.text()
+    return next((line for line in body.splitlines() if line[3:].startswith(f"cluster:{name} ")), "")
+
+
+async def _nothing(_request: mcr.Request) -> None:
+    return None
+
+
+async def test_a_member_whose_watched_kind_is_deleted_fails_its_readyz_line_until_it_is_back(
+    fleet: Fleet,
+) -> None:
+    plane = fleet["cluster-3"]
+    async with running_cluster(plane) as admin:
+        kind = await install_widget_crd(admin)
+        group = kind.api_version.split("/")[0]
+        options = mcr.ClusterOptions(backoff=mcr.Backoff(base=0.05, cap=0.5))
+        provider = mcr.StaticProvider({"member": admin_config(plane)}, options=options)
+        manager = mcr.Manager(provider, health_probe_address="127.0.0.1:0", handle_signals=False)
+        mcr.controller_managed_by(manager).for_(kind).complete(_nothing)
+
+        async def line_starts(prefix: str) -> bool:
+            return (await _readyz_line(manager, "member")).startswith(prefix)
+
+        async with running(manager):
+            await wait_until(lambda: line_starts("[+]"), what="the member ready")
+            await admin.client.delete(CRD, f"widgets.{group}")
+            await wait_until(lambda: line_starts("[-]"), what="the member's line failing")
+            line = await _readyz_line(manager, "member")
+            assert f"cache failing: Widget ({kind.api_version}): " in line, line
+
+            async def reinstalled() -> bool:
+                with contextlib.suppress(mcr.AlreadyExists):
+                    await admin.client.create(widget_crd(group))
+                    return True
+                return False
+
+            await wait_until(reinstalled, what="the CRD created again")
+            await wait_until(lambda: line_starts("[+]"), what="the member ready again")

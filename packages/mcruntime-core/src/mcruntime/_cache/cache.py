@@ -25,6 +25,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+from .._base.backoff import Backoff
 from .._base.errors import NotFound
 from .._base.kind import Kind
 from .._base.labels import LabelSelector
@@ -94,6 +95,7 @@ class Cache:
         read_timeout: float = 90.0,
         namespace: str | None = None,
         options: CacheOptions | None = None,
+        backoff: Backoff | None = None,
     ) -> None:
         options = options or CacheOptions()
         if namespace is not None and options.namespaces is not None:
@@ -110,6 +112,7 @@ class Cache:
         self._transform = transform
         self._resync_period = resync_period
         self._read_timeout = read_timeout
+        self._backoff = backoff
         self._informers: dict[InformerKey, Informer] = {}
         # Memos of the read path (every reconcile reads): the options are frozen, and an
         # informer once made is never replaced, so both hold for the cache's life.
@@ -201,6 +204,7 @@ class Cache:
                 transform=scope.transform,
                 resync_period=self._resync_period,
                 read_timeout=self._read_timeout,
+                backoff=self._backoff,
             )
             for name, extract in self._indexes.get(kind, {}).items():
                 informer.add_index(name, extract)

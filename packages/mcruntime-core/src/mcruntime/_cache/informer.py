@@ -239,14 +239,17 @@ class Informer:
 
     @property
     def failing(self) -> Exception | None:
-        """What has made every list or watch fail since the last one that worked; ``None`` when it works.
+        """Why every list and watch fails, once that is no passing blip; ``None`` while it works.
 
         After its first sync an informer's store is trusted as current; while
         this is set it is not: the store keeps what it last heard, and nothing
-        new arrives. A kind deleted from the server (its CRD uninstalled), a
-        server that answers 500, a selector it rejects: each is retried with
-        backoff for as long as it lasts, and this says so to whoever reports
-        health (a provider's hub entry, a test). Cleared by a list that
+        new arrives. A kind deleted from the server (its CRD uninstalled: a
+        404 for the collection) is set at once; any other failure (a server
+        answering 500, a selector it rejects, a refusal) after three in a
+        row, so a dropped watch does not flap it. Each is retried with
+        backoff for as long as it lasts; this says so to whoever reports
+        health (``/readyz``, a provider's hub entry, the
+        ``mcruntime_informer_failing`` gauge). Cleared by a list that
         succeeds or a watch event, bookmarks included.
         """
         return self._failing
@@ -390,6 +393,7 @@ class Informer:
                 await self._watch(scope)
                 failures = 0
                 self.stats.watch_restarts += 1
+                self._working()  # the server ended a watch it had accepted
             except Gone as error:
                 # The first 410 relists at once; a relist that keeps expiring (a paged
                 # list whose continue token outlived the server's history) backs off.
@@ -419,11 +423,12 @@ class Informer:
         says why: a 401 or 403 (its missing permissions) or a cluster found
         unreachable.
         """
-        self._failing = error
+        persistent = isinstance(error, (KindNotFound, NotFound)) or streak >= _PERSISTENT_AFTER
+        if persistent:
+            self._failing = error
         health = self.client.transport.health
         refused = isinstance(error, (Forbidden, Unauthorized, Unreachable))
         named = refused or health.state is HealthState.UNHEALTHY
-        persistent = isinstance(error, (KindNotFound, NotFound)) or streak >= _PERSISTENT_AFTER
         if persistent and not named and type(error) is not self._warned:
             self._warned = type(error)
             log.warning(
@@ -438,7 +443,7 @@ class Informer:
 
     def _working(self) -> None:
         """A list succeeded or an event arrived: whatever was failing has stopped."""
-        if self._failing is None:
+        if self._failing is None and self._warned is None:
             return
         if self._warned is not None:
             log.info("%r: listing and watching work again (it had failed with: %s)", self, self._failing)

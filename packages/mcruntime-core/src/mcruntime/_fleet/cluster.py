@@ -195,6 +195,7 @@ class Cluster:
             read_timeout=self.options.watch_read_timeout,
             namespace=self.options.cache_namespace,
             options=self.options.cache,
+            backoff=self.options.backoff,
         )
         self.started_at: float | None = None
         self._stopped = False

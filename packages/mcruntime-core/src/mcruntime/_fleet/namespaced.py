@@ -103,6 +103,7 @@ class NamespacedCluster(Cluster):
                 resync_period=options.resync_period,
                 read_timeout=options.watch_read_timeout,
                 namespace=namespace,
+                backoff=options.backoff,
             )
         )
         self.cache: Cache = NamespacedCache(

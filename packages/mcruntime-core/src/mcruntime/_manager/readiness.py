@@ -1,8 +1,9 @@
 """When a cluster counts as ready, and what ``/readyz`` says about the fleet.
 
 A cluster is ready when its own health record says it answers, none of its
-loops is failing, it has the permissions its informers need, and every
-controller has synced its caches there. The fleet is ready when every member
+loops is failing, it has the permissions its informers need, none of its
+informers keeps failing (a kind it no longer serves), and every controller
+has synced its caches there. The fleet is ready when every member
 is (or, with ``ready_min_share`` below 1, that share of them): one broken
 cluster among many must not take every replica out of its Service.
 """
@@ -37,6 +38,15 @@ def cluster_not_ready(name: str, cluster: Cluster, controllers: Iterable[Control
         return "; ".join(failing)
     if health.missing_permissions:
         return forbidden(health.missing_permissions)
+    stale = sorted(
+        {
+            f"{informer.kind.kind} ({informer.kind.api_version}): {informer.failing}"
+            for informer in cluster.cache.informers()
+            if informer.failing is not None
+        }
+    )
+    if stale:
+        return f"cache failing: {'; '.join(stale)}"
     waiting = [controller.name for controller in controllers if not controller.synced(name)]
     if waiting:
         return f"caches not synced for {', '.join(sorted(waiting))}"
