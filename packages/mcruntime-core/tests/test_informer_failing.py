@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from types import SimpleNamespace
+from typing import Any, cast
 
 import aiohttp
 import pytest
@@ -13,6 +15,7 @@ from kube_helpers import install_widget_crd, new_namespace, running_cluster, wid
 import mcruntime as mcr
 from mcruntime._manager.metrics import _LiveCollector
 from mcruntime.cache import Informer
+from mcruntime.client import HealthState
 from mcruntime.testing import Fleet, admin_config, running, wait_until
 
 CRD = mcr.Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
@@ -26,6 +29,41 @@ def _failing_gauge(cluster: mcr.Cluster) -> dict[str, float]:
         if family.name == "mcruntime_informer_failing"
         for sample in family.samples
     }
+
+
+def _failing(informer: Informer) -> Exception | None:
+    """``informer.failing``, read anew (mypy would keep what an earlier assert narrowed it to)."""
+    return informer.failing
+
+
+def _scripted_informer() -> Informer:
+    """An informer whose failures are fed by hand: only its cluster's name and health are read."""
+    health = SimpleNamespace(state=HealthState.HEALTHY)
+    client = SimpleNamespace(cluster="w", transport=SimpleNamespace(health=health))
+    return Informer(cast("Any", client), mcr.Kind("example.com/v1", "Widget"), namespaces=["a", "b"])
+
+
+def test_a_blip_is_not_failing_and_one_namespace_does_not_clear_another(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="mcruntime.informer")
+    informer = _scripted_informer()
+    boom = mcr.ServerError("etcd is away", cluster="w", status=500)
+    informer._failed("a", boom, 1)
+    informer._failed("a", boom, 2)
+    assert _failing(informer) is None  # two in a row: a blip, not yet a stale store
+    informer._failed("a", boom, 3)
+    assert _failing(informer) is boom
+    informer._working("b")  # another namespace's events say nothing about this one
+    assert _failing(informer) is boom
+    informer._failed("a", boom, 4)
+    assert [r.levelname for r in caplog.records] == ["INFO", "INFO", "WARNING", "INFO"]
+    informer._working("a")
+    assert _failing(informer) is None
+    assert "work again" in caplog.records[-1].getMessage()
+    gone = mcr.NotFound("404 page not found", cluster="w", status=404)
+    informer._failed("b", gone, 1)  # a kind no longer served is not a blip
+    assert _failing(informer) is gone
 
 
 async def test_a_kind_deleted_from_the_server_is_named_until_it_is_served_again(
@@ -42,9 +80,9 @@ async def test_a_kind_deleted_from_the_server_is_named_until_it_is_served_again(
         running = asyncio.create_task(informer.run())
         try:
             assert await informer.wait_for_sync(30)
-            assert informer.failing is None
+            assert _failing(informer) is None
             await cluster.client.delete(CRD, f"widgets.{group}")
-            await wait_until(lambda: informer.failing is not None, what="the informer failing")
+            await wait_until(lambda: _failing(informer) is not None, what="the informer failing")
             failed_at = informer.stats.watch_restarts
             await wait_until(
                 lambda: informer.stats.watch_restarts >= failed_at + 4, what="a few more failed attempts"
@@ -59,8 +97,7 @@ async def test_a_kind_deleted_from_the_server_is_named_until_it_is_served_again(
             assert "Widget" in warnings[0] and "cluster-1" in warnings[0] and "fails" in warnings[0], (
                 warnings[0]
             )
-            failing: Exception | None = informer.failing  # read anew: mypy kept the None asserted above
-            assert isinstance(failing, mcr.NotFound | mcr.KindNotFound), failing
+            assert isinstance(_failing(informer), mcr.NotFound | mcr.KindNotFound), informer.failing
 
             # The kind is served again (the old CRD may still be finishing its deletion).
             async def reinstalled() -> bool:
@@ -81,7 +118,7 @@ async def test_a_kind_deleted_from_the_server_is_named_until_it_is_served_again(
 
             await wait_until(written, what="a Widget written once the kind is served")
             await wait_until(lambda: f"{namespace}/back" in informer.store.objects, what="the Widget heard")
-            assert informer.failing is None
+            assert _failing(informer) is None
             assert any("work again" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
         finally:
             running.cancel()

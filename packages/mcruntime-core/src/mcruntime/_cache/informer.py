@@ -209,8 +209,10 @@ class Informer:
         self._handlers: list[HandlerRegistration] = []
         self._synced = asyncio.Event()
         self._created = time.monotonic()
-        self._failing: Exception | None = None
-        self._warned: type[Exception] | None = None  # the kind of failure already logged at WARNING
+        # Per list-and-watch (one per namespace of a scoped informer): what fails it, and the kind
+        # of failure already logged at WARNING. One namespace's events do not clear another's.
+        self._failing: dict[str | None, Exception] = {}
+        self._warned: dict[str | None, type[Exception]] = {}
 
     def __repr__(self) -> str:
         scope = f" namespaces={','.join(self.namespaces)}" if self.namespaces else ""
@@ -252,7 +254,7 @@ class Informer:
         ``mcruntime_informer_failing`` gauge). Cleared by a list that
         succeeds or a watch event, bookmarks included.
         """
-        return self._failing
+        return next(iter(self._failing.values()), None)
 
     async def wait_for_sync(self, timeout: float | None = None) -> bool:
         """Wait until the first list is in the store; ``False`` if ``timeout`` passed first."""
@@ -389,11 +391,11 @@ class Informer:
                     need_list = False
                     failures = 0
                     gone_streak = 0
-                    self._working()
+                    self._working(scope)
                 await self._watch(scope)
                 failures = 0
                 self.stats.watch_restarts += 1
-                self._working()  # the server ended a watch it had accepted
+                self._working(scope)  # the server ended a watch it had accepted
             except Gone as error:
                 # The first 410 relists at once; a relist that keeps expiring (a paged
                 # list whose continue token outlived the server's history) backs off.
@@ -409,12 +411,12 @@ class Informer:
                     need_list = True
                 self.stats.last_error = str(error)
                 self.stats.watch_restarts += 1
-                self._failed(error, failures + 1)
+                self._failed(scope, error, failures + 1)
                 # While the cluster is known unreachable, resume as soon as it answers again.
                 await self._backoff.sleep(failures, wake=health.recovery())
                 failures += 1
 
-    def _failed(self, error: Exception, streak: int) -> None:
+    def _failed(self, scope: str | None, error: Exception, streak: int) -> None:
         """Record a failed list or watch; warn, once, when it is persistent and no one else names it.
 
         A dropped watch or a server restarting is a blip (INFO). A kind the
@@ -425,12 +427,12 @@ class Informer:
         """
         persistent = isinstance(error, (KindNotFound, NotFound)) or streak >= _PERSISTENT_AFTER
         if persistent:
-            self._failing = error
+            self._failing[scope] = error
         health = self.client.transport.health
         refused = isinstance(error, (Forbidden, Unauthorized, Unreachable))
         named = refused or health.state is HealthState.UNHEALTHY
-        if persistent and not named and type(error) is not self._warned:
-            self._warned = type(error)
+        if persistent and not named and type(error) is not self._warned.get(scope):
+            self._warned[scope] = type(error)
             log.warning(
                 "%r: listing or watching fails (attempt %d): %s; its store keeps what it last heard, "
                 "and it retries with backoff until this passes",
@@ -441,13 +443,11 @@ class Informer:
         else:
             log.info("%r: %s; retrying with backoff (failure %d)", self, error, streak)
 
-    def _working(self) -> None:
-        """A list succeeded or an event arrived: whatever was failing has stopped."""
-        if self._failing is None and self._warned is None:
-            return
-        if self._warned is not None:
-            log.info("%r: listing and watching work again (it had failed with: %s)", self, self._failing)
-        self._failing = self._warned = None
+    def _working(self, scope: str | None) -> None:
+        """A list succeeded or an event arrived for ``scope``: whatever was failing it has stopped."""
+        error = self._failing.pop(scope, None)
+        if self._warned.pop(scope, None) is not None:
+            log.info("%r: listing and watching work again (it had failed with: %s)", self, error)
 
     async def _relist(self, scope: str | None) -> None:
         listed: dict[str, JSON] = {}
@@ -502,8 +502,8 @@ class Informer:
         await self.client._watch_each(request, lambda event: self._on_event(scope, event))
 
     def _on_event(self, scope: str | None, event: WatchEvent) -> None:
-        if self._failing is not None:
-            self._working()
+        if self._failing:
+            self._working(scope)
         obj = event.object
         version = metadata(obj).get("resourceVersion")
         if event.type == "BOOKMARK":
