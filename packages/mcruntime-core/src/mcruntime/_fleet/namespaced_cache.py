@@ -112,6 +112,10 @@ class NamespaceInformer(Informer):
     def has_synced(self) -> bool:
         return self.shared.has_synced
 
+    @property
+    def failing(self) -> Exception | None:
+        return self.shared.failing
+
     async def wait_for_sync(self, timeout: float | None = None) -> bool:
         return await self.shared.wait_for_sync(timeout)
 
