@@ -403,8 +403,8 @@ class Informer:
                 need_list = True
                 if gone_streak:
                     self.stats.last_error = str(error)
-                    delay = await self._backoff.sleep(gone_streak - 1)
-                    log.info("%r: %s again; relisting after %.1fs", self, error, delay)
+                    self._failed(scope, error, gone_streak + 1)  # a relist that never lands is stale too
+                    await self._backoff.sleep(gone_streak - 1)
                 gone_streak += 1
             except Exception as error:  # any failure: back off and try again, never die
                 if isinstance(error, KindNotFound):
