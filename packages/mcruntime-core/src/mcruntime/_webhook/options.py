@@ -31,7 +31,10 @@ class WebhookOptions:
     else knows the CA) and off with files (whoever issued them registers).
     ``remove_on_disengage`` deletes the configurations from a cluster that is
     disengaged; it is off by default because removing a validating webhook
-    silently is a security decision, not a cleanup.
+    silently is a security decision, not a cleanup. ``verify_interval`` is how
+    often each cluster's registration is applied again unasked, so that one
+    deleted or edited by another writer is restored (and the restore logged)
+    within it: a request or two per cluster per interval; 0 turns it off.
 
     ``handler_timeout`` bounds each call (waiting for its cluster's lane
     included); ``max_concurrent_per_cluster`` is each cluster's lane width, so
@@ -52,6 +55,7 @@ class WebhookOptions:
     max_body_bytes: int = MAX_BODY_BYTES
     handler_timeout: float = 10.0
     max_concurrent_per_cluster: int = 16
+    verify_interval: float = 300.0
 
     def __post_init__(self) -> None:
         _host, separator, port = self.address.rpartition(":")
@@ -72,6 +76,8 @@ class WebhookOptions:
             raise ValueError(
                 f"WebhookOptions.max_body_bytes must be at least 1024, not {self.max_body_bytes}"
             )
+        if self.verify_interval < 0:
+            raise ValueError(f"WebhookOptions.verify_interval must be 0 or above, not {self.verify_interval}")
         if self.reload_interval <= 0:
             raise ValueError(f"WebhookOptions.reload_interval must be above 0, not {self.reload_interval}")
 

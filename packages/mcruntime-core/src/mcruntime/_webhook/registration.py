@@ -6,7 +6,11 @@ and ``MutatingWebhookConfiguration`` (one webhook per registered kind, the URL
 naming that cluster) and sets each converted CRD's
 ``spec.conversion.webhook.clientConfig``. It applies them again whenever a
 handler is added or the CA bundle changes, and retries with the capped backoff
-while a cluster refuses (its CRD not installed yet, say). Each cluster's loop
+while a cluster refuses (its CRD not installed yet, say). Every
+``verify_interval`` it applies them again unasked: a configuration another
+writer deleted or edited (a cleanup script, a Helm upgrade of the CRD) would
+otherwise leave that cluster's objects unchecked with nothing said; the
+restore is logged, naming what had changed. Each cluster's loop
 lives in the cluster's own task set, so it ends when the cluster does. A
 configuration of a kind the server has no handlers for (left by an earlier
 version) is emptied, not left to refuse writes with a CA nobody holds.
@@ -23,6 +27,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import random
 from typing import TYPE_CHECKING, Any
 
 from .._base.backoff import DEFAULT_BACKOFF, Backoff
@@ -57,6 +62,8 @@ class Registrar:
         self._changed = asyncio.Event()
         self.applied: dict[str, int] = {}
         """Per cluster, how many times its configurations were applied (tests and debugging)."""
+        self.restored: dict[str, int] = {}
+        """Per cluster, how many checks found a configuration changed or deleted by another writer."""
         self.failing: dict[str, str] = {}
         """Per cluster whose last attempt failed, why (shown in ``/readyz``)."""
         self.backoff: Backoff = DEFAULT_BACKOFF
@@ -79,18 +86,22 @@ class Registrar:
     def _forget(self, name: str) -> None:
         self.applied.pop(name, None)
         self.failing.pop(name, None)
+        self.restored.pop(name, None)
 
     async def _keep_current(self, name: str, cluster: Cluster) -> None:
         failures = 0
+        ours: dict[str, str] = {}  # each object's resourceVersion as our last apply left it
+        checking = False  # this apply is the periodic check, not a change of ours
         while True:
             changed = self._changed
             try:
-                await self.apply(name, cluster)
+                found = await self.apply(name, cluster)
             except asyncio.CancelledError:
                 raise
             except Exception as error:
                 delay = self.backoff.delay(failures)
                 failures += 1
+                checking = False  # a partial apply of ours may have moved versions: do not blame others
                 self.failing[name] = f"{type(error).__name__}: {error}"
                 log.warning(
                     "cluster %r: webhook registration failed (%s: %s); retrying in %.1fs",
@@ -101,10 +112,42 @@ class Registrar:
                 )
                 await asyncio.sleep(delay)
                 continue
+            if checking:
+                self._compare(name, ours, found)
+            ours = found
             failures = 0
             self.failing.pop(name, None)
             self.applied[name] = self.applied.get(name, 0) + 1
+            checking = await self._until_next(changed)
+
+    def _compare(self, name: str, ours: dict[str, str], found: dict[str, str]) -> None:
+        """Say what the periodic apply found changed since ours (it has just been put back)."""
+        changed = sorted(key for key, version in found.items() if key in ours and ours[key] != version)
+        if changed:
+            self.restored[name] = self.restored.get(name, 0) + 1
+            log.warning(
+                "cluster %r: %s changed or deleted by another writer since this manager registered "
+                "the webhooks; applied again",
+                name,
+                ", ".join(changed),
+            )
+        appeared = sorted(key for key in found if key not in ours)
+        if appeared:  # a converted CRD installed after the last apply: its conversion is set now
+            log.info("cluster %r: %s found and registered", name, ", ".join(appeared))
+
+    async def _until_next(self, changed: asyncio.Event) -> bool:
+        """Wait for a change of ours (``False``) or the next periodic check (``True``)."""
+        interval = self._server.options.verify_interval
+        if not interval:
             await changed.wait()
+            return False
+        try:
+            # Spread over the last tenth of the interval: clusters engaged together check apart.
+            async with asyncio.timeout(interval * random.uniform(0.9, 1.0)):  # noqa: S311
+                await changed.wait()
+        except TimeoutError:
+            return True
+        return False
 
     def _client_config(self, url: str) -> JSON:
         config: JSON = {"url": url}
@@ -143,9 +186,15 @@ class Registrar:
             webhook["reinvocationPolicy"] = "Never"
         return webhook
 
-    async def apply(self, name: str, cluster: Cluster) -> None:
-        """Install ``cluster``'s configurations and CRD conversion settings as they are now."""
+    async def apply(self, name: str, cluster: Cluster) -> dict[str, str]:
+        """Install ``cluster``'s configurations and CRD conversion settings as they are now.
+
+        Returns the resourceVersion each object has after it, by ``Kind/name``:
+        an apply that changed nothing leaves it as it was, so a later apply
+        that finds another one knows someone else wrote in between.
+        """
         server = self._server
+        versions: dict[str, str] = {}
         configuration = server.options.configuration_name
         blocked: list[str] = []
         for kind, hooks, mutating in (
@@ -160,7 +209,8 @@ class Registrar:
                 await self._webhook(name, cluster, hook, mutating=mutating) for hook in hooks.values()
             ]
             manifest = _configuration(kind, configuration, webhooks)
-            await cluster.client.apply(manifest, field_manager=self.field_manager, force=True)
+            applied = await cluster.client.apply(manifest, field_manager=self.field_manager, force=True)
+            versions[f"{kind.kind}/{configuration}"] = _version(applied)
         for conversion in list(server.conversions.values()):
             plural = (
                 conversion.resource
@@ -183,16 +233,18 @@ class Registrar:
                     }
                 }
             }
+            crd = f"{plural}.{conversion.group}"
             try:
-                await cluster.client.patch(
-                    CRD, f"{plural}.{conversion.group}", patch, field_manager=self.field_manager
-                )
+                patched = await cluster.client.patch(CRD, crd, patch, field_manager=self.field_manager)
             except NotFound:
                 # A cluster without the CRD holds no objects to convert (a fleet's hub often has
-                # CRDs its members lack); retrying would only fill the log. The next change applies again.
-                log.debug("cluster %r: no CRD %s.%s to set the conversion of", name, plural, conversion.group)
+                # CRDs its members lack); retrying would only fill the log. The next check applies again.
+                log.debug("cluster %r: no CRD %s to set the conversion of", name, crd)
+            else:
+                versions[f"{CRD.kind}/{crd}"] = _version(patched)
         if blocked:  # after everything else was applied: the registration's line in /readyz, retried
             raise PermissionError("; ".join(blocked))
+        return versions
 
     async def _clear(self, name: str, cluster: Cluster, kind: Kind, configuration: str) -> str | None:
         """Empty the configuration of a kind this server no longer has handlers for.
@@ -264,6 +316,10 @@ class Registrar:
             else:
                 log.info("cluster %r: removed %s %r on disengage", name, kind.kind, configuration)
         self._forget(name)
+
+
+def _version(obj: JSON) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion", ""))
 
 
 def _configuration(kind: Kind, name: str, webhooks: list[JSON]) -> dict[str, Any]:

@@ -1,0 +1,124 @@
+"""A registration another writer deletes or edits is put back, and the log names what had changed.
+
+Before, the registrar applied a cluster's configurations once and then only on
+a change of its own (a handler added, the CA rotated): a configuration deleted
+by a cleanup script left that cluster's objects unchecked, with /readyz green
+and not one line in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from webhook_helpers import (
+    CRD,
+    config_of,
+    install_crd,
+    kind_crd,
+    make_test,
+    new_group,
+    serving,
+    webhook_options,
+)
+
+import mcruntime as mcr
+from mcruntime.testing import Fleet, wait_until
+
+VALIDATING = mcr.Kind("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration")
+
+
+async def test_a_configuration_deleted_or_edited_by_another_writer_is_restored_and_named(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="mcruntime.webhook")
+    plane = fleet["cluster-1"]
+    group = new_group()
+    kind = mcr.Kind(f"{group}/v1", "Test")
+    await install_crd(plane, kind_crd(group))
+    options = webhook_options(verify_interval=0.5)
+    name = options.configuration_name
+    provider = mcr.StaticProvider({plane.name: config_of(plane)})
+    manager = mcr.Manager(provider, handle_signals=False, webhook=options)
+
+    async def deny(req: mcr.AdmissionRequest) -> None:
+        raise mcr.Denied(f"checked in {req.cluster}")
+
+    mcr.webhook_managed_by(manager).for_(kind).with_validator(deny).complete()
+    async with serving(manager, [plane.name]), mcr.Cluster("other-writer", config_of(plane)) as other:
+        registrar = manager.webhook.registrar
+        await wait_until(
+            lambda: registrar.applied[plane.name] >= 2, what="a periodic check that found nothing"
+        )
+        assert registrar.restored.get(plane.name, 0) == 0
+
+        await other.client.delete(VALIDATING, name)
+        await wait_until(lambda: registrar.restored.get(plane.name, 0) == 1, what="the deletion restored")
+        attempts = iter(range(1_000_000))
+
+        async def refused() -> bool:
+            # The API server reads webhook configurations through a watch of its own: until it
+            # has seen the restored one, a write may still pass unchecked. Try until it is called.
+            try:
+                await other.client.create(make_test(kind, f"after-{next(attempts)}", "default", image="x"))
+            except mcr.Forbidden as error:
+                denials.append(str(error))
+                return True
+            return False
+
+        denials: list[str] = []
+
+        await wait_until(refused, what="the restored webhook called")
+        assert f"checked in {plane.name}" in denials[0], denials
+
+        edited = await other.client.get(VALIDATING, name)
+        ours = edited["webhooks"][0]["clientConfig"]["url"]
+        edited["webhooks"][0]["clientConfig"]["url"] = "https://127.0.0.1:1/elsewhere"
+        await other.client.patch(VALIDATING, name, {"webhooks": edited["webhooks"]})
+        await wait_until(lambda: registrar.restored.get(plane.name, 0) == 2, what="the edit restored")
+        restored = await other.client.get(VALIDATING, name)
+        assert restored["webhooks"][0]["clientConfig"]["url"] == ours
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and r.name == "mcruntime.webhook"
+    ]
+    assert len(warnings) == 2, warnings
+    assert all(f"ValidatingWebhookConfiguration/{name} changed or deleted" in w for w in warnings), warnings
+
+
+def _same(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj
+
+
+async def test_a_converted_crd_installed_after_registration_gets_its_conversion_at_the_next_check(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="mcruntime.webhook")
+    plane = fleet["cluster-3"]
+    group = new_group()
+    hub = mcr.Kind(f"{group}/v1", "Test")
+    manager = mcr.Manager(
+        mcr.StaticProvider({plane.name: config_of(plane)}),
+        handle_signals=False,
+        webhook=webhook_options(verify_interval=0.5),
+    )
+    mcr.webhook_managed_by(manager).for_(hub, resource="tests").with_conversion(
+        hub="v1", to_hub={"v1alpha1": _same}, from_hub={"v1alpha1": _same}
+    ).complete()
+    async with serving(manager, [plane.name]), mcr.Cluster("reader", config_of(plane)) as reader:
+        await install_crd(plane, kind_crd(group, ("v1alpha1", "v1"), storage="v1"))
+
+        async def converted() -> bool:
+            crd = await reader.client.get(CRD, f"tests.{group}")
+            return bool(crd["spec"].get("conversion", {}).get("strategy") == "Webhook")
+
+        await wait_until(converted, what="the CRD's conversion set by a periodic check")
+        crd = await reader.client.get(CRD, f"tests.{group}")
+        url = crd["spec"]["conversion"]["webhook"]["clientConfig"]["url"]
+        assert url.endswith(f"/clusters/{plane.name}/convert/{group}/Test"), url
+    assert any(
+        f"CustomResourceDefinition/tests.{group} found and registered" in r.getMessage()
+        for r in caplog.records
+    )
