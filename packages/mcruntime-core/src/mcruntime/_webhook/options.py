@@ -32,9 +32,10 @@ class WebhookOptions:
     ``remove_on_disengage`` deletes the configurations from a cluster that is
     disengaged; it is off by default because removing a validating webhook
     silently is a security decision, not a cleanup. ``verify_interval`` is how
-    often each cluster's registration is applied again unasked, so that one
-    deleted or edited by another writer is restored (and the restore logged)
-    within it: a request or two per cluster per interval; 0 turns it off.
+    often each cluster's registration is read back, so that one deleted or
+    edited by another writer is restored (and the restore logged) within it:
+    one read per configuration and converted CRD, per cluster, per interval;
+    a write only on a difference; 0 turns it off.
 
     ``handler_timeout`` bounds each call (waiting for its cluster's lane
     included); ``max_concurrent_per_cluster`` is each cluster's lane width, so

@@ -7,10 +7,10 @@ naming that cluster) and sets each converted CRD's
 ``spec.conversion.webhook.clientConfig``. It applies them again whenever a
 handler is added or the CA bundle changes, and retries with the capped backoff
 while a cluster refuses (its CRD not installed yet, say). Every
-``verify_interval`` it applies them again unasked: a configuration another
-writer deleted or edited (a cleanup script, a Helm upgrade of the CRD) would
-otherwise leave that cluster's objects unchecked with nothing said; the
-restore is logged, naming what had changed. Each cluster's loop
+``verify_interval`` it reads them back and applies them again if another
+writer deleted or edited them (a cleanup script, a Helm upgrade of the CRD),
+which would otherwise leave that cluster's objects unchecked with nothing
+said; the restore is logged, naming what had changed. Each cluster's loop
 lives in the cluster's own task set, so it ends when the cluster does. A
 configuration of a kind the server has no handlers for (left by an earlier
 version) is emptied, not left to refuse writes with a CA nobody holds.
@@ -28,6 +28,7 @@ import base64
 import contextlib
 import logging
 import random
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from .._base.backoff import DEFAULT_BACKOFF, Backoff
@@ -62,6 +63,8 @@ class Registrar:
         self._changed = asyncio.Event()
         self.applied: dict[str, int] = {}
         """Per cluster, how many times its configurations were applied (tests and debugging)."""
+        self.checked: dict[str, int] = {}
+        """Per cluster, how many periodic checks read its registration back."""
         self.restored: dict[str, int] = {}
         """Per cluster, how many checks found a configuration changed or deleted by another writer."""
         self.failing: dict[str, str] = {}
@@ -86,22 +89,31 @@ class Registrar:
     def _forget(self, name: str) -> None:
         self.applied.pop(name, None)
         self.failing.pop(name, None)
+        self.checked.pop(name, None)
         self.restored.pop(name, None)
 
     async def _keep_current(self, name: str, cluster: Cluster) -> None:
         failures = 0
-        ours: dict[str, str] = {}  # each object's resourceVersion as our last apply left it
-        checking = False  # this apply is the periodic check, not a change of ours
+        ours: set[str] = set()  # the objects (Kind/name) our applies have written in this cluster
+        checking = False  # this round is the periodic check, not a change of ours
         while True:
             changed = self._changed
             try:
-                found = await self.apply(name, cluster)
+                wrote = True
+                if checking:
+                    drift, appeared = await self._check(name, cluster, ours)
+                    self.checked[name] = self.checked.get(name, 0) + 1
+                    wrote = bool(drift or appeared)
+                    if wrote:
+                        self._report(name, drift, appeared)
+                if wrote:
+                    ours = set(await self.apply(name, cluster))
             except asyncio.CancelledError:
                 raise
             except Exception as error:
                 delay = self.backoff.delay(failures)
                 failures += 1
-                checking = False  # a partial apply of ours may have moved versions: do not blame others
+                checking = False  # after a failure, apply in full rather than check
                 self.failing[name] = f"{type(error).__name__}: {error}"
                 log.warning(
                     "cluster %r: webhook registration failed (%s: %s); retrying in %.1fs",
@@ -112,28 +124,43 @@ class Registrar:
                 )
                 await asyncio.sleep(delay)
                 continue
-            if checking:
-                self._compare(name, ours, found)
-            ours = found
             failures = 0
             self.failing.pop(name, None)
-            self.applied[name] = self.applied.get(name, 0) + 1
+            if wrote:
+                self.applied[name] = self.applied.get(name, 0) + 1
             checking = await self._until_next(changed)
 
-    def _compare(self, name: str, ours: dict[str, str], found: dict[str, str]) -> None:
-        """Say what the periodic apply found changed since ours (it has just been put back)."""
-        changed = sorted(key for key, version in found.items() if key in ours and ours[key] != version)
-        if changed:
+    async def _check(self, name: str, cluster: Cluster, ours: set[str]) -> tuple[list[str], list[str]]:
+        """Read what the registration should hold: what another writer changed, and what is new.
+
+        Only the fields this manager sets are compared (the API server adds
+        defaults, another manager may add its own webhooks), so a check of an
+        untouched registration writes nothing.
+        """
+        drift: list[str] = []
+        appeared: list[str] = []
+        async for kind, object_name, wanted in self._wanted(name, cluster):
+            key = f"{kind.kind}/{object_name}"
+            live = await cluster.client.get_or_none(kind, object_name)
+            if live is None:
+                if kind != CRD:  # a CRD that is gone holds nothing to convert
+                    drift.append(f"{key} (deleted)")
+            elif key not in ours:
+                appeared.append(key)
+            elif not _holds(live, wanted):
+                drift.append(f"{key} (changed)")
+        return drift, appeared
+
+    def _report(self, name: str, drift: list[str], appeared: list[str]) -> None:
+        if drift:
             self.restored[name] = self.restored.get(name, 0) + 1
             log.warning(
-                "cluster %r: %s changed or deleted by another writer since this manager registered "
-                "the webhooks; applied again",
+                "cluster %r: %s by another writer since this manager registered the webhooks; applying again",
                 name,
-                ", ".join(changed),
+                ", ".join(drift),
             )
-        appeared = sorted(key for key in found if key not in ours)
         if appeared:  # a converted CRD installed after the last apply: its conversion is set now
-            log.info("cluster %r: %s found and registered", name, ", ".join(appeared))
+            log.info("cluster %r: %s found; registering", name, ", ".join(appeared))
 
     async def _until_next(self, changed: asyncio.Event) -> bool:
         """Wait for a change of ours (``False``) or the next periodic check (``True``)."""
@@ -186,31 +213,25 @@ class Registrar:
             webhook["reinvocationPolicy"] = "Never"
         return webhook
 
-    async def apply(self, name: str, cluster: Cluster) -> dict[str, str]:
-        """Install ``cluster``'s configurations and CRD conversion settings as they are now.
+    async def _wanted(self, name: str, cluster: Cluster) -> AsyncIterator[tuple[Kind, str, JSON]]:
+        """Each object of ``cluster``'s registration, with what this manager sets in it.
 
-        Returns the resourceVersion each object has after it, by ``Kind/name``:
-        an apply that changed nothing leaves it as it was, so a later apply
-        that finds another one knows someone else wrote in between.
+        A configuration as applied whole (server-side), a CRD as the patch of
+        its conversion settings. Discovery (a kind's plural) is asked as each
+        is reached, so what comes before a kind the cluster does not serve yet
+        is still written.
         """
         server = self._server
-        versions: dict[str, str] = {}
         configuration = server.options.configuration_name
-        blocked: list[str] = []
         for kind, hooks, mutating in (
             (VALIDATING, server.validators, False),
             (MUTATING, server.defaulters, True),
         ):
-            if not hooks:
-                if (problem := await self._clear(name, cluster, kind, configuration)) is not None:
-                    blocked.append(problem)
-                continue
-            webhooks = [
-                await self._webhook(name, cluster, hook, mutating=mutating) for hook in hooks.values()
-            ]
-            manifest = _configuration(kind, configuration, webhooks)
-            applied = await cluster.client.apply(manifest, field_manager=self.field_manager, force=True)
-            versions[f"{kind.kind}/{configuration}"] = _version(applied)
+            if hooks:
+                webhooks = [
+                    await self._webhook(name, cluster, hook, mutating=mutating) for hook in hooks.values()
+                ]
+                yield kind, configuration, _configuration(kind, configuration, webhooks)
         for conversion in list(server.conversions.values()):
             plural = (
                 conversion.resource
@@ -233,18 +254,36 @@ class Registrar:
                     }
                 }
             }
-            crd = f"{plural}.{conversion.group}"
-            try:
-                patched = await cluster.client.patch(CRD, crd, patch, field_manager=self.field_manager)
-            except NotFound:
-                # A cluster without the CRD holds no objects to convert (a fleet's hub often has
-                # CRDs its members lack); retrying would only fill the log. The next check applies again.
-                log.debug("cluster %r: no CRD %s to set the conversion of", name, crd)
+            yield CRD, f"{plural}.{conversion.group}", patch
+
+    async def apply(self, name: str, cluster: Cluster) -> list[str]:
+        """Install ``cluster``'s configurations and CRD conversion settings as they are now.
+
+        Returns what was written, as ``Kind/name`` (a CRD the cluster does not
+        have is not: it holds nothing to convert).
+        """
+        server = self._server
+        configuration = server.options.configuration_name
+        blocked: list[str] = []
+        for kind, hooks in ((VALIDATING, server.validators), (MUTATING, server.defaulters)):
+            if not hooks and (problem := await self._clear(name, cluster, kind, configuration)) is not None:
+                blocked.append(problem)
+        written: list[str] = []
+        async for kind, object_name, body in self._wanted(name, cluster):
+            if kind != CRD:
+                await cluster.client.apply(body, field_manager=self.field_manager, force=True)
             else:
-                versions[f"{CRD.kind}/{crd}"] = _version(patched)
+                try:
+                    await cluster.client.patch(CRD, object_name, body, field_manager=self.field_manager)
+                except NotFound:
+                    # A cluster without the CRD holds no objects to convert (a fleet's hub often has
+                    # CRDs its members lack); retrying would fill the log. The next check looks again.
+                    log.debug("cluster %r: no CRD %s to set the conversion of", name, object_name)
+                    continue
+            written.append(f"{kind.kind}/{object_name}")
         if blocked:  # after everything else was applied: the registration's line in /readyz, retried
             raise PermissionError("; ".join(blocked))
-        return versions
+        return written
 
     async def _clear(self, name: str, cluster: Cluster, kind: Kind, configuration: str) -> str | None:
         """Empty the configuration of a kind this server no longer has handlers for.
@@ -318,8 +357,25 @@ class Registrar:
         self._forget(name)
 
 
-def _version(obj: JSON) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion", ""))
+def _holds(live: Any, wanted: Any) -> bool:
+    """Whether ``live`` has every field ``wanted`` sets, as it sets it.
+
+    Fields ``live`` adds are allowed (server defaults); list items named
+    ``name`` (webhooks) are matched by name, so another manager's own entries
+    are allowed too; other lists must match item by item.
+    """
+    if isinstance(wanted, dict):
+        return isinstance(live, dict) and all(
+            key in live and _holds(live[key], value) for key, value in wanted.items()
+        )
+    if isinstance(wanted, list):
+        if not isinstance(live, list):
+            return False
+        if all(isinstance(item, dict) and "name" in item for item in wanted):
+            named = {item.get("name"): item for item in live if isinstance(item, dict)}
+            return all(_holds(named.get(item["name"]), item) for item in wanted)
+        return len(live) == len(wanted) and all(map(_holds, live, wanted))
+    return bool(live == wanted)
 
 
 def _configuration(kind: Kind, name: str, webhooks: list[JSON]) -> dict[str, Any]:
