@@ -66,7 +66,7 @@ class Registrar:
         self.checked: dict[str, int] = {}
         """Per cluster, how many periodic checks read its registration back."""
         self.restored: dict[str, int] = {}
-        """Per cluster, how many checks found a configuration changed or deleted by another writer."""
+        """Per cluster, how many times a configuration changed or deleted by another writer was put back."""
         self.failing: dict[str, str] = {}
         """Per cluster whose last attempt failed, why (shown in ``/readyz``)."""
         self.backoff: Backoff = DEFAULT_BACKOFF
@@ -99,7 +99,7 @@ class Registrar:
         while True:
             changed = self._changed
             try:
-                wrote = True
+                wrote, drift = True, list[str]()
                 if checking:
                     drift, appeared = await self._check(name, cluster, ours)
                     self.checked[name] = self.checked.get(name, 0) + 1
@@ -108,6 +108,8 @@ class Registrar:
                         self._report(name, drift, appeared)
                 if wrote:
                     ours = set(await self.apply(name, cluster))
+                if drift:
+                    self.restored[name] = self.restored.get(name, 0) + 1
             except asyncio.CancelledError:
                 raise
             except Exception as error:
@@ -153,7 +155,6 @@ class Registrar:
 
     def _report(self, name: str, drift: list[str], appeared: list[str]) -> None:
         if drift:
-            self.restored[name] = self.restored.get(name, 0) + 1
             log.warning(
                 "cluster %r: %s by another writer since this manager registered the webhooks; applying again",
                 name,
