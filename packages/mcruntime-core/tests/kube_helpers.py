@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -71,6 +72,19 @@ async def new_namespace(cluster: mcr.Cluster, prefix: str = "test") -> str:
     name = unique(prefix)
     await cluster.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     return name
+
+
+async def create_again(cluster: mcr.Cluster, manifest: dict[str, Any]) -> None:
+    """Create ``manifest`` once the object of its name deleted just before has finished going."""
+
+    async def created() -> bool:
+        with contextlib.suppress(mcr.AlreadyExists):
+            await cluster.client.create(manifest)
+            return True
+        return False
+
+    name = manifest["metadata"]["name"]
+    await wait_until(created, what=f"{manifest['kind']} {name!r} created again")
 
 
 def widget_crd(group: str) -> dict[str, Any]:

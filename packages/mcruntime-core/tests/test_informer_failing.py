@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import aiohttp
 import pytest
-from kube_helpers import install_widget_crd, new_namespace, running_cluster, widget_crd
+from kube_helpers import create_again, install_widget_crd, new_namespace, running_cluster, widget_crd
 
 import mcruntime as mcr
 from mcruntime._manager.metrics import _LiveCollector
@@ -99,14 +99,7 @@ async def test_a_kind_deleted_from_the_server_is_named_until_it_is_served_again(
             )
             assert isinstance(_failing(informer), mcr.NotFound | mcr.KindNotFound), informer.failing
 
-            # The kind is served again (the old CRD may still be finishing its deletion).
-            async def reinstalled() -> bool:
-                with contextlib.suppress(mcr.AlreadyExists):
-                    await cluster.client.create(widget_crd(group))
-                    return True
-                return False
-
-            await wait_until(reinstalled, what="the CRD created again")
+            await create_again(cluster, widget_crd(group))  # the kind is served again
             widget = {"apiVersion": kind.api_version, "kind": "Widget", "metadata": {"name": "back"}}
 
             async def written() -> bool:
@@ -168,11 +161,5 @@ async def test_a_member_whose_watched_kind_is_deleted_fails_its_readyz_line_unti
             line = await _readyz_line(manager, "member")
             assert f"cache failing: Widget ({kind.api_version}): " in line, line
 
-            async def reinstalled() -> bool:
-                with contextlib.suppress(mcr.AlreadyExists):
-                    await admin.client.create(widget_crd(group))
-                    return True
-                return False
-
-            await wait_until(reinstalled, what="the CRD created again")
+            await create_again(admin, widget_crd(group))
             await wait_until(lambda: line_starts("[+]"), what="the member ready again")

@@ -25,9 +25,15 @@ from webhook_helpers import (
 
 import mcruntime as mcr
 from mcruntime._webhook.registration import _holds
-from mcruntime.testing import Fleet, wait_until
+from mcruntime.testing import ControlPlane, Fleet, wait_until
 
 VALIDATING = mcr.Kind("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration")
+
+
+def _checking_manager(plane: ControlPlane) -> mcr.Manager:
+    """A manager of ``plane`` alone whose registration is checked twice a second."""
+    provider = mcr.StaticProvider({plane.name: config_of(plane)})
+    return mcr.Manager(provider, handle_signals=False, webhook=webhook_options(verify_interval=0.5))
 
 
 async def test_a_configuration_deleted_or_edited_by_another_writer_is_restored_and_named(
@@ -38,10 +44,8 @@ async def test_a_configuration_deleted_or_edited_by_another_writer_is_restored_a
     group = new_group()
     kind = mcr.Kind(f"{group}/v1", "Test")
     await install_crd(plane, kind_crd(group))
-    options = webhook_options(verify_interval=0.5)
-    name = options.configuration_name
-    provider = mcr.StaticProvider({plane.name: config_of(plane)})
-    manager = mcr.Manager(provider, handle_signals=False, webhook=options)
+    manager = _checking_manager(plane)
+    name = manager.webhook.options.configuration_name
 
     async def deny(req: mcr.AdmissionRequest) -> None:
         raise mcr.Denied(f"checked in {req.cluster}")
@@ -103,11 +107,7 @@ async def test_a_converted_crd_installed_after_registration_gets_its_conversion_
     plane = fleet["cluster-3"]
     group = new_group()
     hub = mcr.Kind(f"{group}/v1", "Test")
-    manager = mcr.Manager(
-        mcr.StaticProvider({plane.name: config_of(plane)}),
-        handle_signals=False,
-        webhook=webhook_options(verify_interval=0.5),
-    )
+    manager = _checking_manager(plane)
     mcr.webhook_managed_by(manager).for_(hub, resource="tests").with_conversion(
         hub="v1", to_hub={"v1alpha1": _same}, from_hub={"v1alpha1": _same}
     ).complete()

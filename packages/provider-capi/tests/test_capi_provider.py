@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import pytest
 import pytest_asyncio
 import yaml
-from kube_helpers import CREDENTIAL_SHAPES, quotes_token, spoiled
+from kube_helpers import CREDENTIAL_SHAPES, create_again, quotes_token, spoiled
 
 import mcruntime as mcr
 from mcruntime.testing import ControlPlane, Fleet, Target, admin_config, wait_until
@@ -427,13 +427,7 @@ async def test_cluster_api_uninstalled_while_running_is_named_until_it_is_back(
             assert gone.phase is mcr.ClusterPhase.FAILED, gone
             await wait_until(lambda: hub.key("w") not in manager.clusters(), what="its Cluster disengaged")
 
-            async def reinstalled() -> bool:
-                with contextlib.suppress(mcr.AlreadyExists):
-                    await writer.client.create(cluster_crd(("v1beta2", "v1beta1")))
-                    return True
-                return False
-
-            await wait_until(reinstalled, what="the CRD created again once the old one is gone")
+            await create_again(writer, cluster_crd(("v1beta2", "v1beta1")))
             await install_crd(writer, ("v1beta2", "v1beta1"))  # established
 
             async def recreated() -> bool:
