@@ -31,6 +31,7 @@ from .._reconcile.context import enter_reconcile, leave_reconcile
 from .._reconcile.fence import WriteCheck, enter_write_check, leave_write_check
 from .._reconcile.request import ReconcileFunction, Request
 from .gates import LeaderGate, RequestGate
+from .longrun import LONG_RECONCILE_AFTER, watch_long_reconciles
 from .outcomes import ParkedRequests, ReconcileStats, apply_failure, apply_result
 from .predicate import ObjectEvent, Predicate, matches
 from .ratelimit import RateLimiter, default_rate_limiter
@@ -124,6 +125,8 @@ class Controller:
         self.tasks: TaskSet = TaskSet(f"controller:{name}")
         self.dispatcher_backoff: Backoff = DEFAULT_BACKOFF
         """How long the dispatcher waits before it is restarted after dying (a test may shorten it)."""
+        self.long_reconcile_after: float = LONG_RECONCILE_AFTER
+        """Seconds after which a reconcile still running is logged, once (0: never); see ``longrun``."""
         self._cache_sync_timeout = cache_sync_timeout
         self._event_filters = event_filters
         self.has_provider = has_provider
@@ -359,6 +362,12 @@ class Controller:
             raise RuntimeError(f"controller {self.name!r} is already running")
         self._started = True
         self._readers = [self._supervise_reader(source) for source in self._channels]
+
+        async def watch() -> None:
+            after, lanes = (lambda: self.long_reconcile_after), self.max_concurrent_reconciles
+            await watch_long_reconciles(self.name, self.queue.processing, after, lanes)
+
+        self._readers.append(self.tasks.supervise(watch, "long-reconciles"))  # ends with the readers
         try:
             while not self._stopping():
                 if self.leader is not None:

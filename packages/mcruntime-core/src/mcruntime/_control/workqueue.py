@@ -441,6 +441,11 @@ class WorkQueue(Generic[K]):
             return self._clock() - started
         return 0.0
 
+    def processing(self) -> list[tuple[K, float, float]]:
+        """Each key a worker holds, when it was taken (the queue's clock) and for how long; oldest first."""
+        now = self._clock()
+        return [(key, started, now - started) for key, (started, _group) in self._processing.items()]
+
     # -- internals ------------------------------------------------------------------
 
     def _at_limit(self, group: Hashable) -> bool:
