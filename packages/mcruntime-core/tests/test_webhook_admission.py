@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 import pytest
@@ -231,7 +232,10 @@ async def test_webhooks_registered_after_start_reach_every_cluster(fleet: Fleet)
                 await _create(fleet, name, make_test(kind, "late", "default", image="x"))
 
 
-async def test_registration_waits_for_a_crd_installed_later_and_shows_why_meanwhile(fleet: Fleet) -> None:
+async def test_registration_waits_for_a_crd_installed_later_and_shows_why_meanwhile(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="mcruntime.webhook")
     group = new_group()
     kind = mcr.Kind(f"{group}/v1", "Test")
     plane = fleet["cluster-3"]
@@ -250,10 +254,19 @@ async def test_registration_waits_for_a_crd_installed_later_and_shows_why_meanwh
         registrar = manager.webhook.registrar
         await wait_for(lambda: plane.name in registrar.failing)
         assert f"serves no Test in {group}/v1" in registrar.failing[plane.name]
+
+        def failures(level: int) -> int:
+            return sum(
+                1 for r in caplog.records if r.levelno == level and "registration failed" in r.getMessage()
+            )
+
+        await wait_for(lambda: failures(logging.DEBUG) >= 3, what="a few more attempts")
+        assert failures(logging.WARNING) == 1  # said once; /readyz keeps saying it
         lines = await manager.webhook.readiness()
         assert (f"webhook:registration:{plane.name}", registrar.failing[plane.name], False) in lines
         await install_crd(plane, kind_crd(group))
         await wait_for(lambda: registrar.applied.get(plane.name, 0) >= 1)
         assert plane.name not in registrar.failing
+        assert any("registration succeeded after" in r.getMessage() for r in caplog.records)
         with pytest.raises(mcr.Forbidden, match=f"registered late in {plane.name}"):
             await _create(fleet, plane.name, make_test(kind, "late", "default", image="x"))

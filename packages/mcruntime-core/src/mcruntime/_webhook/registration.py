@@ -94,6 +94,7 @@ class Registrar:
 
     async def _keep_current(self, name: str, cluster: Cluster) -> None:
         failures = 0
+        logged: str | None = None  # the kind of failure of this streak already at WARNING
         ours: set[str] = set()  # the objects (Kind/name) our applies have written in this cluster
         checking = False  # this round is the periodic check, not a change of ours
         while True:
@@ -117,7 +118,11 @@ class Registrar:
                 failures += 1
                 checking = False  # after a failure, apply in full rather than check
                 self.failing[name] = f"{type(error).__name__}: {error}"
-                log.warning(
+                # Once per kind of failure: a hung cluster, checked every interval and retried on
+                # the backoff, would otherwise repeat it twice a minute (its /readyz line stays).
+                before, logged = logged, type(error).__name__
+                log.log(
+                    logging.WARNING if before != logged else logging.DEBUG,
                     "cluster %r: webhook registration failed (%s: %s); retrying in %.1fs",
                     name,
                     type(error).__name__,
@@ -126,7 +131,9 @@ class Registrar:
                 )
                 await asyncio.sleep(delay)
                 continue
-            failures = 0
+            if failures:
+                log.info("cluster %r: webhook registration succeeded after %d failure(s)", name, failures)
+            failures, logged = 0, None
             self.failing.pop(name, None)
             if wrote:
                 self.applied[name] = self.applied.get(name, 0) + 1
