@@ -82,6 +82,7 @@ async def serve(
     mode: str,
     run_id: str,
     gc_freeze: bool = True,
+    keys_per_turn: int | None = None,
     profiled: dict[str, Callable[[], None]] | None = None,
 ) -> None:
     """Run the manager until stdin closes.
@@ -142,6 +143,8 @@ async def serve(
         # Go's MaxConcurrentReconciles: that many reconciles at once over all clusters, any
         # of which may be one cluster's. Here: the total bound, and a lane as wide as it.
         builder = builder.with_options(max_concurrent_reconciles=workers, max_total_reconciles=workers)
+    if keys_per_turn is not None:  # S7: Go's single FIFO hands out a cluster's whole backlog in a row
+        builder = builder.with_options(keys_per_turn=keys_per_turn)
     builder.complete(reconcile)
     runner = asyncio.create_task(manager.start())
     try:
@@ -167,6 +170,9 @@ def main() -> None:
         default="read",
         help="read: from the cache; write: patch data.observed once per write; live: GET from the server",
     )
+    parser.add_argument(
+        "--keys-per-turn", type=int, default=None, help="requests a cluster is handed in a row (default: the controller's own)"
+    )
     parser.add_argument("--profile", type=Path, help="write cProfile statistics here")
     parser.add_argument(
         "--no-gc-freeze", action="store_true", help="Manager(gc_freeze=False): the collector sees the cache"
@@ -181,6 +187,7 @@ def main() -> None:
         args.mode,
         args.run_id,
         not args.no_gc_freeze,
+        args.keys_per_turn,
     )
     if args.profile is None:
         asyncio.run(serve(*arguments))
