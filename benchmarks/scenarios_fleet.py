@@ -72,11 +72,12 @@ def _s7_order(bench: Bench, kind: str) -> list[str]:
     multicluster-runtime's queue is one FIFO over all clusters. A cluster's
     listed objects arrive together, so Go patches one cluster's whole backlog,
     then the next's. Our controller by default hands each cluster 32 requests
-    in a row, then the next cluster: fairer to a cluster behind a busy one, and
-    on this testbed (ten API servers sharing two cores) about a tenth more of
-    the servers' CPU per patch (session 32). The goal compares the runtimes on
-    the same writes in the same order, so our peer takes turns as long as a
-    cluster's backlog; the default's figure is reported beside it.
+    in a row, then the next cluster: fairer to a cluster behind a busy one. On
+    this testbed (ten API servers sharing two cores) the order can move the
+    servers' CPU per patch (session 32: about 5 % on medians, from -7 % to
+    +24 % between runs). The goal compares the runtimes on the same writes in
+    the same order, so our peer takes turns as long as a cluster's backlog; the
+    default's figure is reported beside it.
     """
     if kind == "mcruntime":
         return ["--keys-per-turn", str(bench.sizes.writes_objects)]
