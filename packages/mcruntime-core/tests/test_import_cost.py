@@ -4,15 +4,20 @@ S1 counts the peer's CPU from process start, imports included: aiohttp's
 server side comes with the first webhook or served endpoint, its client with
 the first watch of a server without HTTP/2 or request through a proxy,
 pydantic with ``ManagerSettings``, the distribution metadata with ``__version__``.
+The root's names themselves are imported when first used: sharding, RBAC and
+the webhooks' handlers only by a program that touches them.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
 from importlib.metadata import version
 from pathlib import Path
+
+import pytest
 
 import mcruntime
 from mcruntime.testing import Fleet
@@ -33,6 +38,53 @@ def test_import_mcruntime_leaves_the_server_side_and_settings_out() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert found.stdout.strip() == "[]", found.stdout
+
+
+LAZY = (
+    "mcruntime._coordination.sharding",
+    "mcruntime._rbac.rbac",
+    "mcruntime._webhook.handlers",
+    "mcruntime._fleet.secret_provider",
+    "mcruntime._manager.manager",
+)
+
+
+def test_import_mcruntime_imports_a_name_s_machinery_when_the_name_is_first_used() -> None:
+    code = (
+        "import sys, mcruntime\n"
+        f"before = sorted(m for m in {LAZY!r} if m in sys.modules)\n"
+        "from mcruntime import Manager\n"
+        f"after = sorted(m for m in {LAZY!r} if m in sys.modules)\n"
+        "print(before, after, 'Manager' in vars(mcruntime), 'Kind' in dir(mcruntime))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert found.stdout.split() == ["[]", "['mcruntime._manager.manager']", "True", "True"], found.stdout
+
+
+def test_the_root_s_lazy_table_says_what_its_type_checking_imports_say() -> None:
+    """Type checkers read the imports, the runtime reads the table: one may not drift from the other."""
+    source = Path(mcruntime.__file__ or "").read_text()
+    guarded = next(
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+    )
+    imported = {
+        (node.module or "", alias.name)
+        for node in guarded.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    tabled = {(module, name) for module, names in mcruntime._EXPORTED_FROM.items() for name in names}
+    assert imported == tabled
+    assert {name for _module, name in tabled} | {"__version__"} == set(mcruntime.__all__)
+
+
+def test_an_unknown_name_is_an_attribute_error_naming_it() -> None:
+    with pytest.raises(AttributeError, match="has no attribute 'NoSuchThing'"):
+        mcruntime.NoSuchThing  # type: ignore[attr-defined]  # noqa: B018
 
 
 def test_the_version_is_read_when_asked_and_is_the_distribution_s() -> None:
