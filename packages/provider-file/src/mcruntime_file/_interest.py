@@ -17,10 +17,6 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from watchfiles import Change
 
 
 @functools.lru_cache(maxsize=16)
@@ -101,8 +97,8 @@ class Interest:
             return self
         return Interest(self.exact, self.searched, self.named_parents, self.trees, everything, self.include)
 
-    def __call__(self, _change: Change, path: str) -> bool:
-        """Whether the change at ``path`` can matter (watchfiles' filter signature)."""
+    def __call__(self, _change: int, path: str) -> bool:
+        """Whether a change at ``path`` can matter, whatever its kind (watchfiles' filter signature)."""
         path = _key(path)
         if path in self.exact:
             return True

@@ -8,21 +8,29 @@ sees the rename, the creation of a file that did not exist, and the
 any of them only says "look again", and the provider compares content. Changes
 that touch nothing the provider reads (see :class:`Interest`) are dropped
 before they wake it.
+
+Each watch blocks in a thread of its own, on watchfiles' Rust notifier, and
+hands the loop nothing but "look again". watchfiles' ``awatch`` would bring
+anyio's asyncio backend (about 50 ms of imports on the event loop, right when
+the first clusters connect) and a thread hop per step; watchfiles itself is
+imported by the first watch thread, off the loop, since a program that
+imports this package but starts no provider never needs it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 from pathlib import Path
-
-from watchfiles import Change, awatch
 
 from ._interest import Interest
 
 log = logging.getLogger("mcruntime.providers.file")
 
 _RETRY_AFTER = 2.0  # seconds before a watch that failed to start is tried again
+_WAIT_MS = 2000  # the notifier returns at least this often with nothing; the thread then waits again
 
 
 class DirectoryWatcher:
@@ -79,36 +87,76 @@ class DirectoryWatcher:
         loop = asyncio.get_running_loop()
         failures = 0
         while not stop.is_set():
-            # The watch is registered synchronously when the loop below first steps, so this look
-            # again runs after it: whatever changed while no watch was in place is not missed.
-            loop.call_soon(self._changed.set)
+            halt = threading.Event()
+            ended: asyncio.Future[None] = loop.create_future()
+            watching = threading.Thread(
+                target=self._watch_thread,
+                args=(loop, ended, sorted(map(str, roots)), recursive, halt),
+                name=f"{self._owner}:watch",
+                daemon=True,
+            )
+            watching.start()
+            stopping = asyncio.ensure_future(stop.wait())
             try:
-                async for _changes in awatch(
-                    *sorted(roots),
-                    watch_filter=self._relevant,
-                    debounce=self._group_ms,
-                    step=self._step_ms,
-                    stop_event=stop,
-                    rust_timeout=2000,
-                    recursive=recursive,
-                    ignore_permission_denied=True,
-                ):
-                    self._changed.set()
+                await asyncio.wait((ended, stopping), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                # Stopped, cancelled or failed: the thread sees ``halt`` at its next step and
+                # ends; wait for it, so that no watch outlives its owner.
+                halt.set()
+                stopping.cancel()
+                await asyncio.wait((ended,))
+            error = ended.exception()
+            if error is None:
                 return
-            except Exception as error:  # a root vanished between the scan and the watch, say
-                where = sorted(map(str, roots))
-                failures += 1
-                level = logging.WARNING if failures == 1 else logging.DEBUG  # rescans go on meanwhile
-                log.log(level, "%s: watching %s failed (%s); retrying", self._owner, where, error)
-                self._changed.set()  # the next pass sees what changed and asks for other roots
-                try:
-                    async with asyncio.timeout(_RETRY_AFTER):
-                        await stop.wait()
-                except TimeoutError:
-                    pass
+            where = sorted(map(str, roots))
+            failures += 1
+            level = logging.WARNING if failures == 1 else logging.DEBUG  # rescans go on meanwhile
+            log.log(level, "%s: watching %s failed (%s); retrying", self._owner, where, error)
+            self._changed.set()  # the next pass sees what changed and asks for other roots
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_RETRY_AFTER):
+                    await stop.wait()
 
-    def _relevant(self, change: Change, path: str) -> bool:
-        if self._interest(change, path):
-            return True
-        self.ignored += 1
-        return False
+    def _watch_thread(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        ended: asyncio.Future[None],
+        roots: list[str],
+        recursive: bool,
+        halt: threading.Event,
+    ) -> None:
+        """Watch ``roots`` until ``halt`` is set, in a thread of its own reaching the loop by callbacks."""
+        error: BaseException | None = None
+        try:
+            from watchfiles._rust_notify import RustNotify  # watchfiles' documented Rust backend
+
+            with RustNotify(roots, False, False, 300, recursive, True) as notifier:
+                # Registered now: look again, so that nothing written before the watch began is missed.
+                loop.call_soon_threadsafe(self._changed.set)
+                while True:
+                    changes = notifier.watch(self._group_ms, self._step_ms, _WAIT_MS, halt)
+                    if changes == "stop":
+                        return
+                    if isinstance(changes, set) and changes:
+                        interest = self._interest  # replaced whole by ``want``, never changed in place
+                        relevant = sum(1 for change, path in changes if interest(change, path))
+                        loop.call_soon_threadsafe(self._seen, relevant, len(changes) - relevant)
+        except Exception as failure:  # a root vanished between the scan and the watch, say
+            error = failure
+        finally:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(_settle, ended, error)
+
+    def _seen(self, relevant: int, ignored: int) -> None:
+        self.ignored += ignored
+        if relevant:
+            self._changed.set()
+
+
+def _settle(ended: asyncio.Future[None], error: BaseException | None) -> None:
+    if ended.done():
+        return
+    if error is None:
+        ended.set_result(None)
+    else:
+        ended.set_exception(error)
