@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
+import functools
 import gc
 import os
 import re
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -29,25 +27,37 @@ import orjson
 FLUSH_INTERVAL = 0.05
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [  # noqa: RUF012 (ctypes wants a plain list)
-        (name, ctypes.c_size_t)
-        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks")
-        + ("uordblks", "fordblks", "keepcost")
-    ]
-
-
+@functools.cache
 def _libc() -> Any:
-    name = ctypes.util.find_library("c")
-    return ctypes.CDLL(name) if name else None
+    """glibc, loaded when a measurement first asks: ``ctypes`` costs a peer ~20 ms of start otherwise."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
 
 
-_LIBC = _libc()
+@functools.cache
+def _mallinfo2() -> Any:
+    import ctypes
+
+    class _MallInfo2(ctypes.Structure):
+        _fields_ = [  # noqa: RUF012 (ctypes wants a plain list)
+            (name, ctypes.c_size_t)
+            for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks")
+            + ("uordblks", "fordblks", "keepcost")
+        ]
+
+    info = getattr(_libc(), "mallinfo2", None)
+    if info is not None:
+        info.restype = _MallInfo2
+    return info
 
 
 def trim_malloc() -> bool:
     """``malloc_trim(0)``: hand glibc's free heap pages back to the OS, as Go's ``FreeOSMemory`` does."""
-    trim = getattr(_LIBC, "malloc_trim", None)
+    trim = getattr(_libc(), "malloc_trim", None)
     if trim is None:
         return False
     trim(0)
@@ -56,6 +66,8 @@ def trim_malloc() -> bool:
 
 def _pymalloc_bytes() -> int | None:
     """Bytes in pymalloc's allocated blocks (``sys._debugmallocstats``, which writes to fd 2)."""
+    import tempfile
+
     with tempfile.TemporaryFile() as capture:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -78,11 +90,10 @@ def heap_bytes() -> int | None:
     and mmapped blocks); pymalloc's arenas are mmapped by CPython itself and not
     in it. The counterpart of Go's ``HeapInuse``; None where glibc is missing.
     """
-    info = getattr(_LIBC, "mallinfo2", None)
+    info = _mallinfo2()
     small = _pymalloc_bytes()
     if info is None or small is None:
         return None
-    info.restype = _MallInfo2
     stats = info()
     return small + int(stats.uordblks) + int(stats.hblkhd)
 
