@@ -226,7 +226,9 @@ class KubeconfigFileProvider(ClusterSetProvider):
 
     async def run(self, aware: mcr.Aware) -> None:
         """Watch the files and keep the engaged clusters equal to them until cancelled."""
-        watcher = self._watcher = DirectoryWatcher(self._changed, step=self.debounce, owner=self._owner)
+        watcher = self._watcher = DirectoryWatcher(
+            self._changed, step=self.debounce, owner=self._owner, backoff=self._backoff
+        )
         engaging = asyncio.create_task(self.clusters.run(aware), name=f"{self._owner}:clusters")
         watching = asyncio.create_task(watcher.run(), name=f"{self._owner}:watcher")
         try:

@@ -25,11 +25,12 @@ import logging
 import threading
 from pathlib import Path
 
+import mcruntime as mcr
+
 from ._interest import Interest
 
 log = logging.getLogger("mcruntime.providers.file")
 
-_RETRY_AFTER = 2.0  # seconds before a watch that failed to start is tried again
 _WAIT_MS = 2000  # the notifier returns at least this often with nothing; the thread then waits again
 
 
@@ -41,8 +42,9 @@ class DirectoryWatcher:
     watch threads stop at their next step instead of waiting to be cancelled.
     """
 
-    def __init__(self, changed: asyncio.Event, *, step: float, owner: str) -> None:
+    def __init__(self, changed: asyncio.Event, *, step: float, owner: str, backoff: mcr.Backoff) -> None:
         self._changed = changed
+        self._backoff = backoff  # between tries of a watch that failed
         self._step_ms = max(1, int(step * 1000))
         self._group_ms = max(1000, 10 * self._step_ms)  # a writer that never pauses is seen anyway
         self._owner = owner
@@ -114,7 +116,7 @@ class DirectoryWatcher:
             log.log(level, "%s: watching %s failed (%s); retrying", self._owner, where, error)
             self._changed.set()  # the next pass sees what changed and asks for other roots
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_RETRY_AFTER):
+                async with asyncio.timeout(self._backoff.delay(failures - 1)):
                     await stop.wait()
 
     def _watch_thread(
