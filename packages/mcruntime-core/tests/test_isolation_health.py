@@ -88,6 +88,7 @@ async def test_a_hung_server_is_unhealthy_everywhere_as_its_probe_finds_it(
         # Ready everywhere before the hang, caches included: a probe's answer comes before the
         # informer's first list does, and a list caught by the hang is retried after it.
         await wait_until(lambda: _ready_in_readyz(manager, "hung"), timeout=30)
+        await wait_until(lambda: _ready_in_readyz(manager, "up"), timeout=30)
         with hung(fresh_cluster):
             stopped = time.monotonic()
             await wait_until(
