@@ -29,7 +29,7 @@ FLUSH_INTERVAL = 0.05
 
 @functools.cache
 def _libc() -> Any:
-    """glibc, loaded when a measurement first asks: ``ctypes`` costs a peer ~20 ms of start otherwise."""
+    """glibc, loaded when a measurement first asks: ``ctypes`` cost every peer 6 to 10 ms of start."""
     import ctypes
 
     try:
