@@ -30,49 +30,63 @@ from typing import Protocol, cast
 
 import hpack
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-
-_DATA, _HEADERS, _PRIORITY, _RST_STREAM, _SETTINGS, _PUSH_PROMISE, _PING, _GOAWAY, _WINDOW_UPDATE = range(9)
-_CONTINUATION = 9
-_END_STREAM = 0x1
-_ACK = 0x1
-_END_HEADERS = 0x4
-_PADDED = 0x8
-_PRIORITY_FLAG = 0x20
-
-_HEADER_TABLE_SIZE, _ENABLE_PUSH, _MAX_CONCURRENT_STREAMS = 1, 2, 3
-_INITIAL_WINDOW_SIZE, _MAX_FRAME_SIZE, _MAX_HEADER_LIST_SIZE = 4, 5, 6
-
-PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, CANCEL, COMPRESSION_ERROR = 0x1, 0x3, 0x6, 0x8, 0x9
-ERROR_NAMES = (
-    "NO_ERROR",
-    "PROTOCOL_ERROR",
-    "INTERNAL_ERROR",
-    "FLOW_CONTROL_ERROR",
-    "SETTINGS_TIMEOUT",
-    "STREAM_CLOSED",
-    "FRAME_SIZE_ERROR",
-    "REFUSED_STREAM",
-    "CANCEL",
-    "COMPRESSION_ERROR",
-    "CONNECT_ERROR",
-    "ENHANCE_YOUR_CALM",
-    "INADEQUATE_SECURITY",
-    "HTTP_1_1_REQUIRED",
+from .._base.http2 import (
+    ACK,
+    CANCEL,
+    COMPRESSION_ERROR,
+    CONTINUATION,
+    DATA,
+    DEFAULT_TABLE_SIZE,
+    DEFAULT_WINDOW,
+    ENABLE_PUSH,
+    END_HEADERS,
+    END_STREAM,
+    ERROR_NAMES,
+    FLOW_CONTROL_ERROR,
+    FRAME_SIZE_ERROR,
+    GOAWAY,
+    HEADER_TABLE_SIZE,
+    HEADERS,
+    INITIAL_WINDOW_SIZE,
+    LAST_STREAM_ID,
+    MAX_CONCURRENT_STREAMS,
+    MAX_FRAME,
+    MAX_FRAME_SIZE,
+    MAX_HEADER_LIST_SIZE,
+    PADDED,
+    PING,
+    PREFACE,
+    PRIORITY,
+    PRIORITY_FLAG,
+    PROTOCOL_ERROR,
+    PUSH_PROMISE,
+    RST_STREAM,
+    SETTINGS,
+    WINDOW_UPDATE,
+    error_name,
+    frame,
+    settings_payload,
+    unpadded,
 )
 
-MAX_FRAME = 1 << 14
-"""The largest frame the server may send: SETTINGS_MAX_FRAME_SIZE's default, never raised here."""
+__all__ = [
+    "CANCEL",
+    "COMPRESSION_ERROR",
+    "ERROR_NAMES",
+    "FLOW_CONTROL_ERROR",
+    "FRAME_SIZE_ERROR",
+    "MAX_FRAME",
+    "MAX_HEADER_BLOCK",
+    "PREFACE",
+    "PROTOCOL_ERROR",
+    "Listener",
+    "Wire",
+    "WireError",
+    "error_name",
+]
+
 MAX_HEADER_BLOCK = 1 << 18
 """A response's header block, CONTINUATION frames included, coded and decoded."""
-_LAST_STREAM_ID = (1 << 31) - 1
-_DEFAULT_WINDOW = 65535
-_DEFAULT_TABLE_SIZE = 4096
-
-
-def error_name(code: int) -> str:
-    """An HTTP/2 error code as RFC 9113 names it."""
-    return ERROR_NAMES[code] if 0 <= code < len(ERROR_NAMES) else f"error code {code}"
 
 
 class WireError(Exception):
@@ -106,10 +120,6 @@ class _Window:
         self.answered = False
 
 
-def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big") + payload
-
-
 class Wire:
     """One HTTP/2 connection's framing, for a client that opens GET streams and reads them.
 
@@ -138,24 +148,23 @@ class Wire:
     @property
     def exhausted(self) -> bool:
         """No stream id is left on this connection: new streams need another."""
-        return self._next_stream_id > _LAST_STREAM_ID
+        return self._next_stream_id > LAST_STREAM_ID
 
     # --- sending ---------------------------------------------------------------------
 
     def initiate(self) -> None:
         """The client's preface: SETTINGS (no push, our windows) and the connection's window."""
-        settings = b"".join(
-            ident.to_bytes(2, "big") + value.to_bytes(4, "big")
-            for ident, value in (
-                (_ENABLE_PUSH, 0),
-                (_INITIAL_WINDOW_SIZE, self._stream_window),
-                (_MAX_HEADER_LIST_SIZE, MAX_HEADER_BLOCK),
+        settings = settings_payload(
+            (
+                (ENABLE_PUSH, 0),
+                (INITIAL_WINDOW_SIZE, self._stream_window),
+                (MAX_HEADER_LIST_SIZE, MAX_HEADER_BLOCK),
             )
         )
-        self._out += PREFACE + _frame(_SETTINGS, 0, 0, settings)
-        if self._connection_window > _DEFAULT_WINDOW:
-            increment = self._connection_window - _DEFAULT_WINDOW
-            self._out += _frame(_WINDOW_UPDATE, 0, 0, increment.to_bytes(4, "big"))
+        self._out += PREFACE + frame(SETTINGS, 0, 0, settings)
+        if self._connection_window > DEFAULT_WINDOW:
+            increment = self._connection_window - DEFAULT_WINDOW
+            self._out += frame(WINDOW_UPDATE, 0, 0, increment.to_bytes(4, "big"))
 
     def open_stream(self, headers: list[tuple[bytes, bytes]]) -> int:
         """Send a request without a body (HEADERS with END_STREAM); its stream id."""
@@ -169,10 +178,10 @@ class Wire:
         block = self._encoder.encode(headers, huffman=False)
         size = self._max_frame_out
         first, rest = block[:size], block[size:]
-        self._out += _frame(_HEADERS, _END_STREAM | (0 if rest else _END_HEADERS), stream_id, first)
+        self._out += frame(HEADERS, END_STREAM | (0 if rest else END_HEADERS), stream_id, first)
         while rest:
             chunk, rest = rest[:size], rest[size:]
-            self._out += _frame(_CONTINUATION, 0 if rest else _END_HEADERS, stream_id, chunk)
+            self._out += frame(CONTINUATION, 0 if rest else END_HEADERS, stream_id, chunk)
         self._streams[stream_id] = _Window(self._stream_window)
         return stream_id
 
@@ -184,7 +193,7 @@ class Wire:
         """
         self._connection_unacked += flowed
         if self._connection_unacked >= self._connection_window // 2:
-            self._out += _frame(_WINDOW_UPDATE, 0, 0, self._connection_unacked.to_bytes(4, "big"))
+            self._out += frame(WINDOW_UPDATE, 0, 0, self._connection_unacked.to_bytes(4, "big"))
             self._connection_left += self._connection_unacked
             self._connection_unacked = 0
         window = self._streams.get(stream_id)
@@ -192,21 +201,21 @@ class Wire:
             return  # ended or reset: only the connection's window matters now
         window.unacked += flowed
         if window.unacked >= self._stream_window // 2:
-            self._out += _frame(_WINDOW_UPDATE, 0, stream_id, window.unacked.to_bytes(4, "big"))
+            self._out += frame(WINDOW_UPDATE, 0, stream_id, window.unacked.to_bytes(4, "big"))
             window.left += window.unacked
             window.unacked = 0
 
     def reset(self, stream_id: int, code: int = CANCEL) -> None:
         """Stop a stream the server may still send on; frames in flight for it are dropped."""
         if self._streams.pop(stream_id, None) is not None:
-            self._out += _frame(_RST_STREAM, 0, stream_id, code.to_bytes(4, "big"))
+            self._out += frame(RST_STREAM, 0, stream_id, code.to_bytes(4, "big"))
 
     def ping(self, opaque: bytes) -> None:
-        self._out += _frame(_PING, 0, 0, opaque)
+        self._out += frame(PING, 0, 0, opaque)
 
     def goaway(self, code: int = 0) -> None:
         """Tell the server this connection opens nothing more (its last stream: none of its own)."""
-        self._out += _frame(_GOAWAY, 0, 0, (0).to_bytes(4, "big") + code.to_bytes(4, "big"))
+        self._out += frame(GOAWAY, 0, 0, (0).to_bytes(4, "big") + code.to_bytes(4, "big"))
 
     def data_to_send(self) -> bytes:
         if not self._out:
@@ -231,7 +240,7 @@ class Wire:
             if end - position - 9 < length:
                 break
             kind, flags = data[position + 3], data[position + 4]
-            stream_id = int.from_bytes(data[position + 5 : position + 9], "big") & _LAST_STREAM_ID
+            stream_id = int.from_bytes(data[position + 5 : position + 9], "big") & LAST_STREAM_ID
             payload = data[position + 9 : position + 9 + length]
             position += 9 + length
             self._receive_frame(kind, flags, stream_id, payload)
@@ -240,34 +249,34 @@ class Wire:
 
     def _receive_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if not self._settled:
-            if kind != _SETTINGS or flags & _ACK:
+            if kind != SETTINGS or flags & ACK:
                 raise WireError("the server's first frame was not SETTINGS")
             self._settled = True
-        if self._continuing is not None and kind != _CONTINUATION:
+        if self._continuing is not None and kind != CONTINUATION:
             raise WireError("a frame came between a header block's HEADERS and its CONTINUATION")
-        if kind == _DATA:
+        if kind == DATA:
             self._data(flags, stream_id, payload)
-        elif kind == _HEADERS:
+        elif kind == HEADERS:
             self._headers(flags, stream_id, payload)
-        elif kind == _CONTINUATION:
+        elif kind == CONTINUATION:
             self._continuation(flags, stream_id, payload)
-        elif kind in (_SETTINGS, _PING, _GOAWAY):
+        elif kind in (SETTINGS, PING, GOAWAY):
             if stream_id != 0:
                 raise WireError(f"a connection-level frame (type {kind}) on stream {stream_id}")
-            if kind == _SETTINGS:
+            if kind == SETTINGS:
                 self._settings(flags, payload)
-            elif kind == _PING:
+            elif kind == PING:
                 self._ping(flags, payload)
             else:
                 self._goaway(payload)
-        elif kind == _RST_STREAM:
+        elif kind == RST_STREAM:
             self._rst_stream(stream_id, payload)
-        elif kind == _WINDOW_UPDATE:
+        elif kind == WINDOW_UPDATE:
             if len(payload) != 4:
                 raise WireError(f"a WINDOW_UPDATE of {len(payload)} bytes", FRAME_SIZE_ERROR)
-        elif kind == _PUSH_PROMISE:
+        elif kind == PUSH_PROMISE:
             raise WireError("a PUSH_PROMISE, though push is disabled")
-        elif kind == _PRIORITY and stream_id == 0:
+        elif kind == PRIORITY and stream_id == 0:
             raise WireError("a PRIORITY frame on stream 0")
         # PRIORITY on a stream and frame types this client does not know are ignored (RFC 9113 4.1, 5.5).
 
@@ -286,7 +295,7 @@ class Wire:
         self._connection_left -= flowed
         if self._connection_left < 0:
             raise WireError("the server sent more than the connection's window", FLOW_CONTROL_ERROR)
-        if flags & _PADDED:
+        if flags & PADDED:
             payload = _unpadded(payload, "DATA")
         if window is None:  # in flight when we reset it, or after its end: give the connection's window back
             self.consumed(stream_id, flowed)
@@ -295,19 +304,19 @@ class Wire:
         if window.left < 0:
             raise WireError(f"the server sent more than stream {stream_id}'s window", FLOW_CONTROL_ERROR)
         self._listener.on_data(stream_id, payload, flowed)
-        if flags & _END_STREAM:
+        if flags & END_STREAM:
             self._end(stream_id)
 
     def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id == 0:
             raise WireError("HEADERS on stream 0")
-        if flags & _PADDED:
+        if flags & PADDED:
             payload = _unpadded(payload, "HEADERS")
-        if flags & _PRIORITY_FLAG:
+        if flags & PRIORITY_FLAG:
             if len(payload) < 5:
                 raise WireError("HEADERS too short for its priority", FRAME_SIZE_ERROR)
             payload = payload[5:]
-        if flags & _END_HEADERS:
+        if flags & END_HEADERS:
             self._header_block(stream_id, flags, payload)
         else:
             self._continuing = (stream_id, flags, bytearray(payload))
@@ -319,7 +328,7 @@ class Wire:
         block += payload
         if len(block) > MAX_HEADER_BLOCK:
             raise WireError(f"a header block over {MAX_HEADER_BLOCK} bytes", PROTOCOL_ERROR)
-        if flags & _END_HEADERS:
+        if flags & END_HEADERS:
             first_flags = self._continuing[1]
             self._continuing = None
             self._header_block(stream_id, first_flags, bytes(block))
@@ -337,10 +346,10 @@ class Wire:
             if status >= 200:
                 window.answered = True
                 self._listener.on_response(stream_id, status, headers)
-            elif flags & _END_STREAM:
+            elif flags & END_STREAM:
                 raise WireError(f"stream {stream_id} ended with an informational response")
         # A second block is the response's trailers: nothing a watch reads.
-        if flags & _END_STREAM:
+        if flags & END_STREAM:
             self._end(stream_id)
 
     def _end(self, stream_id: int) -> None:
@@ -355,7 +364,7 @@ class Wire:
             self._listener.on_reset(stream_id, int.from_bytes(payload, "big"))
 
     def _settings(self, flags: int, payload: bytes) -> None:
-        if flags & _ACK:
+        if flags & ACK:
             if payload:
                 raise WireError("a SETTINGS acknowledgement with a payload", FRAME_SIZE_ERROR)
             return
@@ -364,40 +373,41 @@ class Wire:
         for offset in range(0, len(payload), 6):
             ident = int.from_bytes(payload[offset : offset + 2], "big")
             value = int.from_bytes(payload[offset + 2 : offset + 6], "big")
-            if ident == _HEADER_TABLE_SIZE:  # never more than the default: a larger table gains us nothing
-                self._encoder.header_table_size = min(value, _DEFAULT_TABLE_SIZE)
-            elif ident == _MAX_CONCURRENT_STREAMS:
+            if ident == HEADER_TABLE_SIZE:  # never more than the default: a larger table gains us nothing
+                self._encoder.header_table_size = min(value, DEFAULT_TABLE_SIZE)
+            elif ident == MAX_CONCURRENT_STREAMS:
                 self.max_concurrent_streams = value
-            elif ident == _INITIAL_WINDOW_SIZE and value > _LAST_STREAM_ID:
+            elif ident == INITIAL_WINDOW_SIZE and value > LAST_STREAM_ID:
                 raise WireError(f"SETTINGS_INITIAL_WINDOW_SIZE {value}", FLOW_CONTROL_ERROR)
-            elif ident == _MAX_FRAME_SIZE:
+            elif ident == MAX_FRAME_SIZE:
                 if not MAX_FRAME <= value < 1 << 24:
                     raise WireError(f"SETTINGS_MAX_FRAME_SIZE {value}")
                 self._max_frame_out = value
-            elif ident == _ENABLE_PUSH and value > 1:
+            elif ident == ENABLE_PUSH and value > 1:
                 raise WireError(f"SETTINGS_ENABLE_PUSH {value}")
-        self._out += _frame(_SETTINGS, _ACK, 0)
+        self._out += frame(SETTINGS, ACK, 0)
         self._listener.on_settings()
 
     def _ping(self, flags: int, payload: bytes) -> None:
         if len(payload) != 8:
             raise WireError(f"a PING of {len(payload)} bytes", FRAME_SIZE_ERROR)
-        if flags & _ACK:
+        if flags & ACK:
             self._listener.on_ping_ack()
         else:
-            self._out += _frame(_PING, _ACK, 0, payload)
+            self._out += frame(PING, ACK, 0, payload)
 
     def _goaway(self, payload: bytes) -> None:
         if len(payload) < 8:
             raise WireError(f"a GOAWAY of {len(payload)} bytes", FRAME_SIZE_ERROR)
-        last = int.from_bytes(payload[:4], "big") & _LAST_STREAM_ID
+        last = int.from_bytes(payload[:4], "big") & LAST_STREAM_ID
         self._listener.on_goaway(last, int.from_bytes(payload[4:8], "big"))
 
 
 def _unpadded(payload: bytes, what: str) -> bytes:
-    if not payload or payload[0] >= len(payload):
+    stripped = unpadded(payload)
+    if stripped is None:
         raise WireError(f"a padded {what} frame whose padding is as long as the frame")
-    return payload[1 : len(payload) - payload[0]]
+    return stripped
 
 
 def _status(headers: list[tuple[bytes, bytes]]) -> int:
