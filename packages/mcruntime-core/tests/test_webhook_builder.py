@@ -82,6 +82,7 @@ def test_the_completed_webhooks_say_what_was_registered() -> None:
         ({"cert_dir": "/x", "cert_file": "a", "key_file": "b"}, "cert_dir or cert_file/key_file"),
         ({"handler_timeout": 0}, "handler_timeout must be above 0"),
         ({"max_concurrent_per_cluster": 0}, "max_concurrent_per_cluster must be at least 1"),
+        ({"max_streams_per_connection": 0}, "max_streams_per_connection must be between 1 and 65536, not 0"),
     ],
 )
 def test_bad_webhook_options_are_refused(options: dict[str, Any], complaint: str) -> None:
@@ -95,6 +96,14 @@ def test_webhook_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPa
     options = mcr.ManagerSettings.load().webhook_options()
     assert options is not None
     assert (options.address, options.public_host()) == ("0.0.0.0:9443", "webhook.example.com")
+    assert options.http2
+    monkeypatch.setenv("MCRUNTIME_WEBHOOK_HTTP2", "false")
+    options = mcr.ManagerSettings.load().webhook_options()
+    assert options is not None and not options.http2
+    monkeypatch.delenv("MCRUNTIME_WEBHOOK_BIND_ADDRESS")
+    monkeypatch.delenv("MCRUNTIME_WEBHOOK_URL_HOST")
+    only = mcr.ManagerSettings.load().webhook_options()
+    assert only is not None and not only.http2, "HTTP/2 off alone is a webhook setting too"
     monkeypatch.setenv("MCRUNTIME_WEBHOOK_BIND_ADDRESS", "nonsense")
     with pytest.raises(mcr.SettingsError, match="MCRUNTIME_WEBHOOK_BIND_ADDRESS"):
         mcr.ManagerSettings.load().webhook_options()

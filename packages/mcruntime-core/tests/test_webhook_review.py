@@ -257,9 +257,9 @@ async def _answer(hook: Any, *, mutating: bool, timeout: float = 5.0) -> dict[st
 
     server = WebhookServer(mcr.WebhookOptions(address="127.0.0.1:0", handler_timeout=timeout), clusters=dict)
     request = parse_admission("east", admission_review())
-    response: dict[str, Any] = (await server._answer(hook, request, asyncio.Semaphore(1), mutating=mutating))[
-        "response"
-    ]
+    answer = await server._answer(hook, request, asyncio.Semaphore(1), mutating=mutating)
+    assert isinstance(answer, dict), answer
+    response: dict[str, Any] = answer["response"]
     return response
 
 

@@ -100,6 +100,9 @@ class ManagerSettings(BaseSettings):
     webhook_url_host: str | None = Field(
         default=None, description="host the API servers call the webhooks at (default: the bind host)"
     )
+    webhook_http2: bool = Field(
+        default=True, description="offer HTTP/2 to the API servers calling the webhooks; false: HTTP/1.1 only"
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO")
     log_format: Literal["text", "json"] = Field(default="text")
     event_loop: Literal["asyncio", "uvloop"] = Field(
@@ -177,7 +180,8 @@ class ManagerSettings(BaseSettings):
 
     def webhook_options(self) -> WebhookOptions | None:
         """The webhook server's options, when any ``MCRUNTIME_WEBHOOK_*`` variable is set."""
-        if not (self.webhook_bind_address or self.webhook_cert_dir or self.webhook_url_host):
+        given = (self.webhook_bind_address, self.webhook_cert_dir, self.webhook_url_host)
+        if not any(given) and self.webhook_http2:
             return None
         from .._webhook.options import WebhookOptions
 
@@ -186,6 +190,7 @@ class ManagerSettings(BaseSettings):
                 address=self.webhook_bind_address or WebhookOptions.address,
                 cert_dir=self.webhook_cert_dir or None,
                 url_host=self.webhook_url_host or None,
+                http2=self.webhook_http2,
             )
         except ValueError as error:
             raise SettingsError(f"{ENV_PREFIX}WEBHOOK_BIND_ADDRESS: {error}") from None

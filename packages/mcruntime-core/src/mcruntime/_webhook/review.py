@@ -248,6 +248,6 @@ def snapshot(obj: JSON | None) -> JSON | None:
     return orjson.loads(orjson.dumps(obj)) if obj is not None else None
 
 
-def encode(review: JSON) -> str:
-    """A review as JSON text, with orjson (the standard library is several times slower)."""
-    return orjson.dumps(review).decode()
+def encode(review: JSON) -> bytes:
+    """A review as JSON, with orjson (the standard library is several times slower)."""
+    return orjson.dumps(review)

@@ -37,6 +37,8 @@ from .._fleet.cluster import Cluster
 from .._reconcile.context import enter_reconcile, leave_reconcile
 from .._reconcile.request import LOCAL_CLUSTER, Request
 from .certs import CertificateFiles, CertificateSource, SelfSignedCertificates
+from .exchange import BodyLost, BodyTooLarge, Call, Reply
+from .h2conn import Http2Connection
 from .handlers import AdmissionHook, Conversion, ConversionFailed
 from .options import WebhookOptions
 from .registration import CRD, MUTATING, VALIDATING, Registrar
@@ -89,46 +91,66 @@ _Open = dict[asyncio.Transport, "asyncio.Future[None]"]
 
 
 class _Tracked(asyncio.Protocol):
-    """Forwards to aiohttp's handler and records the connection until its socket is gone.
+    """Serves one connection with the protocol its TLS handshake chose, and records it until it is gone.
 
-    aiohttp closes a TLS connection politely (close_notify, then wait for the
-    peer's). A peer that never answers would keep the socket open for the SSL
-    shutdown timeout, past ``close()`` and past the event loop; the record lets
-    ``close()`` abort what is still open after the grace period.
+    ALPN decides: ``h2`` gets an :class:`Http2Connection`, anything else
+    aiohttp's HTTP/1.1 handler. aiohttp closes a TLS connection politely
+    (close_notify, then wait for the peer's). A peer that never answers would
+    keep the socket open for the SSL shutdown timeout, past ``close()`` and
+    past the event loop; the record lets ``close()`` abort what is still open
+    after the grace period.
     """
 
-    def __init__(self, inner: asyncio.Protocol, open_: _Open) -> None:
-        self._inner = inner
+    def __init__(
+        self,
+        http1: Callable[[], asyncio.Protocol],
+        http2: Callable[[], Http2Connection] | None,
+        open_: _Open,
+        h2_open: set[Http2Connection],
+    ) -> None:
+        self._http1 = http1
+        self._http2 = http2
         self._open = open_
+        self._h2_open = h2_open
+        self._inner: asyncio.Protocol | None = None
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport, from create_server: uvloop's is one without subclassing it.
         stream = self._transport = cast("asyncio.Transport", transport)
         self._open[stream] = asyncio.get_running_loop().create_future()
-        self._inner.connection_made(transport)
+        tls = transport.get_extra_info("ssl_object")
+        if self._http2 is not None and tls is not None and tls.selected_alpn_protocol() == "h2":
+            inner: asyncio.Protocol = self._http2()
+            self._h2_open.add(cast("Http2Connection", inner))
+        else:
+            inner = self._http1()
+        self._inner = inner
+        inner.connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         gone = self._open.pop(self._transport, None) if self._transport is not None else None
         if gone is not None and not gone.done():
             gone.set_result(None)
-        self._inner.connection_lost(exc)
+        if self._inner is not None:
+            if isinstance(self._inner, Http2Connection):
+                self._h2_open.discard(self._inner)
+            self._inner.connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        assert self._inner is not None  # connection_made came first
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        return self._inner.eof_received()
+        return self._inner.eof_received() if self._inner is not None else None
 
     def pause_writing(self) -> None:
-        self._inner.pause_writing()
+        if self._inner is not None:
+            self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        self._inner.resume_writing()
-
-
-def _refuse(status: int, message: str) -> web.Response:
-    return web.Response(status=status, text=message + "\n", content_type="text/plain")
+        if self._inner is not None:
+            self._inner.resume_writing()
 
 
 class WebhookServer:
@@ -164,6 +186,7 @@ class WebhookServer:
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
         self._open: _Open = {}
+        self._h2_open: set[Http2Connection] = set()
         self.port: int | None = None
         self.registrar: Registrar = Registrar(self, field_manager=field_manager)
 
@@ -255,22 +278,24 @@ class WebhookServer:
             return
         await self.certificates.load()
         app = web.Application(client_max_size=self.options.max_body_bytes)
-        app.add_routes(
-            [
-                web.post("/clusters/{cluster}/validate/{group}/{version}/{kind}", self._validate),
-                web.post("/clusters/{cluster}/mutate/{group}/{version}/{kind}", self._mutate),
-                web.post("/clusters/{cluster}/convert/{group}/{kind}", self._convert),
-            ]
-        )
+        app.router.add_route("*", "/{path:.*}", self._http1)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
         handlers = runner.server
         assert handlers is not None  # set by setup()
+        options = self.options
+
+        def http2() -> Http2Connection:
+            return Http2Connection(
+                self.serve, max_streams=options.max_streams_per_connection, max_body=options.max_body_bytes
+            )
+
+        self.certificates.context.set_alpn_protocols(["h2", "http/1.1"] if options.http2 else ["http/1.1"])
         try:
             listener = await asyncio.get_running_loop().create_server(
-                lambda: _Tracked(handlers(), self._open),
-                self.options.listen_host,
-                self.options.listen_port,
+                lambda: _Tracked(handlers, http2 if options.http2 else None, self._open, self._h2_open),
+                options.listen_host,
+                options.listen_port,
                 ssl=self.certificates.context,
                 backlog=128,
             )
@@ -302,8 +327,14 @@ class WebhookServer:
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.close()
+        for connection in list(self._h2_open):
+            connection.drain()  # GOAWAY: the client opens nothing more here; calls in flight finish
         if runner is not None:
-            await runner.cleanup()
+            await runner.cleanup()  # aiohttp's connections: a second for calls in flight
+        if self._h2_open:
+            await self._h2_drained(timeout=1.0)
+        for connection in list(self._h2_open):
+            connection.cancel_calls()
         # What is left is waiting on a peer's TLS goodbye (or was accepted as we closed): drop it now.
         lingering = list(self._open.items())
         for transport, _gone in lingering:
@@ -311,7 +342,15 @@ class WebhookServer:
         if lingering:
             await asyncio.wait([gone for _transport, gone in lingering], timeout=1.0)
         self._open.clear()
+        self._h2_open.clear()
         self.port = None
+
+    async def _h2_drained(self, timeout: float) -> None:
+        """Wait until the HTTP/2 connections' calls in flight are answered (at most ``timeout``)."""
+        transports = [connection.transport for connection in self._h2_open]
+        gone = [self._open[transport] for transport in transports if transport in self._open]
+        if gone:
+            await asyncio.wait(gone, timeout=timeout)
 
     # --- clusters -------------------------------------------------------------------------
 
@@ -346,61 +385,83 @@ class WebhookServer:
 
     # --- calls ----------------------------------------------------------------------------
 
-    def _cluster_of(self, request: web.Request) -> tuple[str, asyncio.Semaphore | None]:
-        name = _cluster_from_path(request.match_info["cluster"])
-        lane = self._lanes.get(name) if name in self._clusters() else None
-        return name, lane
+    async def _http1(self, request: web.Request) -> web.StreamResponse:
+        """Aiohttp's side: the request as a :class:`Call`, the :class:`Reply` as a response."""
 
-    async def _read(self, request: web.Request) -> JSON | web.Response:
-        if request.content_type != "application/json":
-            return _refuse(
-                415, f"content type {request.content_type or '(none)'!r} is not served; send application/json"
+        async def read() -> bytes:
+            try:
+                return await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                raise BodyTooLarge from None
+
+        content_type = request.content_type if request.headers.get("Content-Type") else ""
+        path = request.raw_path.partition("?")[0]
+        reply = await self.serve(Call(request.method, path, content_type, read))
+        headers = {"Content-Type": reply.content_type}
+        return web.Response(status=reply.status, body=reply.body, headers=headers)
+
+    async def serve(self, call: Call) -> Reply:
+        """Route and answer one call, whichever protocol carried it."""
+        parts = call.path.split("/")
+        if len(parts) < 5 or parts[0] or parts[1] != "clusters":
+            return _not_served(call)
+        cluster, verb, rest = _cluster_from_path(parts[2]), parts[3], [unquote(part) for part in parts[4:]]
+        shape = {"validate": 3, "mutate": 3, "convert": 2}.get(verb)
+        if len(rest) != shape:
+            return _not_served(call)
+        if call.method != "POST":
+            return Reply.text(405, f"{call.method} is not served: API servers call webhooks with POST")
+        lane = self._lanes.get(cluster) if cluster in self._clusters() else None
+        if lane is None:
+            return Reply.text(404, f"cluster {cluster or '(local)'!r} is not engaged with this manager")
+        if verb == "convert":
+            return await self._convert(call, cluster, lane, group=rest[0], kind=rest[1])
+        return await self._admit(call, cluster, lane, rest, mutating=verb == "mutate")
+
+    async def _read(self, call: Call) -> JSON | Reply:
+        if call.content_type != "application/json":
+            return Reply.text(
+                415, f"content type {call.content_type or '(none)'!r} is not served; send application/json"
             )
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return _refuse(
+            async with asyncio.timeout(self.options.handler_timeout):
+                body = await call.read()
+        except BodyTooLarge:
+            return Reply.text(
                 413,
                 f"the body is larger than {self.options.max_body_bytes} bytes, the most a webhook accepts",
             )
+        except BodyLost:
+            return Reply.text(400, "the client gave up on the call before its body ended")
+        except TimeoutError:
+            return Reply.text(408, f"the body did not arrive within {self.options.handler_timeout}s")
         try:
             return decode(body)
         except ReviewError as error:
-            return _refuse(400, str(error))
+            return Reply.text(400, str(error))
 
-    async def _validate(self, request: web.Request) -> web.StreamResponse:
-        return await self._admit(request, mutating=False)
-
-    async def _mutate(self, request: web.Request) -> web.StreamResponse:
-        return await self._admit(request, mutating=True)
-
-    async def _admit(self, request: web.Request, *, mutating: bool) -> web.StreamResponse:
-        name, lane = self._cluster_of(request)
-        if lane is None:
-            return _refuse(404, f"cluster {name or '(local)'!r} is not engaged with this manager")
-        group = request.match_info["group"]
-        api_version = (
-            request.match_info["version"]
-            if group == CORE_GROUP
-            else f"{group}/{request.match_info['version']}"
-        )
-        kind = Kind(api_version, request.match_info["kind"])
+    async def _admit(
+        self, call: Call, name: str, lane: asyncio.Semaphore, route: list[str], *, mutating: bool
+    ) -> Reply:
+        group, version, kind_name = route
+        kind = Kind(version if group == CORE_GROUP else f"{group}/{version}", kind_name)
         hook = (self.defaulters if mutating else self.validators).get(kind)
         if hook is None:
             what = "mutating" if mutating else "validating"
-            return _refuse(404, f"no {what} webhook is registered for {kind}")
-        data = await self._read(request)
-        if isinstance(data, web.Response):
+            return Reply.text(404, f"no {what} webhook is registered for {kind}")
+        data = await self._read(call)
+        if isinstance(data, Reply):
             return data
         try:
             review = parse_admission(name, data)
         except ReviewError as error:
-            return _refuse(400, str(error))
-        return web.json_response(await self._answer(hook, review, lane, mutating=mutating), dumps=encode)
+            return Reply.text(400, str(error))
+        answer = await self._answer(hook, review, lane, mutating=mutating)
+        return answer if isinstance(answer, Reply) else Reply(200, encode(answer))
 
     async def _answer(
         self, hook: AdmissionHook, review: AdmissionRequest, lane: asyncio.Semaphore, *, mutating: bool
-    ) -> JSON:
+    ) -> JSON | Reply:
         original = snapshot(review.object) if mutating else None
         what = "defaulter" if mutating else "validator"
         deadline = asyncio.timeout(self.options.handler_timeout)
@@ -448,28 +509,25 @@ class WebhookServer:
             )
         return None
 
-    def _failed(self, hook: AdmissionHook, review: AdmissionRequest, message: str) -> JSON:
+    @staticmethod
+    def _failed(hook: AdmissionHook, review: AdmissionRequest, message: str) -> JSON | Reply:
         if hook.on_error == "error":
-            raise web.HTTPInternalServerError(text=f"{review}: {message}\n")
+            return Reply.text(500, f"{review}: {message}")
         return admission_response(review, allowed=False, message=f"{review}: {message}", code=500)
 
-    async def _convert(self, request: web.Request) -> web.StreamResponse:
-        name, lane = self._cluster_of(request)
-        if lane is None:
-            return _refuse(404, f"cluster {name or '(local)'!r} is not engaged with this manager")
-        group = request.match_info["group"]
-        conversion = self.conversions.get(("" if group == CORE_GROUP else group, request.match_info["kind"]))
+    async def _convert(
+        self, call: Call, name: str, lane: asyncio.Semaphore, *, group: str, kind: str
+    ) -> Reply:
+        conversion = self.conversions.get(("" if group == CORE_GROUP else group, kind))
         if conversion is None:
-            return _refuse(
-                404, f"no conversion webhook is registered for {request.match_info['kind']}.{group}"
-            )
-        data = await self._read(request)
-        if isinstance(data, web.Response):
+            return Reply.text(404, f"no conversion webhook is registered for {kind}.{group}")
+        data = await self._read(call)
+        if isinstance(data, Reply):
             return data
         try:
             review = parse_conversion(name, data)
         except ReviewError as error:
-            return _refuse(400, str(error))
+            return Reply.text(400, str(error))
         try:
             async with asyncio.timeout(self.options.handler_timeout), lane:
                 converted = [
@@ -481,7 +539,7 @@ class WebhookServer:
                 log.error("cluster %r: %s", name, error, exc_info=error.__cause__)
             else:
                 log.warning("cluster %r: %s", name, error)  # a refusal: its message is for the client
-            return web.json_response(conversion_response(review.uid, None, str(error)), dumps=encode)
+            return _json(conversion_response(review.uid, None, str(error)))
         except TimeoutError:
             message = (
                 f"converting {len(review.objects)} {conversion.kind}.{conversion.group} "
@@ -489,8 +547,17 @@ class WebhookServer:
                 f"took over {self.options.handler_timeout}s"
             )
             log.error("cluster %r: %s", name, message)
-            return web.json_response(conversion_response(review.uid, None, message), dumps=encode)
-        return web.json_response(conversion_response(review.uid, converted), dumps=encode)
+            return _json(conversion_response(review.uid, None, message))
+        return _json(conversion_response(review.uid, converted))
+
+
+def _json(answer: JSON) -> Reply:
+    return Reply(200, encode(answer))
+
+
+def _not_served(call: Call) -> Reply:
+    shown = call.path if len(call.path) <= 200 else call.path[:200] + "..."
+    return Reply.text(404, f"no webhook is served at {shown!r}")
 
 
 def _names(objects: list[JSON], shown: int = 3) -> str:

@@ -1,0 +1,456 @@
+"""The server side of HTTP/2 (RFC 9113), as far as a webhook needs it.
+
+An API server that is offered ``h2`` sends its admission and conversion calls
+as streams on one connection, each a POST with a short JSON body, each
+answered by one short response. Over HTTP/1.1 it needs a connection per call
+in flight and waits for a free one; that wait is most of what a webhook adds
+to a write's p99 under load (see FIXES.md, S13).
+
+This module only frames: it parses what the client sent, calls its
+:class:`Listener`, and collects what to send; it never touches a socket. Every
+cost a hostile client can impose is bounded:
+
+- frames are at most 16 KiB (the default, never raised) and a request's
+  header block at most ``max_header_block`` bytes over at most
+  ``_MAX_CONTINUATIONS`` frames;
+- the client may not send more than the windows it was given;
+- at most ``max_streams`` streams are open; a stream over that is refused
+  (RST_STREAM REFUSED_STREAM, which clients retry) and costs no handler;
+- a PUSH_PROMISE, a frame on the wrong stream, a stream id that goes
+  backwards, a malformed SETTINGS, PING, RST_STREAM, WINDOW_UPDATE or GOAWAY:
+  each is a :class:`ProtocolViolation` naming it, and the connection closes
+  with GOAWAY and the error's code.
+
+What the server sends respects the client's windows: a response larger than
+them waits, per stream, for its WINDOW_UPDATE.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, cast
+
+import hpack
+
+from .._base.http2 import (
+    ACK,
+    COMPRESSION_ERROR,
+    CONTINUATION,
+    DATA,
+    DEFAULT_TABLE_SIZE,
+    DEFAULT_WINDOW,
+    END_HEADERS,
+    END_STREAM,
+    ENHANCE_YOUR_CALM,
+    FLOW_CONTROL_ERROR,
+    FRAME_SIZE_ERROR,
+    GOAWAY,
+    HEADER_TABLE_SIZE,
+    HEADERS,
+    INITIAL_WINDOW_SIZE,
+    LAST_STREAM_ID,
+    MAX_CONCURRENT_STREAMS,
+    MAX_FRAME,
+    MAX_FRAME_SIZE,
+    MAX_HEADER_LIST_SIZE,
+    NO_ERROR,
+    PADDED,
+    PING,
+    PREFACE,
+    PRIORITY,
+    PRIORITY_FLAG,
+    PROTOCOL_ERROR,
+    PUSH_PROMISE,
+    REFUSED_STREAM,
+    RST_STREAM,
+    SETTINGS,
+    STREAM_CLOSED,
+    WINDOW_UPDATE,
+    frame,
+    settings_payload,
+    unpadded,
+)
+
+_MAX_CONTINUATIONS = 64
+"""CONTINUATION frames one header block may take (empty ones would otherwise cost nothing to send)."""
+
+
+class ProtocolViolation(Exception):
+    """The client broke the protocol; the connection closes with GOAWAY ``code``."""
+
+    def __init__(self, message: str, code: int = PROTOCOL_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Listener(Protocol):
+    """What a connection's owner hears, called while :meth:`ServerWire.receive` parses."""
+
+    def on_request(self, stream_id: int, headers: list[tuple[bytes, bytes]], ended: bool) -> None: ...
+    def on_body(self, stream_id: int, data: bytes) -> None: ...
+    def on_end(self, stream_id: int) -> None: ...
+    def on_reset(self, stream_id: int, code: int) -> None: ...
+    def on_goaway(self, code: int) -> None: ...
+
+
+class _Stream:
+    """An open stream: whether the client may still send, and what we may send it."""
+
+    __slots__ = ("client_open", "left", "pending", "received")
+
+    def __init__(self, send_window: int, receive_window: int) -> None:
+        self.client_open = True
+        self.left = send_window
+        self.received = receive_window
+        self.pending: bytearray | None = None
+        """The response's body that waits for the client's window; ``None`` before the response."""
+
+
+class ServerWire:
+    """One HTTP/2 connection's framing, for a server that answers POSTs.
+
+    Our receive windows are given back as soon as a body's bytes arrive (the
+    owner keeps each body only up to its own limit and resets the stream
+    past it), so a client is never held up by the connection's window.
+    """
+
+    def __init__(
+        self, listener: Listener, *, max_streams: int, stream_window: int, max_header_block: int
+    ) -> None:
+        self._listener = listener
+        self._max_streams = max_streams
+        self._stream_window = stream_window
+        self._max_header_block = max_header_block
+        self._out = bytearray()
+        self._in = bytearray()
+        self._preface = False
+        self._settled = False
+        self._encoder = hpack.Encoder()
+        self._decoder = hpack.Decoder(max_header_list_size=max_header_block)
+        self._streams: dict[int, _Stream] = {}
+        self._continuing: tuple[int, int, bytearray, int] | None = None
+        self._send_window = DEFAULT_WINDOW
+        self._initial_send = DEFAULT_WINDOW
+        self._max_frame_out = MAX_FRAME
+        self._connection_unacked = 0
+        self.last_stream_id = 0
+        """The highest stream the client opened; a GOAWAY names it."""
+        self.closing = False
+        """A GOAWAY was sent: streams above ``last_stream_id`` are ignored."""
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    # --- sending ---------------------------------------------------------------------
+
+    def initiate(self) -> None:
+        """The server's preface: SETTINGS (our limits and windows), and the connection's window."""
+        settings = settings_payload(
+            (
+                (MAX_CONCURRENT_STREAMS, self._max_streams),
+                (INITIAL_WINDOW_SIZE, self._stream_window),
+                (MAX_HEADER_LIST_SIZE, self._max_header_block),
+            )
+        )
+        self._out += frame(SETTINGS, 0, 0, settings)
+        # One stream's window for each stream that may be open: no body waits on the connection.
+        increment = min(self._stream_window * self._max_streams, LAST_STREAM_ID) - DEFAULT_WINDOW
+        if increment > 0:
+            self._out += frame(WINDOW_UPDATE, 0, 0, increment.to_bytes(4, "big"))
+
+    def respond(self, stream_id: int, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """Answer ``stream_id``: HEADERS, then ``body`` as far as the client's windows allow."""
+        stream = self._streams.get(stream_id)
+        if stream is None or stream.pending is not None:
+            return  # reset by the client meanwhile (or answered already): nobody reads an answer
+        block = self._encoder.encode([(b":status", str(status).encode()), *headers], huffman=False)
+        size = self._max_frame_out
+        first, rest = block[:size], block[size:]
+        flags = (0 if body else END_STREAM) | (0 if rest else END_HEADERS)
+        self._out += frame(HEADERS, flags, stream_id, first)
+        while rest:
+            chunk, rest = rest[:size], rest[size:]
+            self._out += frame(CONTINUATION, 0 if rest else END_HEADERS, stream_id, chunk)
+        stream.pending = bytearray(body)
+        if body:
+            self._flush(stream_id, stream)
+        else:
+            self._answered(stream_id, stream)
+
+    def reset(self, stream_id: int, code: int) -> None:
+        """End ``stream_id`` from our side: nothing more is read or sent on it."""
+        if self._streams.pop(stream_id, None) is not None:
+            self._out += frame(RST_STREAM, 0, stream_id, code.to_bytes(4, "big"))
+
+    def goaway(self, code: int = NO_ERROR, debug: bytes = b"") -> None:
+        """No stream above the last one opened will be served; ``code`` says why."""
+        self.closing = True
+        payload = self.last_stream_id.to_bytes(4, "big") + code.to_bytes(4, "big") + debug[:256]
+        self._out += frame(GOAWAY, 0, 0, payload)
+
+    def data_to_send(self) -> bytes:
+        if not self._out:
+            return b""
+        data = bytes(self._out)
+        self._out.clear()
+        return data
+
+    def _flush(self, stream_id: int, stream: _Stream) -> None:
+        pending = stream.pending
+        assert pending is not None
+        while pending:
+            size = min(len(pending), stream.left, self._send_window, self._max_frame_out)
+            if size <= 0:
+                return  # the rest waits for the client's WINDOW_UPDATE
+            chunk = bytes(pending[:size])
+            del pending[:size]
+            stream.left -= size
+            self._send_window -= size
+            self._out += frame(DATA, 0 if pending else END_STREAM, stream_id, chunk)
+        self._answered(stream_id, stream)
+
+    def _answered(self, stream_id: int, stream: _Stream) -> None:
+        """The response went out whole: the stream ends, and a body still coming is not wanted."""
+        del self._streams[stream_id]
+        if stream.client_open:
+            # Answered before the request ended (a refused body): the client stops sending (RFC 9113 8.1).
+            self._out += frame(RST_STREAM, 0, stream_id, NO_ERROR.to_bytes(4, "big"))
+
+    def _flush_all(self) -> None:
+        for stream_id, stream in list(self._streams.items()):
+            if stream.pending:
+                self._flush(stream_id, stream)
+
+    # --- receiving -------------------------------------------------------------------
+
+    def receive(self, data: bytes) -> None:
+        """Parse the client's bytes, calling the listener per frame; raises :class:`ProtocolViolation`."""
+        if self._in:
+            self._in += data
+            data = bytes(self._in)
+            self._in.clear()
+        position, end = 0, len(data)
+        if not self._preface:
+            if end < len(PREFACE):
+                if not PREFACE.startswith(data):
+                    raise ProtocolViolation("the connection did not begin with HTTP/2's preface")
+                self._in += data
+                return
+            if not data.startswith(PREFACE):
+                raise ProtocolViolation("the connection did not begin with HTTP/2's preface")
+            self._preface = True
+            position = len(PREFACE)
+        while end - position >= 9:
+            length = int.from_bytes(data[position : position + 3], "big")
+            if length > MAX_FRAME:
+                raise ProtocolViolation(
+                    f"a frame of {length} bytes, over the {MAX_FRAME} allowed", FRAME_SIZE_ERROR
+                )
+            if end - position - 9 < length:
+                break
+            kind, flags = data[position + 3], data[position + 4]
+            stream_id = int.from_bytes(data[position + 5 : position + 9], "big") & LAST_STREAM_ID
+            payload = data[position + 9 : position + 9 + length]
+            position += 9 + length
+            self._receive_frame(kind, flags, stream_id, payload)
+        if position < end:
+            self._in += data[position:]
+
+    def _receive_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if not self._settled:
+            if kind != SETTINGS or flags & ACK:
+                raise ProtocolViolation("the client's first frame was not SETTINGS")
+            self._settled = True
+        if self._continuing is not None and kind != CONTINUATION:
+            raise ProtocolViolation("a frame came between a header block's HEADERS and its CONTINUATION")
+        if kind == DATA:
+            self._data(flags, stream_id, payload)
+        elif kind == HEADERS:
+            self._headers(flags, stream_id, payload)
+        elif kind == CONTINUATION:
+            self._continuation(flags, stream_id, payload)
+        elif kind in (SETTINGS, PING, GOAWAY):
+            if stream_id != 0:
+                raise ProtocolViolation(f"a connection-level frame (type {kind}) on stream {stream_id}")
+            if kind == SETTINGS:
+                self._settings(flags, payload)
+            elif kind == PING:
+                self._ping(flags, payload)
+            else:
+                self._goaway(payload)
+        elif kind == RST_STREAM:
+            self._rst_stream(stream_id, payload)
+        elif kind == WINDOW_UPDATE:
+            self._window_update(stream_id, payload)
+        elif kind == PUSH_PROMISE:
+            raise ProtocolViolation("a PUSH_PROMISE from a client")
+        elif kind == PRIORITY:
+            if stream_id == 0:
+                raise ProtocolViolation("a PRIORITY frame on stream 0")
+            if len(payload) != 5:
+                raise ProtocolViolation(f"a PRIORITY frame of {len(payload)} bytes", FRAME_SIZE_ERROR)
+        # Frame types this server does not know are ignored (RFC 9113 4.1, 5.5).
+
+    def _known(self, stream_id: int, what: str) -> _Stream | None:
+        """The open stream a frame is for; ``None`` for one that was open once and is closed."""
+        if stream_id == 0:
+            raise ProtocolViolation(f"{what} on stream 0")
+        stream = self._streams.get(stream_id)
+        if stream is None and stream_id > self.last_stream_id:
+            raise ProtocolViolation(f"{what} on stream {stream_id}, which the client never opened")
+        return stream
+
+    def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        stream = self._known(stream_id, "DATA")
+        flowed = len(payload)
+        self._connection_unacked += flowed
+        if self._connection_unacked >= self._stream_window:
+            self._out += frame(WINDOW_UPDATE, 0, 0, self._connection_unacked.to_bytes(4, "big"))
+            self._connection_unacked = 0
+        if stream is None:
+            return  # a body still in flight when the stream ended: only the connection's window counts
+        if not stream.client_open:
+            raise ProtocolViolation(f"DATA on stream {stream_id} after its END_STREAM", STREAM_CLOSED)
+        stream.received -= flowed
+        if stream.received < 0:
+            raise ProtocolViolation(f"more than stream {stream_id}'s window", FLOW_CONTROL_ERROR)
+        if flags & PADDED:
+            stripped = unpadded(payload)
+            if stripped is None:
+                raise ProtocolViolation("a padded DATA frame whose padding is as long as the frame")
+            payload = stripped
+        if stream.received < self._stream_window // 2 and not flags & END_STREAM:
+            given = self._stream_window - stream.received
+            stream.received = self._stream_window
+            self._out += frame(WINDOW_UPDATE, 0, stream_id, given.to_bytes(4, "big"))
+        if payload:
+            self._listener.on_body(stream_id, payload)
+        if flags & END_STREAM and stream_id in self._streams:
+            stream.client_open = False
+            self._listener.on_end(stream_id)
+
+    def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id == 0:
+            raise ProtocolViolation("HEADERS on stream 0")
+        if flags & PADDED:
+            stripped = unpadded(payload)
+            if stripped is None:
+                raise ProtocolViolation("a padded HEADERS frame whose padding is as long as the frame")
+            payload = stripped
+        if flags & PRIORITY_FLAG:
+            if len(payload) < 5:
+                raise ProtocolViolation("HEADERS too short for its priority", FRAME_SIZE_ERROR)
+            payload = payload[5:]
+        if flags & END_HEADERS:
+            self._header_block(stream_id, flags, payload)
+        else:
+            self._continuing = (stream_id, flags, bytearray(payload), 0)
+
+    def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if self._continuing is None or self._continuing[0] != stream_id:
+            raise ProtocolViolation(f"a CONTINUATION on stream {stream_id} that continues no header block")
+        _, first_flags, block, count = self._continuing
+        block += payload
+        if len(block) > self._max_header_block:
+            raise ProtocolViolation(f"a header block over {self._max_header_block} bytes")
+        if count >= _MAX_CONTINUATIONS:
+            raise ProtocolViolation(
+                f"a header block in more than {_MAX_CONTINUATIONS} CONTINUATION frames", ENHANCE_YOUR_CALM
+            )
+        if flags & END_HEADERS:
+            self._continuing = None
+            self._header_block(stream_id, first_flags, bytes(block))
+        else:
+            self._continuing = (stream_id, first_flags, block, count + 1)
+
+    def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
+        try:  # decoded even for a stream we ignore: the client's table changed with it
+            headers = cast("list[tuple[bytes, bytes]]", list(self._decoder.decode(block, raw=True)))
+        except hpack.HPACKError as error:
+            message = f"a header block that does not decode: {error}"
+            raise ProtocolViolation(message, COMPRESSION_ERROR) from None
+        ended = bool(flags & END_STREAM)
+        stream = self._streams.get(stream_id)
+        if stream is not None:  # trailers: they must end the request, and nothing here reads them
+            if not ended or not stream.client_open:
+                raise ProtocolViolation(f"a second header block on stream {stream_id} that does not end it")
+            stream.client_open = False
+            self._listener.on_end(stream_id)
+            return
+        if stream_id <= self.last_stream_id:
+            return  # trailers of a stream we ended (a refused or reset one): nothing to answer
+        if not stream_id & 1:
+            raise ProtocolViolation(f"the client opened stream {stream_id}, an even (server's) id")
+        self.last_stream_id = stream_id
+        if self.closing:
+            return  # after our GOAWAY: ignored, and the client knows to retry it elsewhere
+        if len(self._streams) >= self._max_streams:
+            self._out += frame(RST_STREAM, 0, stream_id, REFUSED_STREAM.to_bytes(4, "big"))
+            return
+        stream = self._streams[stream_id] = _Stream(self._initial_send, self._stream_window)
+        stream.client_open = not ended
+        self._listener.on_request(stream_id, headers, ended)
+
+    def _rst_stream(self, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ProtocolViolation(f"an RST_STREAM of {len(payload)} bytes", FRAME_SIZE_ERROR)
+        if self._known(stream_id, "RST_STREAM") is not None:
+            del self._streams[stream_id]
+            self._listener.on_reset(stream_id, int.from_bytes(payload, "big"))
+
+    def _window_update(self, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ProtocolViolation(f"a WINDOW_UPDATE of {len(payload)} bytes", FRAME_SIZE_ERROR)
+        increment = int.from_bytes(payload, "big") & LAST_STREAM_ID
+        if increment == 0:
+            raise ProtocolViolation(f"a WINDOW_UPDATE of 0 on stream {stream_id}")
+        if stream_id == 0:
+            self._send_window += increment
+            if self._send_window > LAST_STREAM_ID:
+                raise ProtocolViolation("the connection's window over 2^31-1", FLOW_CONTROL_ERROR)
+            self._flush_all()
+            return
+        stream = self._known(stream_id, "WINDOW_UPDATE")
+        if stream is None:
+            return  # for a stream that ended meanwhile
+        stream.left += increment
+        if stream.left > LAST_STREAM_ID:
+            raise ProtocolViolation(f"stream {stream_id}'s window over 2^31-1", FLOW_CONTROL_ERROR)
+        if stream.pending:
+            self._flush(stream_id, stream)
+
+    def _settings(self, flags: int, payload: bytes) -> None:
+        if flags & ACK:
+            if payload:
+                raise ProtocolViolation("a SETTINGS acknowledgement with a payload", FRAME_SIZE_ERROR)
+            return
+        if len(payload) % 6:
+            raise ProtocolViolation(f"a SETTINGS frame of {len(payload)} bytes", FRAME_SIZE_ERROR)
+        for offset in range(0, len(payload), 6):
+            ident = int.from_bytes(payload[offset : offset + 2], "big")
+            value = int.from_bytes(payload[offset + 2 : offset + 6], "big")
+            if ident == HEADER_TABLE_SIZE:  # never more than the default: a larger table gains us nothing
+                self._encoder.header_table_size = min(value, DEFAULT_TABLE_SIZE)
+            elif ident == INITIAL_WINDOW_SIZE:
+                if value > LAST_STREAM_ID:
+                    raise ProtocolViolation(f"SETTINGS_INITIAL_WINDOW_SIZE {value}", FLOW_CONTROL_ERROR)
+                delta, self._initial_send = value - self._initial_send, value
+                for stream in self._streams.values():
+                    stream.left += delta
+            elif ident == MAX_FRAME_SIZE:
+                if not MAX_FRAME <= value < 1 << 24:
+                    raise ProtocolViolation(f"SETTINGS_MAX_FRAME_SIZE {value}")
+                self._max_frame_out = value
+        self._out += frame(SETTINGS, ACK, 0)
+        self._flush_all()
+
+    def _ping(self, flags: int, payload: bytes) -> None:
+        if len(payload) != 8:
+            raise ProtocolViolation(f"a PING of {len(payload)} bytes", FRAME_SIZE_ERROR)
+        if not flags & ACK:
+            self._out += frame(PING, ACK, 0, payload)
+
+    def _goaway(self, payload: bytes) -> None:
+        if len(payload) < 8:
+            raise ProtocolViolation(f"a GOAWAY of {len(payload)} bytes", FRAME_SIZE_ERROR)
+        self._listener.on_goaway(int.from_bytes(payload[4:8], "big"))
