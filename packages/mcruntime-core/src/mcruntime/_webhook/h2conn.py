@@ -18,6 +18,7 @@ never lost. What a client can cost is bounded on top of the framing's bounds:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING, cast
 
@@ -83,8 +84,9 @@ def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
 class Http2Connection(asyncio.Protocol):
     """One client's HTTP/2 connection to the webhook server."""
 
-    def __init__(self, serve: Serve, *, max_streams: int, max_body: int) -> None:
+    def __init__(self, serve: Serve, *, max_streams: int, max_body: int, settle: float) -> None:
         self._serve = serve
+        self._settle = settle
         self._max_streams = max_streams
         self._max_body = max_body
         self._wire = ServerWire(
@@ -169,8 +171,6 @@ class Http2Connection(asyncio.Protocol):
         length = _header(headers, b"content-length")
         if length is not None and length.isdigit() and int(length) > self._max_body:
             body.fail(BodyTooLarge())  # known before the body comes: none of it is kept
-        if ended:
-            body.end()
         content_type = _header(headers, b"content-type") or b""
         call = Call(
             method.decode("latin-1"),
@@ -179,7 +179,7 @@ class Http2Connection(asyncio.Protocol):
             body.read,
         )
         self._busy += 1
-        task = asyncio.get_running_loop().create_task(self._answer(stream_id, call))
+        task = asyncio.get_running_loop().create_task(self._answer(stream_id, call, body))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -205,9 +205,15 @@ class Http2Connection(asyncio.Protocol):
 
     # --- calls ------------------------------------------------------------------------
 
-    async def _answer(self, stream_id: int, call: Call) -> None:
+    async def _answer(self, stream_id: int, call: Call, body: _Body) -> None:
         try:
             reply = await self._serve(call)
+            if not body.done.done():
+                # Refused without reading it (a 404, a 405): answered once the request ended, as a
+                # client expects (an answer that ends the stream early makes it stop and reset).
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._settle):
+                        await asyncio.wait([body.done])
         except Exception:
             log.exception("webhook call %s %s failed", call.method, call.path)
             reply = Reply.text(500, f"the webhook server failed on {call.path}")

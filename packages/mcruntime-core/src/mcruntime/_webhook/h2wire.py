@@ -38,6 +38,7 @@ from .._base.http2 import (
     DATA,
     DEFAULT_TABLE_SIZE,
     DEFAULT_WINDOW,
+    ENABLE_PUSH,
     END_HEADERS,
     END_STREAM,
     ENHANCE_YOUR_CALM,
@@ -95,12 +96,15 @@ class Listener(Protocol):
 class _Stream:
     """An open stream: whether the client may still send, and what we may send it."""
 
-    __slots__ = ("client_open", "left", "pending", "received")
+    __slots__ = ("client_open", "expected", "left", "pending", "received", "sent_to_us")
 
-    def __init__(self, send_window: int, receive_window: int) -> None:
+    def __init__(self, send_window: int, receive_window: int, expected: int | None) -> None:
         self.client_open = True
         self.left = send_window
         self.received = receive_window
+        self.expected = expected
+        """The body's declared ``content-length``; a body of another length is malformed."""
+        self.sent_to_us = 0
         self.pending: bytearray | None = None
         """The response's body that waits for the client's window; ``None`` before the response."""
 
@@ -127,6 +131,8 @@ class ServerWire:
         self._encoder = hpack.Encoder()
         self._decoder = hpack.Decoder(max_header_list_size=max_header_block)
         self._streams: dict[int, _Stream] = {}
+        self._closed: dict[int, bool] = {}
+        """Recently closed streams: True for one we reset (its late frames are ignored), False otherwise."""
         self._continuing: tuple[int, int, bytearray, int] | None = None
         self._send_window = DEFAULT_WINDOW
         self._initial_send = DEFAULT_WINDOW
@@ -181,6 +187,20 @@ class ServerWire:
         """End ``stream_id`` from our side: nothing more is read or sent on it."""
         if self._streams.pop(stream_id, None) is not None:
             self._out += frame(RST_STREAM, 0, stream_id, code.to_bytes(4, "big"))
+            self._remember(stream_id, ours=True)
+
+    def _remember(self, stream_id: int, *, ours: bool) -> None:
+        """Record how a stream closed, for the frames that may still come for it (the last 128)."""
+        self._closed[stream_id] = ours
+        if len(self._closed) > _REMEMBERED:
+            del self._closed[next(iter(self._closed))]
+
+    def _stream_error(self, stream_id: int, code: int) -> None:
+        """A fault confined to one stream (RFC 9113 5.4.2): reset it, and tell the owner if it knew it."""
+        self._out += frame(RST_STREAM, 0, stream_id, code.to_bytes(4, "big"))
+        if self._streams.pop(stream_id, None) is not None:
+            self._listener.on_reset(stream_id, code)
+        self._remember(stream_id, ours=True)
 
     def goaway(self, code: int = NO_ERROR, debug: bytes = b"") -> None:
         """No stream above the last one opened will be served; ``code`` says why."""
@@ -215,6 +235,7 @@ class ServerWire:
         if stream.client_open:
             # Answered before the request ended (a refused body): the client stops sending (RFC 9113 8.1).
             self._out += frame(RST_STREAM, 0, stream_id, NO_ERROR.to_bytes(4, "big"))
+        self._remember(stream_id, ours=stream.client_open)
 
     def _flush_all(self) -> None:
         for stream_id, stream in list(self._streams.items()):
@@ -289,6 +310,8 @@ class ServerWire:
                 raise ProtocolViolation("a PRIORITY frame on stream 0")
             if len(payload) != 5:
                 raise ProtocolViolation(f"a PRIORITY frame of {len(payload)} bytes", FRAME_SIZE_ERROR)
+            if int.from_bytes(payload[:4], "big") & LAST_STREAM_ID == stream_id:
+                self._stream_error(stream_id, PROTOCOL_ERROR)  # a stream that depends on itself
         # Frame types this server does not know are ignored (RFC 9113 4.1, 5.5).
 
     def _known(self, stream_id: int, what: str) -> _Stream | None:
@@ -300,6 +323,12 @@ class ServerWire:
             raise ProtocolViolation(f"{what} on stream {stream_id}, which the client never opened")
         return stream
 
+    def _on_closed(self, stream_id: int, what: str) -> None:
+        """DATA or HEADERS for a stream that is not open: ignored if we reset it, else the client's fault."""
+        if self._closed.get(stream_id, False):
+            return  # sent before our RST_STREAM reached the client (RFC 9113 5.1, "closed")
+        raise ProtocolViolation(f"{what} on stream {stream_id}, which is closed", STREAM_CLOSED)
+
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
         stream = self._known(stream_id, "DATA")
         flowed = len(payload)
@@ -308,9 +337,11 @@ class ServerWire:
             self._out += frame(WINDOW_UPDATE, 0, 0, self._connection_unacked.to_bytes(4, "big"))
             self._connection_unacked = 0
         if stream is None:
-            return  # a body still in flight when the stream ended: only the connection's window counts
+            self._on_closed(stream_id, "DATA")
+            return
         if not stream.client_open:
-            raise ProtocolViolation(f"DATA on stream {stream_id} after its END_STREAM", STREAM_CLOSED)
+            self._stream_error(stream_id, STREAM_CLOSED)  # the client had ended it (half-closed)
+            return
         stream.received -= flowed
         if stream.received < 0:
             raise ProtocolViolation(f"more than stream {stream_id}'s window", FLOW_CONTROL_ERROR)
@@ -319,6 +350,10 @@ class ServerWire:
             if stripped is None:
                 raise ProtocolViolation("a padded DATA frame whose padding is as long as the frame")
             payload = stripped
+        stream.sent_to_us += len(payload)
+        if stream.expected is not None and stream.sent_to_us > stream.expected:
+            self._stream_error(stream_id, PROTOCOL_ERROR)  # longer than its content-length
+            return
         if stream.received < self._stream_window // 2 and not flags & END_STREAM:
             given = self._stream_window - stream.received
             stream.received = self._stream_window
@@ -326,8 +361,14 @@ class ServerWire:
         if payload:
             self._listener.on_body(stream_id, payload)
         if flags & END_STREAM and stream_id in self._streams:
-            stream.client_open = False
-            self._listener.on_end(stream_id)
+            self._request_ended(stream_id, stream)
+
+    def _request_ended(self, stream_id: int, stream: _Stream) -> None:
+        if stream.expected is not None and stream.sent_to_us != stream.expected:
+            self._stream_error(stream_id, PROTOCOL_ERROR)  # shorter than its content-length
+            return
+        stream.client_open = False
+        self._listener.on_end(stream_id)
 
     def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id == 0:
@@ -340,6 +381,8 @@ class ServerWire:
         if flags & PRIORITY_FLAG:
             if len(payload) < 5:
                 raise ProtocolViolation("HEADERS too short for its priority", FRAME_SIZE_ERROR)
+            if int.from_bytes(payload[:4], "big") & LAST_STREAM_ID == stream_id:
+                flags |= _SELF_DEPENDENT  # decoded first (the table must move), then refused
             payload = payload[5:]
         if flags & END_HEADERS:
             self._header_block(stream_id, flags, payload)
@@ -372,38 +415,54 @@ class ServerWire:
         ended = bool(flags & END_STREAM)
         stream = self._streams.get(stream_id)
         if stream is not None:  # trailers: they must end the request, and nothing here reads them
-            if not ended or not stream.client_open:
+            if not stream.client_open:
+                self._stream_error(stream_id, STREAM_CLOSED)
+            elif not ended or _malformed(headers, trailers=True) is not None:
                 raise ProtocolViolation(f"a second header block on stream {stream_id} that does not end it")
-            stream.client_open = False
-            self._listener.on_end(stream_id)
+            else:
+                self._request_ended(stream_id, stream)
             return
         if stream_id <= self.last_stream_id:
-            return  # trailers of a stream we ended (a refused or reset one): nothing to answer
+            if stream_id not in self._closed:
+                raise ProtocolViolation(f"stream {stream_id} opened after stream {self.last_stream_id}")
+            self._on_closed(stream_id, "HEADERS")
+            return
         if not stream_id & 1:
             raise ProtocolViolation(f"the client opened stream {stream_id}, an even (server's) id")
         self.last_stream_id = stream_id
         if self.closing:
             return  # after our GOAWAY: ignored, and the client knows to retry it elsewhere
-        if len(self._streams) >= self._max_streams:
-            self._out += frame(RST_STREAM, 0, stream_id, REFUSED_STREAM.to_bytes(4, "big"))
+        malformed = "depends on itself" if flags & _SELF_DEPENDENT else _malformed(headers, trailers=False)
+        expected = _content_length(headers)
+        if malformed is not None or expected == -1:
+            self._stream_error(stream_id, PROTOCOL_ERROR)
             return
-        stream = self._streams[stream_id] = _Stream(self._initial_send, self._stream_window)
-        stream.client_open = not ended
+        if len(self._streams) >= self._max_streams:
+            self._stream_error(stream_id, REFUSED_STREAM)
+            return
+        stream = self._streams[stream_id] = _Stream(self._initial_send, self._stream_window, expected)
         self._listener.on_request(stream_id, headers, ended)
+        if ended:
+            self._request_ended(stream_id, stream)
 
     def _rst_stream(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
             raise ProtocolViolation(f"an RST_STREAM of {len(payload)} bytes", FRAME_SIZE_ERROR)
         if self._known(stream_id, "RST_STREAM") is not None:
             del self._streams[stream_id]
+            self._remember(stream_id, ours=False)
             self._listener.on_reset(stream_id, int.from_bytes(payload, "big"))
 
     def _window_update(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
             raise ProtocolViolation(f"a WINDOW_UPDATE of {len(payload)} bytes", FRAME_SIZE_ERROR)
         increment = int.from_bytes(payload, "big") & LAST_STREAM_ID
+        if increment == 0 and stream_id == 0:
+            raise ProtocolViolation("a WINDOW_UPDATE of 0 on the connection")
         if increment == 0:
-            raise ProtocolViolation(f"a WINDOW_UPDATE of 0 on stream {stream_id}")
+            if self._known(stream_id, "WINDOW_UPDATE") is not None:
+                self._stream_error(stream_id, PROTOCOL_ERROR)
+            return
         if stream_id == 0:
             self._send_window += increment
             if self._send_window > LAST_STREAM_ID:
@@ -415,7 +474,8 @@ class ServerWire:
             return  # for a stream that ended meanwhile
         stream.left += increment
         if stream.left > LAST_STREAM_ID:
-            raise ProtocolViolation(f"stream {stream_id}'s window over 2^31-1", FLOW_CONTROL_ERROR)
+            self._stream_error(stream_id, FLOW_CONTROL_ERROR)  # that stream's fault only
+            return
         if stream.pending:
             self._flush(stream_id, stream)
 
@@ -441,6 +501,8 @@ class ServerWire:
                 if not MAX_FRAME <= value < 1 << 24:
                     raise ProtocolViolation(f"SETTINGS_MAX_FRAME_SIZE {value}")
                 self._max_frame_out = value
+            elif ident == ENABLE_PUSH and value > 1:
+                raise ProtocolViolation(f"SETTINGS_ENABLE_PUSH {value}")
         self._out += frame(SETTINGS, ACK, 0)
         self._flush_all()
 
@@ -454,3 +516,44 @@ class ServerWire:
         if len(payload) < 8:
             raise ProtocolViolation(f"a GOAWAY of {len(payload)} bytes", FRAME_SIZE_ERROR)
         self._listener.on_goaway(int.from_bytes(payload[4:8], "big"))
+
+
+_REMEMBERED = 128
+_SELF_DEPENDENT = 0x100
+"""Not a wire flag: marks a HEADERS whose priority names its own stream."""
+_PSEUDO = frozenset((b":method", b":scheme", b":authority", b":path"))
+_CONNECTION_SPECIFIC = frozenset(
+    (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")
+)
+
+
+def _malformed(headers: list[tuple[bytes, bytes]], *, trailers: bool) -> str | None:
+    """What makes a request's header block malformed (RFC 9113 8.2, 8.3), or ``None``."""
+    seen: set[bytes] = set()
+    regular = False
+    for name, value in headers:
+        if name[:1] == b":":
+            if trailers or regular or name not in _PSEUDO or name in seen:
+                return f"pseudo-header {name.decode('latin-1')!r} out of place"
+            seen.add(name)
+        else:
+            regular = True
+            if name.lower() != name or name in _CONNECTION_SPECIFIC:
+                return f"header {name.decode('latin-1')!r} is not allowed"
+            if name == b"te" and value != b"trailers":
+                return "te other than trailers"
+    if trailers:
+        return None
+    if not {b":method", b":scheme", b":path"} <= seen:
+        return "a request without :method, :scheme and :path"
+    if not dict(headers)[b":path"]:
+        return "an empty :path"
+    return None
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The declared body length; ``None`` without one, -1 for one that is not a number."""
+    for name, value in headers:
+        if name == b"content-length":
+            return int(value) if value.isdigit() and len(value) < 16 else -1
+    return None

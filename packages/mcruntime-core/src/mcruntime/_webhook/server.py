@@ -287,7 +287,10 @@ class WebhookServer:
 
         def http2() -> Http2Connection:
             return Http2Connection(
-                self.serve, max_streams=options.max_streams_per_connection, max_body=options.max_body_bytes
+                self.serve,
+                max_streams=options.max_streams_per_connection,
+                max_body=options.max_body_bytes,
+                settle=options.handler_timeout,
             )
 
         self.certificates.context.set_alpn_protocols(["h2", "http/1.1"] if options.http2 else ["http/1.1"])
