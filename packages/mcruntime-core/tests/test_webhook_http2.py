@@ -367,3 +367,28 @@ async def test_api_servers_call_over_http2(fleet: Fleet) -> None:
             await caller.client.create(make_test(kind, "over-h2", "default"))
         protocols = [type(connection).__name__ for connection in manager.webhook._h2_open]
     assert protocols, "the API server's calls came over HTTP/1.1"
+
+
+async def test_a_callers_credentials_never_reach_the_log_even_at_debug(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An API server may authenticate to a webhook with a bearer token; hpack logs every header at DEBUG."""
+    plane = fleet["cluster-1"]
+    manager = _manager(fleet)
+
+    async def validate(_req: mcr.AdmissionRequest) -> None:
+        return None
+
+    mcr.webhook_managed_by(manager).for_(KIND).with_validator(validate).complete()
+    token = b"Bearer webhook-caller-secret-0123456789"
+    async with running(manager):
+        await wait_for(lambda: plane.name in manager.clusters())
+        server = manager.webhook
+        bundle, port = server.ca_bundle(), server.port
+        assert bundle is not None and port is not None
+        path = server.admission_url(plane.name, KIND, mutating=False).split(f":{port}", 1)[1]
+        async with H2Client.connect(port, bundle) as client:
+            with caplog.at_level(logging.DEBUG):
+                status, _ = await client.call(path, review(), headers=[*JSON, (b"authorization", token)])
+    assert status == 200
+    assert "webhook-caller-secret" not in caplog.text

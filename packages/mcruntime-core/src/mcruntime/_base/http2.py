@@ -9,6 +9,14 @@ padding is taken off.
 
 from __future__ import annotations
 
+import logging
+
+# hpack (which both sides use to code header blocks) logs every header it encodes or
+# decodes at DEBUG. A watch's block holds its cluster's bearer token and an API server
+# calling a webhook may send one too, so a process that turns on debug logging must not
+# write them; and the calls cost a tenth of a webhook call's CPU even when nothing is written.
+logging.getLogger("hpack").setLevel(logging.INFO)
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 """What a client sends first on a connection that speaks HTTP/2."""
 

@@ -38,9 +38,6 @@ from .tls_socket import open_tls
 from .wire import CANCEL, Wire, WireError, error_name
 from .wording import StreamClosed as StreamClosed  # raised here; importable from here as before
 
-# hpack logs each header block it encodes at DEBUG, and a block holds a cluster's
-# bearer token: a process that turns on debug logging must not write credentials.
-logging.getLogger("hpack").setLevel(logging.INFO)
 log = logging.getLogger("mcruntime.transport")
 
 STREAM_WINDOW = 1 << 20

@@ -27,16 +27,14 @@ them waits, per stream, for its WINDOW_UPDATE.
 
 from __future__ import annotations
 
-from typing import Protocol, cast
+from typing import Protocol
 
-import hpack
-
+from .._base.headerblock import TABLE_SIZE_ZERO, HeaderBlockError, HeaderDecoder, encode_block
 from .._base.http2 import (
     ACK,
     COMPRESSION_ERROR,
     CONTINUATION,
     DATA,
-    DEFAULT_TABLE_SIZE,
     DEFAULT_WINDOW,
     ENABLE_PUSH,
     END_HEADERS,
@@ -128,8 +126,9 @@ class ServerWire:
         self._in = bytearray()
         self._preface = False
         self._settled = False
-        self._encoder = hpack.Encoder()
-        self._decoder = hpack.Decoder(max_header_list_size=max_header_block)
+        self._decoder = HeaderDecoder(max_header_list_size=max_header_block)
+        self._table_update = True
+        """Our next header block begins with a table size update to 0 (we never use the table)."""
         self._streams: dict[int, _Stream] = {}
         self._closed: dict[int, bool] = {}
         """Recently closed streams: True for one we reset (its late frames are ignored), False otherwise."""
@@ -169,7 +168,10 @@ class ServerWire:
         stream = self._streams.get(stream_id)
         if stream is None or stream.pending is not None:
             return  # reset by the client meanwhile (or answered already): nobody reads an answer
-        block = self._encoder.encode([(b":status", str(status).encode()), *headers], huffman=False)
+        block = encode_block([(b":status", b"%d" % status), *headers])
+        if self._table_update:
+            block = TABLE_SIZE_ZERO + block
+            self._table_update = False
         size = self._max_frame_out
         first, rest = block[:size], block[size:]
         flags = (0 if body else END_STREAM) | (0 if rest else END_HEADERS)
@@ -408,8 +410,8 @@ class ServerWire:
 
     def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
         try:  # decoded even for a stream we ignore: the client's table changed with it
-            headers = cast("list[tuple[bytes, bytes]]", list(self._decoder.decode(block, raw=True)))
-        except hpack.HPACKError as error:
+            headers = self._decoder.decode(block)
+        except HeaderBlockError as error:
             message = f"a header block that does not decode: {error}"
             raise ProtocolViolation(message, COMPRESSION_ERROR) from None
         ended = bool(flags & END_STREAM)
@@ -489,8 +491,8 @@ class ServerWire:
         for offset in range(0, len(payload), 6):
             ident = int.from_bytes(payload[offset : offset + 2], "big")
             value = int.from_bytes(payload[offset + 2 : offset + 6], "big")
-            if ident == HEADER_TABLE_SIZE:  # never more than the default: a larger table gains us nothing
-                self._encoder.header_table_size = min(value, DEFAULT_TABLE_SIZE)
+            if ident == HEADER_TABLE_SIZE:  # we never index, but say so again in our next block
+                self._table_update = True
             elif ident == INITIAL_WINDOW_SIZE:
                 if value > LAST_STREAM_ID:
                     raise ProtocolViolation(f"SETTINGS_INITIAL_WINDOW_SIZE {value}", FLOW_CONTROL_ERROR)
