@@ -234,6 +234,24 @@ async def test_every_refusal_and_an_answer_share_one_http2_connection_until_shut
             status, text = await client.call(path, review())
             assert status == 200 and orjson.loads(text)["response"] == {"uid": "u-1", "allowed": True}
             assert client.goaway() is None and not client.closed.is_set()
+
+        # controller-runtime's webhook metrics: one series per registered webhook, not per cluster.
+        def calls(webhook: str, code: int) -> float | None:
+            return manager.registry.get_sample_value(
+                "controller_runtime_webhook_requests_total", {"webhook": webhook, "code": str(code)}
+            )
+
+        test = "/validate/example.com/v1/Test"
+        assert [calls(test, code) for code in (413, 415, 400, 404, 405, 200)] == [2, 1, 1, 1, 1, 1]
+        assert calls("unmatched", 404) == 1, "a path no webhook is at counts as unmatched"
+        latency = manager.registry.get_sample_value(
+            "controller_runtime_webhook_latency_seconds_count", {"webhook": test}
+        )
+        assert latency == 7
+        in_flight = {"webhook": test}
+        assert (
+            manager.registry.get_sample_value("controller_runtime_webhook_requests_in_flight", in_flight) == 0
+        )
         async with H2Client.connect(port, bundle) as client:
             status, _ = await client.call(path, review())
             assert status == 200

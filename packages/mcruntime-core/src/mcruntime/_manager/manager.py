@@ -254,6 +254,7 @@ class Manager:
                 self._webhook_options,
                 clusters=self.clusters,
                 field_manager=self.field_manager or "mcruntime-webhook",
+                registry=self.metrics.registry,
             )
         return self._webhook
 

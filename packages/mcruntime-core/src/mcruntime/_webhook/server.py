@@ -26,7 +26,7 @@ import asyncio
 import datetime
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote
 
 from aiohttp import web
@@ -36,10 +36,12 @@ from .._base.permissions import ROLES, Permission
 from .._fleet.cluster import Cluster
 from .._reconcile.context import enter_reconcile, leave_reconcile
 from .._reconcile.request import LOCAL_CLUSTER, Request
+from .accept import Accepted, Open
 from .certs import CertificateFiles, CertificateSource, SelfSignedCertificates
 from .exchange import BodyLost, BodyTooLarge, Call, Reply
 from .h2conn import Http2Connection
 from .handlers import AdmissionHook, Conversion, ConversionFailed
+from .metrics import UNMATCHED, WebhookMetrics
 from .options import WebhookOptions
 from .registration import CRD, MUTATING, VALIDATING, Registrar
 from .review import (
@@ -58,6 +60,8 @@ from .review import (
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
+
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger("mcruntime.webhook")
 
@@ -86,73 +90,6 @@ def _with(hosts: tuple[str, ...], host: str) -> tuple[str, ...]:
     return hosts if host in hosts else (*hosts, host)
 
 
-_Open = dict[asyncio.Transport, "asyncio.Future[None]"]
-"""The connections a server holds, each with a future that is done when its socket is gone."""
-
-
-class _Tracked(asyncio.Protocol):
-    """Serves one connection with the protocol its TLS handshake chose, and records it until it is gone.
-
-    ALPN decides: ``h2`` gets an :class:`Http2Connection`, anything else
-    aiohttp's HTTP/1.1 handler. aiohttp closes a TLS connection politely
-    (close_notify, then wait for the peer's). A peer that never answers would
-    keep the socket open for the SSL shutdown timeout, past ``close()`` and
-    past the event loop; the record lets ``close()`` abort what is still open
-    after the grace period.
-    """
-
-    def __init__(
-        self,
-        http1: Callable[[], asyncio.Protocol],
-        http2: Callable[[], Http2Connection] | None,
-        open_: _Open,
-        h2_open: set[Http2Connection],
-    ) -> None:
-        self._http1 = http1
-        self._http2 = http2
-        self._open = open_
-        self._h2_open = h2_open
-        self._inner: asyncio.Protocol | None = None
-        self._transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport, from create_server: uvloop's is one without subclassing it.
-        stream = self._transport = cast("asyncio.Transport", transport)
-        self._open[stream] = asyncio.get_running_loop().create_future()
-        tls = transport.get_extra_info("ssl_object")
-        if self._http2 is not None and tls is not None and tls.selected_alpn_protocol() == "h2":
-            inner: asyncio.Protocol = self._http2()
-            self._h2_open.add(cast("Http2Connection", inner))
-        else:
-            inner = self._http1()
-        self._inner = inner
-        inner.connection_made(transport)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        gone = self._open.pop(self._transport, None) if self._transport is not None else None
-        if gone is not None and not gone.done():
-            gone.set_result(None)
-        if self._inner is not None:
-            if isinstance(self._inner, Http2Connection):
-                self._h2_open.discard(self._inner)
-            self._inner.connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        assert self._inner is not None  # connection_made came first
-        self._inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self._inner.eof_received() if self._inner is not None else None
-
-    def pause_writing(self) -> None:
-        if self._inner is not None:
-            self._inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self._inner is not None:
-            self._inner.resume_writing()
-
-
 class WebhookServer:
     """Serves every registered admission and conversion webhook for every engaged cluster.
 
@@ -167,8 +104,10 @@ class WebhookServer:
         *,
         clusters: Callable[[], Mapping[str, Cluster]],
         field_manager: str = "mcruntime-webhook",
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.options: WebhookOptions = options or WebhookOptions()
+        self._metrics = WebhookMetrics(registry) if registry is not None else None
         self._clusters = clusters
         files = self.options.files()
         self.certificates: CertificateSource = (
@@ -185,7 +124,7 @@ class WebhookServer:
         self._lanes: dict[str, asyncio.Semaphore] = {}
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
-        self._open: _Open = {}
+        self._open: Open = {}
         self._h2_open: set[Http2Connection] = set()
         self.port: int | None = None
         self.registrar: Registrar = Registrar(self, field_manager=field_manager)
@@ -296,7 +235,7 @@ class WebhookServer:
         self.certificates.context.set_alpn_protocols(["h2", "http/1.1"] if options.http2 else ["http/1.1"])
         try:
             listener = await asyncio.get_running_loop().create_server(
-                lambda: _Tracked(handlers, http2 if options.http2 else None, self._open, self._h2_open),
+                lambda: Accepted(handlers, http2 if options.http2 else None, self._open, self._h2_open),
                 options.listen_host,
                 options.listen_port,
                 ssl=self.certificates.context,
@@ -404,22 +343,43 @@ class WebhookServer:
         return web.Response(status=reply.status, body=reply.body, headers=headers)
 
     async def serve(self, call: Call) -> Reply:
-        """Route and answer one call, whichever protocol carried it."""
+        """Route and answer one call, whichever protocol carried it (and count it, with a registry)."""
+        webhook, answer = self._route(call)
+        if self._metrics is not None:
+            return await self._metrics.measure(webhook, answer)
+        return await answer
+
+    def _route(self, call: Call) -> tuple[str, Awaitable[Reply]]:
+        """The call's webhook (its metrics label) and the coroutine that answers it."""
         parts = call.path.split("/")
         if len(parts) < 5 or parts[0] or parts[1] != "clusters":
-            return _not_served(call)
+            return UNMATCHED, _now(_not_served(call))
         cluster, verb, rest = _cluster_from_path(parts[2]), parts[3], [unquote(part) for part in parts[4:]]
         shape = {"validate": 3, "mutate": 3, "convert": 2}.get(verb)
         if len(rest) != shape:
-            return _not_served(call)
+            return UNMATCHED, _now(_not_served(call))
+        webhook = self._registered(verb, rest)
         if call.method != "POST":
-            return Reply.text(405, f"{call.method} is not served: API servers call webhooks with POST")
+            reply = Reply.text(405, f"{call.method} is not served: API servers call webhooks with POST")
+            return webhook, _now(reply)
         lane = self._lanes.get(cluster) if cluster in self._clusters() else None
         if lane is None:
-            return Reply.text(404, f"cluster {cluster or '(local)'!r} is not engaged with this manager")
+            reply = Reply.text(404, f"cluster {cluster or '(local)'!r} is not engaged with this manager")
+            return webhook, _now(reply)
         if verb == "convert":
-            return await self._convert(call, cluster, lane, group=rest[0], kind=rest[1])
-        return await self._admit(call, cluster, lane, rest, mutating=verb == "mutate")
+            return webhook, self._convert(call, cluster, lane, group=rest[0], kind=rest[1])
+        return webhook, self._admit(call, cluster, lane, rest, mutating=verb == "mutate")
+
+    def _registered(self, verb: str, rest: list[str]) -> str:
+        """``/verb/...`` when a webhook is registered there, :data:`UNMATCHED` otherwise."""
+        if verb == "convert":
+            group, kind = rest
+            found = ("" if group == CORE_GROUP else group, kind) in self.conversions
+        else:
+            group, version, kind = rest
+            table = self.defaulters if verb == "mutate" else self.validators
+            found = Kind(version if group == CORE_GROUP else f"{group}/{version}", kind) in table
+        return f"/{verb}/{'/'.join(rest)}" if found else UNMATCHED
 
     async def _read(self, call: Call) -> JSON | Reply:
         if call.content_type != "application/json":
@@ -552,6 +512,10 @@ class WebhookServer:
             log.error("cluster %r: %s", name, message)
             return _json(conversion_response(review.uid, None, message))
         return _json(conversion_response(review.uid, converted))
+
+
+async def _now(reply: Reply) -> Reply:
+    return reply
 
 
 def _json(answer: JSON) -> Reply:
