@@ -410,3 +410,36 @@ async def test_a_callers_credentials_never_reach_the_log_even_at_debug(
                 status, _ = await client.call(path, review(), headers=[*JSON, (b"authorization", token)])
     assert status == 200
     assert "webhook-caller-secret" not in caplog.text
+
+
+async def test_an_idle_connection_is_closed_and_a_clients_goaway_ends_its_own(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mcruntime._webhook import h2conn
+
+    monkeypatch.setattr(h2conn, "IDLE_TIMEOUT", 0.3)  # 90 s in production
+    plane = fleet["cluster-1"]
+    manager = _manager(fleet)
+
+    async def validate(_req: mcr.AdmissionRequest) -> None:
+        return None
+
+    mcr.webhook_managed_by(manager).for_(KIND).with_validator(validate).complete()
+    async with running(manager):
+        await wait_for(lambda: plane.name in manager.clusters())
+        server = manager.webhook
+        bundle, port = server.ca_bundle(), server.port
+        assert bundle is not None and port is not None
+        path = server.admission_url(plane.name, KIND, mutating=False).split(f":{port}", 1)[1]
+        async with H2Client.connect(port, bundle) as idle:
+            assert (await idle.call(path, review()))[0] == 200
+            await idle.until(lambda: idle.closed.is_set())
+            goaway = idle.goaway()
+            assert goaway is not None and goaway.error_code == 0
+        monkeypatch.setattr(h2conn, "IDLE_TIMEOUT", 90.0)
+        async with H2Client.connect(port, bundle) as leaving:
+            assert (await leaving.call(path, review()))[0] == 200
+            leaving.conn.close_connection()  # the client's GOAWAY: it opens nothing more
+            leaving.flush()
+            await leaving.until(lambda: leaving.closed.is_set())
+        await wait_for(lambda: not server._h2_open)
