@@ -443,3 +443,46 @@ async def test_an_idle_connection_is_closed_and_a_clients_goaway_ends_its_own(
             leaving.flush()
             await leaving.until(lambda: leaving.closed.is_set())
         await wait_for(lambda: not server._h2_open)
+
+
+async def test_a_client_that_never_reads_is_dropped_and_costs_a_bounded_buffer(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PINGs must be answered; a client that sends them and never reads fills only one buffer."""
+    from mcruntime._webhook import h2conn
+
+    monkeypatch.setattr(h2conn, "IDLE_TIMEOUT", 0.5)
+    plane = fleet["cluster-1"]
+    manager = _manager(fleet)
+
+    async def validate(_req: mcr.AdmissionRequest) -> None:
+        return None
+
+    mcr.webhook_managed_by(manager).for_(KIND).with_validator(validate).complete()
+    async with running(manager):
+        await wait_for(lambda: plane.name in manager.clusters())
+        server = manager.webhook
+        bundle, port = server.ca_bundle(), server.port
+        assert bundle is not None and port is not None
+        context = client_context(bundle)
+        context.set_alpn_protocols(["h2"])
+        _reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=context, server_hostname="127.0.0.1"
+        )
+        pings = b"\x00\x00\x08\x06\x00\x00\x00\x00\x00" + b"12345678"
+        writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        with caplog.at_level(logging.WARNING, logger="mcruntime.webhook"):
+            with pytest.raises((ConnectionError, ssl.SSLError)):  # noqa: PT012 -- the loop is how it fills
+                async with asyncio.timeout(60):
+                    while True:  # never reading the acknowledgements: the server stops reading, then drops us
+                        writer.write(pings * 4096)
+                        await writer.drain()
+            await wait_for(lambda: "read nothing for" in caplog.text)
+        writer.close()
+        assert (await _one_call(port, bundle, server.admission_url(plane.name, KIND, mutating=False))) == 200
+
+
+async def _one_call(port: int, bundle: bytes, url: str) -> int:
+    path = url.split(f":{port}", 1)[1]
+    async with H2Client.connect(port, bundle) as client:
+        return (await client.call(path, review()))[0]

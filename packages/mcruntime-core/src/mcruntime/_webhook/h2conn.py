@@ -11,8 +11,9 @@ never lost. What a client can cost is bounded on top of the framing's bounds:
 - when the client stops reading, we stop reading from it, so nothing it
   makes us answer (PING, SETTINGS, responses) piles up unsent;
 - a connection with no call in flight and nothing heard for
-  ``IDLE_TIMEOUT`` seconds is closed (with GOAWAY), and one that breaks the
-  protocol is closed at once, with a warning naming the peer and the fault.
+  ``IDLE_TIMEOUT`` seconds is closed (with GOAWAY), one whose client read
+  nothing for as long is dropped, and one that breaks the protocol is closed
+  at once, with a warning naming the peer and the fault.
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ class Http2Connection(asyncio.Protocol):
         self._heard = 0.0
         self._idle: asyncio.TimerHandle | None = None
         self._draining = False
+        self._stalled = False
+        """The client stopped reading what we send (the transport's buffer is full)."""
 
     @property
     def transport(self) -> asyncio.Transport | None:
@@ -142,10 +145,12 @@ class Http2Connection(asyncio.Protocol):
         return False  # the client is done sending: close (calls in flight lose their answer)
 
     def pause_writing(self) -> None:
+        self._stalled = True
         if self._transport is not None:
             self._transport.pause_reading()
 
     def resume_writing(self) -> None:
+        self._stalled = False
         if self._transport is not None and not self._transport.is_closing():
             self._transport.resume_reading()
 
@@ -263,6 +268,13 @@ class Http2Connection(asyncio.Protocol):
     def _check_idle(self) -> None:
         loop = asyncio.get_running_loop()
         quiet = loop.time() - self._heard
+        if self._stalled and quiet >= IDLE_TIMEOUT and self._transport is not None:
+            # Closing politely would wait for it to read what is buffered: it never will.
+            log.warning(
+                "webhook client %s read nothing for %.0fs; dropping its connection", self._peer, quiet
+            )
+            self._transport.abort()
+            return
         if self._busy or quiet < IDLE_TIMEOUT:
             self._idle = loop.call_later(max(IDLE_TIMEOUT - quiet, 1.0), self._check_idle)
             return
