@@ -11,7 +11,8 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -189,23 +190,31 @@ class H2Client:
         return found[0] if found else None
 
 
-def _manager(fleet: Fleet, **options: Any) -> mcr.Manager:
+@dataclass
+class Served:
+    """A running manager whose webhook validates KIND, and where to call it."""
+
+    manager: mcr.Manager
+    port: int
+    bundle: bytes
+    path: str
+    """The validating webhook's path for cluster-1."""
+
+
+async def _allow(_req: mcr.AdmissionRequest) -> None:
+    return None
+
+
+@contextlib.asynccontextmanager
+async def served(
+    fleet: Fleet, validate: Callable[[mcr.AdmissionRequest], Awaitable[None]] = _allow, **options: Any
+) -> AsyncIterator[Served]:
     plane = fleet["cluster-1"]
-    return mcr.Manager(
+    manager = mcr.Manager(
         mcr.StaticProvider({plane.name: config_of(plane)}),
         handle_signals=False,
         webhook=webhook_options(register=False, **options),
     )
-
-
-async def test_every_refusal_and_an_answer_share_one_http2_connection_until_shutdown(fleet: Fleet) -> None:
-    plane = fleet["cluster-1"]
-    manager = _manager(fleet)
-
-    async def validate(req: mcr.AdmissionRequest) -> None:
-        if req.name == "bad":
-            raise mcr.Denied("bad is refused")
-
     mcr.webhook_managed_by(manager).for_(KIND).with_validator(validate).complete()
     async with running(manager):
         await wait_for(lambda: plane.name in manager.clusters())
@@ -213,7 +222,13 @@ async def test_every_refusal_and_an_answer_share_one_http2_connection_until_shut
         bundle, port = server.ca_bundle(), server.port
         assert bundle is not None and port is not None
         path = server.admission_url(plane.name, KIND, mutating=False).split(f":{port}", 1)[1]
-        async with H2Client.connect(port, bundle) as client:
+        yield Served(manager, port, bundle, path)
+
+
+async def test_every_refusal_and_an_answer_share_one_http2_connection_until_shutdown(fleet: Fleet) -> None:
+    async with served(fleet) as it:
+        path, manager = it.path, it.manager
+        async with H2Client.connect(it.port, it.bundle) as client:
             status, text = await client.call(path, b"{" + b" " * (3 * 1024 * 1024) + b"}")
             assert status == 413 and "larger than 3145728 bytes" in text
             declared = [*JSON, (b"content-length", b"9999999")]
@@ -224,7 +239,7 @@ async def test_every_refusal_and_an_answer_share_one_http2_connection_until_shut
             status, text = await client.call(path, b"{not json")
             assert status == 400 and "the body is not JSON" in text
             status, text = await client.call(
-                path.replace(f"/clusters/{plane.name}/", "/clusters/nowhere/"), b"{}"
+                path.replace("/clusters/cluster-1/", "/clusters/nowhere/"), b"{}"
             )
             assert status == 404 and "cluster 'nowhere' is not engaged" in text
             status, text = await client.call("/healthz", None, method=b"GET")
@@ -236,23 +251,23 @@ async def test_every_refusal_and_an_answer_share_one_http2_connection_until_shut
             assert client.goaway() is None and not client.closed.is_set()
 
         # controller-runtime's webhook metrics: one series per registered webhook, not per cluster.
-        def calls(webhook: str, code: int) -> float | None:
-            return manager.registry.get_sample_value(
-                "controller_runtime_webhook_requests_total", {"webhook": webhook, "code": str(code)}
-            )
+        def sample(name: str, **labels: str) -> float | None:
+            return manager.registry.get_sample_value(f"controller_runtime_webhook_{name}", labels)
 
         test = "/validate/example.com/v1/Test"
-        assert [calls(test, code) for code in (413, 415, 400, 404, 405, 200)] == [2, 1, 1, 1, 1, 1]
-        assert calls("unmatched", 404) == 1, "a path no webhook is at counts as unmatched"
-        latency = manager.registry.get_sample_value(
-            "controller_runtime_webhook_latency_seconds_count", {"webhook": test}
-        )
-        assert latency == 7
-        in_flight = {"webhook": test}
-        assert (
-            manager.registry.get_sample_value("controller_runtime_webhook_requests_in_flight", in_flight) == 0
-        )
-        async with H2Client.connect(port, bundle) as client:
+        codes = (413, 415, 400, 404, 405, 200)
+        assert [sample("requests_total", webhook=test, code=str(code)) for code in codes] == [
+            2,
+            1,
+            1,
+            1,
+            1,
+            1,
+        ]
+        assert sample("requests_total", webhook="unmatched", code="404") == 1, "no webhook there: unmatched"
+        assert sample("latency_seconds_count", webhook=test) == 7
+        assert sample("requests_in_flight", webhook=test) == 0
+        async with H2Client.connect(it.port, it.bundle) as client:
             status, _ = await client.call(path, review())
             assert status == 200
             stopping = asyncio.create_task(manager.webhook.close())
@@ -263,8 +278,6 @@ async def test_every_refusal_and_an_answer_share_one_http2_connection_until_shut
 
 
 async def test_resetting_streams_buys_a_client_no_handlers_beyond_its_limit(fleet: Fleet) -> None:
-    plane = fleet["cluster-1"]
-    manager = _manager(fleet, max_streams_per_connection=3, max_concurrent_per_cluster=8)
     release = asyncio.Event()
     entered = 0
 
@@ -273,91 +286,64 @@ async def test_resetting_streams_buys_a_client_no_handlers_beyond_its_limit(flee
         entered += 1
         await release.wait()
 
-    mcr.webhook_managed_by(manager).for_(KIND).with_validator(validate).complete()
-    async with running(manager):
-        await wait_for(lambda: plane.name in manager.clusters())
-        server = manager.webhook
-        bundle, port = server.ca_bundle(), server.port
-        assert bundle is not None and port is not None
-        path = server.admission_url(plane.name, KIND, mutating=False).split(f":{port}", 1)[1]
-        async with H2Client.connect(port, bundle) as client:
-            await client.until(lambda: client.conn.remote_settings.max_concurrent_streams == 3)
-            hung = [client.send(path, review(f"u-{n}")) for n in range(3)]
-            await wait_for(lambda: entered == 3)
-            for stream_id in hung:  # the rapid reset: the client forgets them, their handlers run on
-                client.conn.reset_stream(stream_id, error_code=0x8)
-            client.flush()
-            refused = client.send(path, review("u-3"))
-            await client.until(lambda: client.reset_codes(refused) != [])
-            assert client.reset_codes(refused) == [0x7]  # REFUSED_STREAM: a client retries it
-            assert entered == 3
-            release.set()
+    async with (
+        served(fleet, validate, max_streams_per_connection=3, max_concurrent_per_cluster=8) as it,
+        H2Client.connect(it.port, it.bundle) as client,
+    ):
+        await client.until(lambda: client.conn.remote_settings.max_concurrent_streams == 3)
+        hung = [client.send(it.path, review(f"u-{n}")) for n in range(3)]
+        await wait_for(lambda: entered == 3)
+        for stream_id in hung:  # the rapid reset: the client forgets them, their handlers run on
+            client.conn.reset_stream(stream_id, error_code=0x8)
+        client.flush()
+        refused = client.send(it.path, review("u-3"))
+        await client.until(lambda: client.reset_codes(refused) != [])
+        assert client.reset_codes(refused) == [0x7]  # REFUSED_STREAM: a client retries it
+        assert entered == 3
+        release.set()
 
-            async def served() -> bool:
-                status, _ = await client.call(path, review("u-4"))
-                return status == 200
+        async def answered() -> bool:
+            status, _ = await client.call(it.path, review("u-4"))
+            return status == 200
 
-            await wait_for(served)
-            assert all(client.answer(stream_id) is None for stream_id in hung), "no answer on a reset stream"
+        await wait_for(answered)
+        assert all(client.answer(stream_id) is None for stream_id in hung), "no answer on a reset stream"
 
 
 async def test_a_client_that_breaks_http2_loses_its_connection_with_the_fault_named(
     fleet: Fleet, caplog: pytest.LogCaptureFixture
 ) -> None:
-    plane = fleet["cluster-1"]
-    manager = _manager(fleet)
-
-    async def validate(_req: mcr.AdmissionRequest) -> None:
-        return None
-
-    mcr.webhook_managed_by(manager).for_(KIND).with_validator(validate).complete()
-    async with running(manager):
-        await wait_for(lambda: plane.name in manager.clusters())
-        server = manager.webhook
-        bundle, port = server.ca_bundle(), server.port
-        assert bundle is not None and port is not None
-        path = server.admission_url(plane.name, KIND, mutating=False).split(f":{port}", 1)[1]
-        async with H2Client.connect(port, bundle) as good, H2Client.connect(port, bundle) as bad:
-            assert (await good.call(path, review()))[0] == 200
-            with caplog.at_level(logging.WARNING, logger="mcruntime.webhook"):
-                # A PUSH_PROMISE: only a server may send one.
-                bad.writer.write(b"\x00\x00\x04\x05\x04\x00\x00\x00\x01\x00\x00\x00\x02")
-                await bad.until(lambda: bad.closed.is_set())
-            goaway = bad.goaway()
-            assert goaway is not None and goaway.error_code == 0x1
-            assert goaway.additional_data == b"a PUSH_PROMISE from a client"
-            assert any(
-                "broke HTTP/2: a PUSH_PROMISE from a client" in record.getMessage()
-                for record in caplog.records
-            )
-            assert (await good.call(path, review("u-2")))[0] == 200, "the other connection is untouched"
+    async with (
+        served(fleet) as it,
+        H2Client.connect(it.port, it.bundle) as good,
+        H2Client.connect(it.port, it.bundle) as bad,
+    ):
+        assert (await good.call(it.path, review()))[0] == 200
+        with caplog.at_level(logging.WARNING, logger="mcruntime.webhook"):
+            # A PUSH_PROMISE: only a server may send one.
+            bad.writer.write(b"\x00\x00\x04\x05\x04\x00\x00\x00\x01\x00\x00\x00\x02")
+            await bad.until(lambda: bad.closed.is_set())
+        goaway = bad.goaway()
+        assert goaway is not None and goaway.error_code == 0x1
+        assert goaway.additional_data == b"a PUSH_PROMISE from a client"
+        assert "broke HTTP/2: a PUSH_PROMISE from a client" in caplog.text
+        assert (await good.call(it.path, review("u-2")))[0] == 200, "the other connection is untouched"
 
 
 async def test_http2_off_offers_only_http11_and_is_served(fleet: Fleet) -> None:
-    plane = fleet["cluster-1"]
-    manager = _manager(fleet, http2=False)
-
-    async def validate(_req: mcr.AdmissionRequest) -> None:
-        return None
-
-    mcr.webhook_managed_by(manager).for_(KIND).with_validator(validate).complete()
-    async with running(manager):
-        await wait_for(lambda: plane.name in manager.clusters())
-        server = manager.webhook
-        bundle, port = server.ca_bundle(), server.port
-        assert bundle is not None and port is not None
-        context = client_context(bundle)
+    async with served(fleet, http2=False) as it:
+        context = client_context(it.bundle)
         context.set_alpn_protocols(["h2", "http/1.1"])
         _reader, writer = await asyncio.open_connection(
-            "127.0.0.1", port, ssl=context, server_hostname="127.0.0.1"
+            "127.0.0.1", it.port, ssl=context, server_hostname="127.0.0.1"
         )
         assert writer.get_extra_info("ssl_object").selected_alpn_protocol() == "http/1.1"
         writer.close()
-        connector = aiohttp.TCPConnector(ssl=client_context(bundle))
+        connector = aiohttp.TCPConnector(ssl=client_context(it.bundle))
         async with (
             aiohttp.ClientSession(connector=connector) as session,
             session.post(
-                server.admission_url(plane.name, KIND, mutating=False),
+                f"https://127.0.0.1:{it.port}{it.path}",
                 data=review(),
                 headers={"Content-Type": "application/json"},
             ) as response,
@@ -374,40 +360,21 @@ async def test_api_servers_call_over_http2(fleet: Fleet) -> None:
     manager = mcr.Manager(
         mcr.StaticProvider({plane.name: config_of(plane)}), handle_signals=False, webhook=webhook_options()
     )
-    protocols: list[str] = []
-
-    async def validate(_req: mcr.AdmissionRequest) -> None:
-        return None
-
-    mcr.webhook_managed_by(manager).for_(kind).with_validator(validate).complete()
+    mcr.webhook_managed_by(manager).for_(kind).with_validator(_allow).complete()
     async with serving(manager, [plane.name]):
         async with mcr.Cluster("caller", config_of(plane)) as caller:
             await caller.client.create(make_test(kind, "over-h2", "default"))
-        protocols = [type(connection).__name__ for connection in manager.webhook._h2_open]
-    assert protocols, "the API server's calls came over HTTP/1.1"
+        assert manager.webhook._h2_open, "the API server's calls came over HTTP/1.1"
 
 
 async def test_a_callers_credentials_never_reach_the_log_even_at_debug(
     fleet: Fleet, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An API server may authenticate to a webhook with a bearer token; hpack logs every header at DEBUG."""
-    plane = fleet["cluster-1"]
-    manager = _manager(fleet)
-
-    async def validate(_req: mcr.AdmissionRequest) -> None:
-        return None
-
-    mcr.webhook_managed_by(manager).for_(KIND).with_validator(validate).complete()
     token = b"Bearer webhook-caller-secret-0123456789"
-    async with running(manager):
-        await wait_for(lambda: plane.name in manager.clusters())
-        server = manager.webhook
-        bundle, port = server.ca_bundle(), server.port
-        assert bundle is not None and port is not None
-        path = server.admission_url(plane.name, KIND, mutating=False).split(f":{port}", 1)[1]
-        async with H2Client.connect(port, bundle) as client:
-            with caplog.at_level(logging.DEBUG):
-                status, _ = await client.call(path, review(), headers=[*JSON, (b"authorization", token)])
+    async with served(fleet) as it, H2Client.connect(it.port, it.bundle) as client:
+        with caplog.at_level(logging.DEBUG):
+            status, _ = await client.call(it.path, review(), headers=[*JSON, (b"authorization", token)])
     assert status == 200
     assert "webhook-caller-secret" not in caplog.text
 
@@ -418,31 +385,19 @@ async def test_an_idle_connection_is_closed_and_a_clients_goaway_ends_its_own(
     from mcruntime._webhook import h2conn
 
     monkeypatch.setattr(h2conn, "IDLE_TIMEOUT", 0.3)  # 90 s in production
-    plane = fleet["cluster-1"]
-    manager = _manager(fleet)
-
-    async def validate(_req: mcr.AdmissionRequest) -> None:
-        return None
-
-    mcr.webhook_managed_by(manager).for_(KIND).with_validator(validate).complete()
-    async with running(manager):
-        await wait_for(lambda: plane.name in manager.clusters())
-        server = manager.webhook
-        bundle, port = server.ca_bundle(), server.port
-        assert bundle is not None and port is not None
-        path = server.admission_url(plane.name, KIND, mutating=False).split(f":{port}", 1)[1]
-        async with H2Client.connect(port, bundle) as idle:
-            assert (await idle.call(path, review()))[0] == 200
+    async with served(fleet) as it:
+        async with H2Client.connect(it.port, it.bundle) as idle:
+            assert (await idle.call(it.path, review()))[0] == 200
             await idle.until(lambda: idle.closed.is_set())
             goaway = idle.goaway()
             assert goaway is not None and goaway.error_code == 0
         monkeypatch.setattr(h2conn, "IDLE_TIMEOUT", 90.0)
-        async with H2Client.connect(port, bundle) as leaving:
-            assert (await leaving.call(path, review()))[0] == 200
+        async with H2Client.connect(it.port, it.bundle) as leaving:
+            assert (await leaving.call(it.path, review()))[0] == 200
             leaving.conn.close_connection()  # the client's GOAWAY: it opens nothing more
             leaving.flush()
             await leaving.until(lambda: leaving.closed.is_set())
-        await wait_for(lambda: not server._h2_open)
+        await wait_for(lambda: not it.manager.webhook._h2_open)
 
 
 async def test_a_client_that_never_reads_is_dropped_and_costs_a_bounded_buffer(
@@ -452,22 +407,11 @@ async def test_a_client_that_never_reads_is_dropped_and_costs_a_bounded_buffer(
     from mcruntime._webhook import h2conn
 
     monkeypatch.setattr(h2conn, "IDLE_TIMEOUT", 0.5)
-    plane = fleet["cluster-1"]
-    manager = _manager(fleet)
-
-    async def validate(_req: mcr.AdmissionRequest) -> None:
-        return None
-
-    mcr.webhook_managed_by(manager).for_(KIND).with_validator(validate).complete()
-    async with running(manager):
-        await wait_for(lambda: plane.name in manager.clusters())
-        server = manager.webhook
-        bundle, port = server.ca_bundle(), server.port
-        assert bundle is not None and port is not None
-        context = client_context(bundle)
+    async with served(fleet) as it:
+        context = client_context(it.bundle)
         context.set_alpn_protocols(["h2"])
         _reader, writer = await asyncio.open_connection(
-            "127.0.0.1", port, ssl=context, server_hostname="127.0.0.1"
+            "127.0.0.1", it.port, ssl=context, server_hostname="127.0.0.1"
         )
         pings = b"\x00\x00\x08\x06\x00\x00\x00\x00\x00" + b"12345678"
         writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
@@ -479,10 +423,5 @@ async def test_a_client_that_never_reads_is_dropped_and_costs_a_bounded_buffer(
                         await writer.drain()
             await wait_for(lambda: "read nothing for" in caplog.text)
         writer.close()
-        assert (await _one_call(port, bundle, server.admission_url(plane.name, KIND, mutating=False))) == 200
-
-
-async def _one_call(port: int, bundle: bytes, url: str) -> int:
-    path = url.split(f":{port}", 1)[1]
-    async with H2Client.connect(port, bundle) as client:
-        return (await client.call(path, review()))[0]
+        async with H2Client.connect(it.port, it.bundle) as client:
+            assert (await client.call(it.path, review()))[0] == 200, "the server serves on"

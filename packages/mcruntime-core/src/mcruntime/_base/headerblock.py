@@ -95,13 +95,7 @@ class HeaderDecoder:
                 index, position = _integer(block, position, 7)
                 header = self._get(index)
             elif byte & 0x40:  # literal, added to the table (6.2.1)
-                index, position = _integer(block, position, 6)
-                if index:
-                    name = self._get(index)[0]
-                else:
-                    name, position = _string(block, position)
-                value, position = _string(block, position)
-                header = (name, value)
+                header, position = self._literal(block, position, 6)
                 self._add(header)
             elif byte & 0x20:  # dynamic table size update (6.3)
                 if headers:
@@ -113,18 +107,22 @@ class HeaderDecoder:
                 self._evict()
                 continue
             else:  # literal, not added (6.2.2) or never to be added (6.2.3)
-                index, position = _integer(block, position, 4)
-                if index:
-                    name = self._get(index)[0]
-                else:
-                    name, position = _string(block, position)
-                value, position = _string(block, position)
-                header = (name, value)
+                header, position = self._literal(block, position, 4)
             listed += len(header[0]) + len(header[1]) + _ENTRY_OVERHEAD
             if listed > self._max_list:
                 raise HeaderBlockError(f"a header list over {self._max_list} bytes")
             headers.append(header)
         return headers
+
+    def _literal(self, block: bytes, position: int, prefix: int) -> tuple[tuple[bytes, bytes], int]:
+        """A literal field: its name by index (``prefix`` bits) or as a string, then its value."""
+        index, position = _integer(block, position, prefix)
+        if index:
+            name = self._get(index)[0]
+        else:
+            name, position = _string(block, position)
+        value, position = _string(block, position)
+        return (name, value), position
 
     def _get(self, index: int) -> tuple[bytes, bytes]:
         if 0 < index <= _STATIC_COUNT:

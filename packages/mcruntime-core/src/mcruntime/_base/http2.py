@@ -10,6 +10,7 @@ padding is taken off.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 # hpack (which both sides use to code header blocks) logs every header it encodes or
 # decodes at DEBUG. A watch's block holds its cluster's bearer token and an API server
@@ -80,3 +81,31 @@ def unpadded(payload: bytes) -> bytes | None:
     if not payload or payload[0] >= len(payload):
         return None
     return payload[1 : len(payload) - payload[0]]
+
+
+def split_frames(
+    data: bytes,
+    position: int,
+    handle: Callable[[int, int, int, bytes], None],
+    error: Callable[[str, int], Exception],
+) -> int:
+    """Call ``handle(kind, flags, stream_id, payload)`` for each whole frame from ``position`` on.
+
+    Returns where the bytes of an incomplete frame begin (``len(data)`` when
+    none is left). A frame over :data:`MAX_FRAME` raises ``error(message,
+    FRAME_SIZE_ERROR)`` before its payload is waited for, so a peer cannot
+    make us buffer more than one frame.
+    """
+    end = len(data)
+    while end - position >= 9:
+        length = int.from_bytes(data[position : position + 3], "big")
+        if length > MAX_FRAME:
+            raise error(f"a frame of {length} bytes, over the {MAX_FRAME} allowed", FRAME_SIZE_ERROR)
+        if end - position - 9 < length:
+            break
+        kind, flags = data[position + 3], data[position + 4]
+        stream_id = int.from_bytes(data[position + 5 : position + 9], "big") & LAST_STREAM_ID
+        payload = data[position + 9 : position + 9 + length]
+        position += 9 + length
+        handle(kind, flags, stream_id, payload)
+    return position

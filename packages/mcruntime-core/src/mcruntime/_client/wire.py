@@ -66,6 +66,7 @@ from .._base.http2 import (
     error_name,
     frame,
     settings_payload,
+    split_frames,
     unpadded,
 )
 
@@ -232,19 +233,8 @@ class Wire:
             self._in += data
             data = bytes(self._in)
             self._in.clear()
-        position, end = 0, len(data)
-        while end - position >= 9:
-            length = int.from_bytes(data[position : position + 3], "big")
-            if length > MAX_FRAME:
-                raise WireError(f"a frame of {length} bytes, over the {MAX_FRAME} allowed", FRAME_SIZE_ERROR)
-            if end - position - 9 < length:
-                break
-            kind, flags = data[position + 3], data[position + 4]
-            stream_id = int.from_bytes(data[position + 5 : position + 9], "big") & LAST_STREAM_ID
-            payload = data[position + 9 : position + 9 + length]
-            position += 9 + length
-            self._receive_frame(kind, flags, stream_id, payload)
-        if position < end:
+        position = split_frames(data, 0, self._receive_frame, WireError)
+        if position < len(data):
             self._in += data[position:]
 
     def _receive_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:

@@ -66,6 +66,7 @@ from .._base.http2 import (
     WINDOW_UPDATE,
     frame,
     settings_payload,
+    split_frames,
     unpadded,
 )
 
@@ -263,19 +264,7 @@ class ServerWire:
                 raise ProtocolViolation("the connection did not begin with HTTP/2's preface")
             self._preface = True
             position = len(PREFACE)
-        while end - position >= 9:
-            length = int.from_bytes(data[position : position + 3], "big")
-            if length > MAX_FRAME:
-                raise ProtocolViolation(
-                    f"a frame of {length} bytes, over the {MAX_FRAME} allowed", FRAME_SIZE_ERROR
-                )
-            if end - position - 9 < length:
-                break
-            kind, flags = data[position + 3], data[position + 4]
-            stream_id = int.from_bytes(data[position + 5 : position + 9], "big") & LAST_STREAM_ID
-            payload = data[position + 9 : position + 9 + length]
-            position += 9 + length
-            self._receive_frame(kind, flags, stream_id, payload)
+        position = split_frames(data, position, self._receive_frame, ProtocolViolation)
         if position < end:
             self._in += data[position:]
 
