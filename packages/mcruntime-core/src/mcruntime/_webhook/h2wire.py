@@ -19,7 +19,11 @@ cost a hostile client can impose is bounded:
 - a PUSH_PROMISE, a frame on the wrong stream, a stream id that goes
   backwards, a malformed SETTINGS, PING, RST_STREAM, WINDOW_UPDATE or GOAWAY:
   each is a :class:`ProtocolViolation` naming it, and the connection closes
-  with GOAWAY and the error's code.
+  with GOAWAY and the error's code;
+- a fault confined to one stream (a malformed request, RFC 9113 8.2; a body
+  that does not match its ``content-length``; a frame on a stream the client
+  had ended) resets that stream only, as RFC 9113 5.4.2 says. h2spec's 145
+  cases check all of this (``test_webhook_h2spec.py``).
 
 What the server sends respects the client's windows: a response larger than
 them waits, per stream, for its WINDOW_UPDATE.
