@@ -30,12 +30,11 @@ from typing import Protocol, cast
 
 import hpack
 
+from .._base.h2frames import FrameReader
 from .._base.http2 import (
-    ACK,
     CANCEL,
     COMPRESSION_ERROR,
     CONTINUATION,
-    DATA,
     DEFAULT_TABLE_SIZE,
     DEFAULT_WINDOW,
     ENABLE_PUSH,
@@ -51,23 +50,17 @@ from .._base.http2 import (
     LAST_STREAM_ID,
     MAX_CONCURRENT_STREAMS,
     MAX_FRAME,
-    MAX_FRAME_SIZE,
     MAX_HEADER_LIST_SIZE,
     PADDED,
     PING,
     PREFACE,
-    PRIORITY,
-    PRIORITY_FLAG,
     PROTOCOL_ERROR,
-    PUSH_PROMISE,
     RST_STREAM,
     SETTINGS,
     WINDOW_UPDATE,
     error_name,
     frame,
     settings_payload,
-    split_frames,
-    unpadded,
 )
 
 __all__ = [
@@ -121,7 +114,7 @@ class _Window:
         self.answered = False
 
 
-class Wire:
+class Wire(FrameReader):
     """One HTTP/2 connection's framing, for a client that opens GET streams and reads them.
 
     It parses what the server sent and calls its :class:`Listener`, and
@@ -129,20 +122,16 @@ class Wire:
     """
 
     def __init__(self, listener: Listener, *, stream_window: int, connection_window: int) -> None:
+        super().__init__(error=WireError, peer="server", max_header_block=MAX_HEADER_BLOCK)
         self._listener = listener
         self._stream_window = stream_window
         self._connection_window = connection_window
         self._connection_left = connection_window
         self._connection_unacked = 0
-        self._out = bytearray()
-        self._in = bytearray()
         self._encoder = hpack.Encoder()
         self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_BLOCK)
         self._streams: dict[int, _Window] = {}
         self._next_stream_id = 1
-        self._continuing: tuple[int, int, bytearray] | None = None
-        self._settled = False
-        self._max_frame_out = MAX_FRAME
         self.max_concurrent_streams = 1 << 31
         """The server's SETTINGS_MAX_CONCURRENT_STREAMS (unlimited until it says)."""
 
@@ -218,57 +207,7 @@ class Wire:
         """Tell the server this connection opens nothing more (its last stream: none of its own)."""
         self._out += frame(GOAWAY, 0, 0, (0).to_bytes(4, "big") + code.to_bytes(4, "big"))
 
-    def data_to_send(self) -> bytes:
-        if not self._out:
-            return b""
-        data = bytes(self._out)
-        self._out.clear()
-        return data
-
     # --- receiving -------------------------------------------------------------------
-
-    def receive(self, data: bytes) -> None:
-        """Parse the server's bytes and call the listener for each frame; raises :class:`WireError`."""
-        if self._in:
-            self._in += data
-            data = bytes(self._in)
-            self._in.clear()
-        position = split_frames(data, 0, self._receive_frame, WireError)
-        if position < len(data):
-            self._in += data[position:]
-
-    def _receive_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
-        if not self._settled:
-            if kind != SETTINGS or flags & ACK:
-                raise WireError("the server's first frame was not SETTINGS")
-            self._settled = True
-        if self._continuing is not None and kind != CONTINUATION:
-            raise WireError("a frame came between a header block's HEADERS and its CONTINUATION")
-        if kind == DATA:
-            self._data(flags, stream_id, payload)
-        elif kind == HEADERS:
-            self._headers(flags, stream_id, payload)
-        elif kind == CONTINUATION:
-            self._continuation(flags, stream_id, payload)
-        elif kind in (SETTINGS, PING, GOAWAY):
-            if stream_id != 0:
-                raise WireError(f"a connection-level frame (type {kind}) on stream {stream_id}")
-            if kind == SETTINGS:
-                self._settings(flags, payload)
-            elif kind == PING:
-                self._ping(flags, payload)
-            else:
-                self._goaway(payload)
-        elif kind == RST_STREAM:
-            self._rst_stream(stream_id, payload)
-        elif kind == WINDOW_UPDATE:
-            if len(payload) != 4:
-                raise WireError(f"a WINDOW_UPDATE of {len(payload)} bytes", FRAME_SIZE_ERROR)
-        elif kind == PUSH_PROMISE:
-            raise WireError("a PUSH_PROMISE, though push is disabled")
-        elif kind == PRIORITY and stream_id == 0:
-            raise WireError("a PRIORITY frame on stream 0")
-        # PRIORITY on a stream and frame types this client does not know are ignored (RFC 9113 4.1, 5.5).
 
     def _stream_frame(self, stream_id: int, what: str) -> _Window | None:
         """The open stream a stream-level frame is for; ``None`` for one closed or reset already."""
@@ -286,7 +225,7 @@ class Wire:
         if self._connection_left < 0:
             raise WireError("the server sent more than the connection's window", FLOW_CONTROL_ERROR)
         if flags & PADDED:
-            payload = _unpadded(payload, "DATA")
+            payload = self._unpadded(payload, "DATA")
         if window is None:  # in flight when we reset it, or after its end: give the connection's window back
             self.consumed(stream_id, flowed)
             return
@@ -296,32 +235,6 @@ class Wire:
         self._listener.on_data(stream_id, payload, flowed)
         if flags & END_STREAM:
             self._end(stream_id)
-
-    def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if stream_id == 0:
-            raise WireError("HEADERS on stream 0")
-        if flags & PADDED:
-            payload = _unpadded(payload, "HEADERS")
-        if flags & PRIORITY_FLAG:
-            if len(payload) < 5:
-                raise WireError("HEADERS too short for its priority", FRAME_SIZE_ERROR)
-            payload = payload[5:]
-        if flags & END_HEADERS:
-            self._header_block(stream_id, flags, payload)
-        else:
-            self._continuing = (stream_id, flags, bytearray(payload))
-
-    def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if self._continuing is None or self._continuing[0] != stream_id:
-            raise WireError(f"a CONTINUATION on stream {stream_id} that continues no header block")
-        block = self._continuing[2]
-        block += payload
-        if len(block) > MAX_HEADER_BLOCK:
-            raise WireError(f"a header block over {MAX_HEADER_BLOCK} bytes", PROTOCOL_ERROR)
-        if flags & END_HEADERS:
-            first_flags = self._continuing[1]
-            self._continuing = None
-            self._header_block(stream_id, first_flags, bytes(block))
 
     def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
         try:  # decoded even for a stream we reset: the server's table changed with it
@@ -346,58 +259,31 @@ class Wire:
         del self._streams[stream_id]
         self._listener.on_end(stream_id)
 
-    def _rst_stream(self, stream_id: int, payload: bytes) -> None:
-        if len(payload) != 4:
-            raise WireError(f"an RST_STREAM of {len(payload)} bytes", FRAME_SIZE_ERROR)
+    def _rst_stream(self, stream_id: int, code: int) -> None:
         if self._stream_frame(stream_id, "RST_STREAM") is not None:
             del self._streams[stream_id]
-            self._listener.on_reset(stream_id, int.from_bytes(payload, "big"))
+            self._listener.on_reset(stream_id, code)
 
-    def _settings(self, flags: int, payload: bytes) -> None:
-        if flags & ACK:
-            if payload:
-                raise WireError("a SETTINGS acknowledgement with a payload", FRAME_SIZE_ERROR)
-            return
-        if len(payload) % 6:
-            raise WireError(f"a SETTINGS frame of {len(payload)} bytes", FRAME_SIZE_ERROR)
-        for offset in range(0, len(payload), 6):
-            ident = int.from_bytes(payload[offset : offset + 2], "big")
-            value = int.from_bytes(payload[offset + 2 : offset + 6], "big")
-            if ident == HEADER_TABLE_SIZE:  # never more than the default: a larger table gains us nothing
-                self._encoder.header_table_size = min(value, DEFAULT_TABLE_SIZE)
-            elif ident == MAX_CONCURRENT_STREAMS:
-                self.max_concurrent_streams = value
-            elif ident == INITIAL_WINDOW_SIZE and value > LAST_STREAM_ID:
-                raise WireError(f"SETTINGS_INITIAL_WINDOW_SIZE {value}", FLOW_CONTROL_ERROR)
-            elif ident == MAX_FRAME_SIZE:
-                if not MAX_FRAME <= value < 1 << 24:
-                    raise WireError(f"SETTINGS_MAX_FRAME_SIZE {value}")
-                self._max_frame_out = value
-            elif ident == ENABLE_PUSH and value > 1:
-                raise WireError(f"SETTINGS_ENABLE_PUSH {value}")
-        self._out += frame(SETTINGS, ACK, 0)
+    def _window_update(self, stream_id: int, increment: int) -> None:
+        pass  # a client that sends no DATA has no window of the server's to track
+
+    def _push_refusal(self) -> str:
+        return "a PUSH_PROMISE, though push is disabled"
+
+    def _setting(self, ident: int, value: int) -> None:
+        if ident == HEADER_TABLE_SIZE:  # never more than the default: a larger table gains us nothing
+            self._encoder.header_table_size = min(value, DEFAULT_TABLE_SIZE)
+        elif ident == MAX_CONCURRENT_STREAMS:
+            self.max_concurrent_streams = value
+
+    def _settings_applied(self) -> None:
         self._listener.on_settings()
 
-    def _ping(self, flags: int, payload: bytes) -> None:
-        if len(payload) != 8:
-            raise WireError(f"a PING of {len(payload)} bytes", FRAME_SIZE_ERROR)
-        if flags & ACK:
-            self._listener.on_ping_ack()
-        else:
-            self._out += frame(PING, ACK, 0, payload)
+    def _ping_acknowledged(self) -> None:
+        self._listener.on_ping_ack()
 
-    def _goaway(self, payload: bytes) -> None:
-        if len(payload) < 8:
-            raise WireError(f"a GOAWAY of {len(payload)} bytes", FRAME_SIZE_ERROR)
-        last = int.from_bytes(payload[:4], "big") & LAST_STREAM_ID
-        self._listener.on_goaway(last, int.from_bytes(payload[4:8], "big"))
-
-
-def _unpadded(payload: bytes, what: str) -> bytes:
-    stripped = unpadded(payload)
-    if stripped is None:
-        raise WireError(f"a padded {what} frame whose padding is as long as the frame")
-    return stripped
+    def _peer_goaway(self, last_stream_id: int, code: int) -> None:
+        self._listener.on_goaway(last_stream_id, code)
 
 
 def _status(headers: list[tuple[bytes, bytes]]) -> int:

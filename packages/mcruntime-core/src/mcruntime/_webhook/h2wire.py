@@ -11,8 +11,8 @@ This module only frames: it parses what the client sent, calls its
 cost a hostile client can impose is bounded:
 
 - frames are at most 16 KiB (the default, never raised) and a request's
-  header block at most ``max_header_block`` bytes over at most
-  ``_MAX_CONTINUATIONS`` frames;
+  header block at most ``max_header_block`` bytes over at most 64
+  CONTINUATION frames (:class:`~mcruntime._base.h2frames.FrameReader`'s checks);
 - the client may not send more than the windows it was given;
 - at most ``max_streams`` streams are open; a stream over that is refused
   (RST_STREAM REFUSED_STREAM, which clients retry) and costs no handler;
@@ -33,36 +33,27 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from .._base.h2frames import SELF_DEPENDENT, FrameReader
 from .._base.headerblock import TABLE_SIZE_ZERO, HeaderBlockError, HeaderDecoder, encode_block
 from .._base.http2 import (
-    ACK,
     COMPRESSION_ERROR,
     CONTINUATION,
     DATA,
     DEFAULT_WINDOW,
-    ENABLE_PUSH,
     END_HEADERS,
     END_STREAM,
-    ENHANCE_YOUR_CALM,
     FLOW_CONTROL_ERROR,
-    FRAME_SIZE_ERROR,
     GOAWAY,
     HEADER_TABLE_SIZE,
     HEADERS,
     INITIAL_WINDOW_SIZE,
     LAST_STREAM_ID,
     MAX_CONCURRENT_STREAMS,
-    MAX_FRAME,
-    MAX_FRAME_SIZE,
     MAX_HEADER_LIST_SIZE,
     NO_ERROR,
     PADDED,
-    PING,
     PREFACE,
-    PRIORITY,
-    PRIORITY_FLAG,
     PROTOCOL_ERROR,
-    PUSH_PROMISE,
     REFUSED_STREAM,
     RST_STREAM,
     SETTINGS,
@@ -70,12 +61,7 @@ from .._base.http2 import (
     WINDOW_UPDATE,
     frame,
     settings_payload,
-    split_frames,
-    unpadded,
 )
-
-_MAX_CONTINUATIONS = 64
-"""CONTINUATION frames one header block may take (empty ones would otherwise cost nothing to send)."""
 
 
 class ProtocolViolation(Exception):
@@ -112,7 +98,7 @@ class _Stream:
         """The response's body that waits for the client's window; ``None`` before the response."""
 
 
-class ServerWire:
+class ServerWire(FrameReader):
     """One HTTP/2 connection's framing, for a server that answers POSTs.
 
     Our receive windows are given back as soon as a body's bytes arrive (the
@@ -123,24 +109,19 @@ class ServerWire:
     def __init__(
         self, listener: Listener, *, max_streams: int, stream_window: int, max_header_block: int
     ) -> None:
+        super().__init__(error=ProtocolViolation, peer="client", max_header_block=max_header_block)
         self._listener = listener
         self._max_streams = max_streams
         self._stream_window = stream_window
-        self._max_header_block = max_header_block
-        self._out = bytearray()
-        self._in = bytearray()
         self._preface = False
-        self._settled = False
         self._decoder = HeaderDecoder(max_header_list_size=max_header_block)
         self._table_update = True
         """Our next header block begins with a table size update to 0 (we never use the table)."""
         self._streams: dict[int, _Stream] = {}
         self._closed: dict[int, bool] = {}
         """Recently closed streams: True for one we reset (its late frames are ignored), False otherwise."""
-        self._continuing: tuple[int, int, bytearray, int] | None = None
         self._send_window = DEFAULT_WINDOW
         self._initial_send = DEFAULT_WINDOW
-        self._max_frame_out = MAX_FRAME
         self._connection_unacked = 0
         self.last_stream_id = 0
         """The highest stream the client opened; a GOAWAY names it."""
@@ -215,13 +196,6 @@ class ServerWire:
         payload = self.last_stream_id.to_bytes(4, "big") + code.to_bytes(4, "big") + debug[:256]
         self._out += frame(GOAWAY, 0, 0, payload)
 
-    def data_to_send(self) -> bytes:
-        if not self._out:
-            return b""
-        data = bytes(self._out)
-        self._out.clear()
-        return data
-
     def _flush(self, stream_id: int, stream: _Stream) -> None:
         pending = stream.pending
         assert pending is not None
@@ -268,46 +242,7 @@ class ServerWire:
                 raise ProtocolViolation("the connection did not begin with HTTP/2's preface")
             self._preface = True
             position = len(PREFACE)
-        position = split_frames(data, position, self._receive_frame, ProtocolViolation)
-        if position < end:
-            self._in += data[position:]
-
-    def _receive_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
-        if not self._settled:
-            if kind != SETTINGS or flags & ACK:
-                raise ProtocolViolation("the client's first frame was not SETTINGS")
-            self._settled = True
-        if self._continuing is not None and kind != CONTINUATION:
-            raise ProtocolViolation("a frame came between a header block's HEADERS and its CONTINUATION")
-        if kind == DATA:
-            self._data(flags, stream_id, payload)
-        elif kind == HEADERS:
-            self._headers(flags, stream_id, payload)
-        elif kind == CONTINUATION:
-            self._continuation(flags, stream_id, payload)
-        elif kind in (SETTINGS, PING, GOAWAY):
-            if stream_id != 0:
-                raise ProtocolViolation(f"a connection-level frame (type {kind}) on stream {stream_id}")
-            if kind == SETTINGS:
-                self._settings(flags, payload)
-            elif kind == PING:
-                self._ping(flags, payload)
-            else:
-                self._goaway(payload)
-        elif kind == RST_STREAM:
-            self._rst_stream(stream_id, payload)
-        elif kind == WINDOW_UPDATE:
-            self._window_update(stream_id, payload)
-        elif kind == PUSH_PROMISE:
-            raise ProtocolViolation("a PUSH_PROMISE from a client")
-        elif kind == PRIORITY:
-            if stream_id == 0:
-                raise ProtocolViolation("a PRIORITY frame on stream 0")
-            if len(payload) != 5:
-                raise ProtocolViolation(f"a PRIORITY frame of {len(payload)} bytes", FRAME_SIZE_ERROR)
-            if int.from_bytes(payload[:4], "big") & LAST_STREAM_ID == stream_id:
-                self._stream_error(stream_id, PROTOCOL_ERROR)  # a stream that depends on itself
-        # Frame types this server does not know are ignored (RFC 9113 4.1, 5.5).
+        self._frames(data, position)
 
     def _known(self, stream_id: int, what: str) -> _Stream | None:
         """The open stream a frame is for; ``None`` for one that was open once and is closed."""
@@ -341,10 +276,7 @@ class ServerWire:
         if stream.received < 0:
             raise ProtocolViolation(f"more than stream {stream_id}'s window", FLOW_CONTROL_ERROR)
         if flags & PADDED:
-            stripped = unpadded(payload)
-            if stripped is None:
-                raise ProtocolViolation("a padded DATA frame whose padding is as long as the frame")
-            payload = stripped
+            payload = self._unpadded(payload, "DATA")
         stream.sent_to_us += len(payload)
         if stream.expected is not None and stream.sent_to_us > stream.expected:
             self._stream_error(stream_id, PROTOCOL_ERROR)  # longer than its content-length
@@ -364,42 +296,6 @@ class ServerWire:
             return
         stream.client_open = False
         self._listener.on_end(stream_id)
-
-    def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if stream_id == 0:
-            raise ProtocolViolation("HEADERS on stream 0")
-        if flags & PADDED:
-            stripped = unpadded(payload)
-            if stripped is None:
-                raise ProtocolViolation("a padded HEADERS frame whose padding is as long as the frame")
-            payload = stripped
-        if flags & PRIORITY_FLAG:
-            if len(payload) < 5:
-                raise ProtocolViolation("HEADERS too short for its priority", FRAME_SIZE_ERROR)
-            if int.from_bytes(payload[:4], "big") & LAST_STREAM_ID == stream_id:
-                flags |= _SELF_DEPENDENT  # decoded first (the table must move), then refused
-            payload = payload[5:]
-        if flags & END_HEADERS:
-            self._header_block(stream_id, flags, payload)
-        else:
-            self._continuing = (stream_id, flags, bytearray(payload), 0)
-
-    def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if self._continuing is None or self._continuing[0] != stream_id:
-            raise ProtocolViolation(f"a CONTINUATION on stream {stream_id} that continues no header block")
-        _, first_flags, block, count = self._continuing
-        block += payload
-        if len(block) > self._max_header_block:
-            raise ProtocolViolation(f"a header block over {self._max_header_block} bytes")
-        if count >= _MAX_CONTINUATIONS:
-            raise ProtocolViolation(
-                f"a header block in more than {_MAX_CONTINUATIONS} CONTINUATION frames", ENHANCE_YOUR_CALM
-            )
-        if flags & END_HEADERS:
-            self._continuing = None
-            self._header_block(stream_id, first_flags, bytes(block))
-        else:
-            self._continuing = (stream_id, first_flags, block, count + 1)
 
     def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
         try:  # decoded even for a stream we ignore: the client's table changed with it
@@ -427,7 +323,7 @@ class ServerWire:
         self.last_stream_id = stream_id
         if self.closing:
             return  # after our GOAWAY: ignored, and the client knows to retry it elsewhere
-        malformed = "depends on itself" if flags & _SELF_DEPENDENT else _malformed(headers, trailers=False)
+        malformed = "depends on itself" if flags & SELF_DEPENDENT else _malformed(headers, trailers=False)
         expected = _content_length(headers)
         if malformed is not None or expected == -1:
             self._stream_error(stream_id, PROTOCOL_ERROR)
@@ -440,18 +336,13 @@ class ServerWire:
         if ended:
             self._request_ended(stream_id, stream)
 
-    def _rst_stream(self, stream_id: int, payload: bytes) -> None:
-        if len(payload) != 4:
-            raise ProtocolViolation(f"an RST_STREAM of {len(payload)} bytes", FRAME_SIZE_ERROR)
+    def _rst_stream(self, stream_id: int, code: int) -> None:
         if self._known(stream_id, "RST_STREAM") is not None:
             del self._streams[stream_id]
             self._remember(stream_id, ours=False)
-            self._listener.on_reset(stream_id, int.from_bytes(payload, "big"))
+            self._listener.on_reset(stream_id, code)
 
-    def _window_update(self, stream_id: int, payload: bytes) -> None:
-        if len(payload) != 4:
-            raise ProtocolViolation(f"a WINDOW_UPDATE of {len(payload)} bytes", FRAME_SIZE_ERROR)
-        increment = int.from_bytes(payload, "big") & LAST_STREAM_ID
+    def _window_update(self, stream_id: int, increment: int) -> None:
         if increment == 0 and stream_id == 0:
             raise ProtocolViolation("a WINDOW_UPDATE of 0 on the connection")
         if increment == 0:
@@ -474,48 +365,28 @@ class ServerWire:
         if stream.pending:
             self._flush(stream_id, stream)
 
-    def _settings(self, flags: int, payload: bytes) -> None:
-        if flags & ACK:
-            if payload:
-                raise ProtocolViolation("a SETTINGS acknowledgement with a payload", FRAME_SIZE_ERROR)
-            return
-        if len(payload) % 6:
-            raise ProtocolViolation(f"a SETTINGS frame of {len(payload)} bytes", FRAME_SIZE_ERROR)
-        for offset in range(0, len(payload), 6):
-            ident = int.from_bytes(payload[offset : offset + 2], "big")
-            value = int.from_bytes(payload[offset + 2 : offset + 6], "big")
-            if ident == HEADER_TABLE_SIZE:  # we never index, but say so again in our next block
-                self._table_update = True
-            elif ident == INITIAL_WINDOW_SIZE:
-                if value > LAST_STREAM_ID:
-                    raise ProtocolViolation(f"SETTINGS_INITIAL_WINDOW_SIZE {value}", FLOW_CONTROL_ERROR)
-                delta, self._initial_send = value - self._initial_send, value
-                for stream in self._streams.values():
-                    stream.left += delta
-            elif ident == MAX_FRAME_SIZE:
-                if not MAX_FRAME <= value < 1 << 24:
-                    raise ProtocolViolation(f"SETTINGS_MAX_FRAME_SIZE {value}")
-                self._max_frame_out = value
-            elif ident == ENABLE_PUSH and value > 1:
-                raise ProtocolViolation(f"SETTINGS_ENABLE_PUSH {value}")
-        self._out += frame(SETTINGS, ACK, 0)
+    def _push_refusal(self) -> str:
+        return "a PUSH_PROMISE from a client"
+
+    def _setting(self, ident: int, value: int) -> None:
+        if ident == HEADER_TABLE_SIZE:  # we never index, but say so again in our next block
+            self._table_update = True
+        elif ident == INITIAL_WINDOW_SIZE:
+            delta, self._initial_send = value - self._initial_send, value
+            for stream in self._streams.values():
+                stream.left += delta
+
+    def _settings_applied(self) -> None:
         self._flush_all()
 
-    def _ping(self, flags: int, payload: bytes) -> None:
-        if len(payload) != 8:
-            raise ProtocolViolation(f"a PING of {len(payload)} bytes", FRAME_SIZE_ERROR)
-        if not flags & ACK:
-            self._out += frame(PING, ACK, 0, payload)
+    def _peer_goaway(self, last_stream_id: int, code: int) -> None:
+        self._listener.on_goaway(code)
 
-    def _goaway(self, payload: bytes) -> None:
-        if len(payload) < 8:
-            raise ProtocolViolation(f"a GOAWAY of {len(payload)} bytes", FRAME_SIZE_ERROR)
-        self._listener.on_goaway(int.from_bytes(payload[4:8], "big"))
+    def _self_dependent(self, stream_id: int) -> None:
+        self._stream_error(stream_id, PROTOCOL_ERROR)
 
 
 _REMEMBERED = 128
-_SELF_DEPENDENT = 0x100
-"""Not a wire flag: marks a HEADERS whose priority names its own stream."""
 _PSEUDO = frozenset((b":method", b":scheme", b":authority", b":path"))
 _CONNECTION_SPECIFIC = frozenset(
     (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")

@@ -358,7 +358,8 @@ class WebhookServer:
         shape = {"validate": 3, "mutate": 3, "convert": 2}.get(verb)
         if len(rest) != shape:
             return UNMATCHED, _now(_not_served(call))
-        webhook = self._registered(verb, rest)
+        handler, what = self._lookup(verb, rest)
+        webhook = f"/{verb}/{'/'.join(rest)}" if handler is not None else UNMATCHED
         if call.method != "POST":
             reply = Reply.text(405, f"{call.method} is not served: API servers call webhooks with POST")
             return webhook, _now(reply)
@@ -366,20 +367,23 @@ class WebhookServer:
         if lane is None:
             reply = Reply.text(404, f"cluster {cluster or '(local)'!r} is not engaged with this manager")
             return webhook, _now(reply)
-        if verb == "convert":
-            return webhook, self._convert(call, cluster, lane, group=rest[0], kind=rest[1])
-        return webhook, self._admit(call, cluster, lane, rest, mutating=verb == "mutate")
+        if isinstance(handler, Conversion):
+            return webhook, self._convert(call, cluster, lane, handler)
+        if handler is None:
+            return webhook, _now(Reply.text(404, f"no {what}"))
+        return webhook, self._admit(call, cluster, lane, handler, mutating=verb == "mutate")
 
-    def _registered(self, verb: str, rest: list[str]) -> str:
-        """``/verb/...`` when a webhook is registered there, :data:`UNMATCHED` otherwise."""
+    def _lookup(self, verb: str, rest: list[str]) -> tuple[AdmissionHook | Conversion | None, str]:
+        """What is registered at ``/verb/...``, and what a 404 names when nothing is."""
         if verb == "convert":
             group, kind = rest
-            found = ("" if group == CORE_GROUP else group, kind) in self.conversions
-        else:
-            group, version, kind = rest
-            table = self.defaulters if verb == "mutate" else self.validators
-            found = Kind(version if group == CORE_GROUP else f"{group}/{version}", kind) in table
-        return f"/{verb}/{'/'.join(rest)}" if found else UNMATCHED
+            found = self.conversions.get(("" if group == CORE_GROUP else group, kind))
+            return found, f"conversion webhook is registered for {kind}.{group}"
+        group, version, kind_name = rest
+        admitted = Kind(version if group == CORE_GROUP else f"{group}/{version}", kind_name)
+        mutating = verb == "mutate"
+        hook = (self.defaulters if mutating else self.validators).get(admitted)
+        return hook, f"{'mutating' if mutating else 'validating'} webhook is registered for {admitted}"
 
     async def _read(self, call: Call) -> JSON | Reply:
         if call.content_type != "application/json":
@@ -404,14 +408,8 @@ class WebhookServer:
             return Reply.text(400, str(error))
 
     async def _admit(
-        self, call: Call, name: str, lane: asyncio.Semaphore, route: list[str], *, mutating: bool
+        self, call: Call, name: str, lane: asyncio.Semaphore, hook: AdmissionHook, *, mutating: bool
     ) -> Reply:
-        group, version, kind_name = route
-        kind = Kind(version if group == CORE_GROUP else f"{group}/{version}", kind_name)
-        hook = (self.defaulters if mutating else self.validators).get(kind)
-        if hook is None:
-            what = "mutating" if mutating else "validating"
-            return Reply.text(404, f"no {what} webhook is registered for {kind}")
         data = await self._read(call)
         if isinstance(data, Reply):
             return data
@@ -478,12 +476,7 @@ class WebhookServer:
             return Reply.text(500, f"{review}: {message}")
         return admission_response(review, allowed=False, message=f"{review}: {message}", code=500)
 
-    async def _convert(
-        self, call: Call, name: str, lane: asyncio.Semaphore, *, group: str, kind: str
-    ) -> Reply:
-        conversion = self.conversions.get(("" if group == CORE_GROUP else group, kind))
-        if conversion is None:
-            return Reply.text(404, f"no conversion webhook is registered for {kind}.{group}")
+    async def _convert(self, call: Call, name: str, lane: asyncio.Semaphore, conversion: Conversion) -> Reply:
         data = await self._read(call)
         if isinstance(data, Reply):
             return data
