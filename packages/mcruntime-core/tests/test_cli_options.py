@@ -163,6 +163,35 @@ def test_an_argparse_error_is_one_line_naming_the_flag(capsys: pytest.CaptureFix
     ]
 
 
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        # The mistyped flag's value would otherwise be taken for the target, and
+        # argparse would name the flag and the real target together.
+        (
+            ["run", "--helth-probe-bind-address", ":8081", "pkg:factory"],
+            "unknown flag --helth-probe-bind-address (did you mean --health-probe-bind-address?)",
+        ),
+        (["run", "pkg:factory", "--log-formt=json"], "unknown flag --log-formt (did you mean --log-format?)"),
+        (
+            ["run", "pkg:factory", "--no-webhook-http3"],
+            "unknown flag --no-webhook-http3 (did you mean --no-webhook-http2?)",
+        ),
+        (["run", "pkg:factory", "--zzzz"], "unknown flag --zzzz"),
+        (["run", "pkg:factory", "other:factory"], "unexpected argument: other:factory"),
+    ],
+)
+def test_an_unknown_flag_is_named_alone_with_the_nearest_known_one(
+    argv: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"mcruntime run: error: {error} (see mcruntime run --help)"
+    ]
+
+
 def test_the_readme_lists_every_setting_as_its_variable() -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     rows = set(re.findall(r"^\| `(MCRUNTIME_[A-Z0-9_]+)` \|", readme, re.MULTILINE))

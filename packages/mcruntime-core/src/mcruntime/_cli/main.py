@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -45,13 +46,36 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         command.configure(sub)
-        sub.set_defaults(handler=command)
+        sub.set_defaults(handler=command, command_parser=sub)
     return parser
+
+
+def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parse_args``, but an unknown flag is named alone, with the nearest known one.
+
+    argparse reports every argument it could not place in one list, and an
+    unknown flag does not take the value after it: ``run --helth-probe x
+    pkg:build`` makes ``x`` the target and reports ``--helth-probe pkg:build``
+    as unrecognized. The flag is what the user mistyped, so that is what the
+    error names.
+    """
+    arguments, extras = parser.parse_known_args(argv)
+    if not extras:
+        return arguments
+    sub: argparse.ArgumentParser = getattr(arguments, "command_parser", parser)
+    flags = [extra for extra in extras if extra.startswith("-") and extra != "-"]
+    if not flags:
+        sub.error(f"unexpected argument{'s' if len(extras) > 1 else ''}: {' '.join(extras)}")
+    name = flags[0].partition("=")[0]
+    known = [option for action in sub._actions for option in action.option_strings]
+    nearest = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f" (did you mean {nearest[0]}?)" if nearest else ""
+    sub.error(f"unknown flag {name}{hint}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (argparse's own usage errors exit 2 too)."""
-    arguments = build_parser().parse_args(argv)
+    arguments = parse_arguments(build_parser(), argv)
     command: Command = arguments.handler
     try:
         return int(command.execute(arguments))
