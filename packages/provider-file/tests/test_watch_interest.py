@@ -18,6 +18,7 @@ from mcruntime.testing import Fleet, wait_until
 from mcruntime_file import DEFAULT_INCLUDE
 from mcruntime_file._interest import Interest
 from mcruntime_file._scan import find_files
+from mcruntime_file._watch import HEALTHY_WATCH, failures_after
 
 ADDED = Change.added
 
@@ -89,3 +90,11 @@ async def test_writes_beside_the_input_directory_do_not_wake_the_provider(
         # The watch is live, so the note's change came before the kubeconfig's: its batch or an earlier one
         # dropped it.
         assert watcher.ignored > dropped
+
+
+def test_a_watch_that_worked_for_a_while_starts_its_backoff_afresh() -> None:
+    # Failing soon after it starts, again and again: each failure backs off further.
+    assert [failures_after(count, 0.5) for count in range(4)] == [1, 2, 3, 4]
+    # Failing after a long healthy run: a first failure again (WARNING, the first delay).
+    assert failures_after(7, HEALTHY_WATCH) == 1
+    assert failures_after(7, HEALTHY_WATCH - 0.1) == 8

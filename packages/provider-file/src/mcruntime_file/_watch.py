@@ -98,6 +98,7 @@ class DirectoryWatcher:
                 daemon=True,
             )
             watching.start()
+            started = loop.time()
             stopping = asyncio.ensure_future(stop.wait())
             try:
                 await asyncio.wait((ended, stopping), return_when=asyncio.FIRST_COMPLETED)
@@ -111,7 +112,7 @@ class DirectoryWatcher:
             if error is None:
                 return
             where = sorted(map(str, roots))
-            failures += 1
+            failures = failures_after(failures, loop.time() - started)
             level = logging.WARNING if failures == 1 else logging.DEBUG  # rescans go on meanwhile
             log.log(level, "%s: watching %s failed (%s); retrying", self._owner, where, error)
             self._changed.set()  # the next pass sees what changed and asks for other roots
@@ -153,6 +154,21 @@ class DirectoryWatcher:
         self.ignored += ignored
         if relevant:
             self._changed.set()
+
+
+HEALTHY_WATCH = 60.0
+"""Seconds a watch must have run for its failure to count as a first one again."""
+
+
+def failures_after(failures: int, ran_for: float) -> int:
+    """The failure count once a watch that ran ``ran_for`` seconds has failed.
+
+    A watch that worked for a while and then failed is a new trouble, not the
+    next step of the last one: it is logged at WARNING and retried after the
+    backoff's first delay. A watch that keeps failing soon after it starts
+    backs off further each time, up to the backoff's cap.
+    """
+    return 1 if ran_for >= HEALTHY_WATCH else failures + 1
 
 
 def _settle(ended: asyncio.Future[None], error: BaseException | None) -> None:
