@@ -101,6 +101,25 @@ async def test_the_program_itself_is_frozen_at_start() -> None:
     assert any(kept is candidate for candidate in gc.get_objects())
 
 
+async def test_the_start_rides_the_providers_first_pass_until_the_first_engage_settles() -> None:
+    """A provider's first pass over 10,000 kubeconfig files takes seconds before any cluster engages (S12)."""
+    freezer = CacheFreezer(True, delay=0.05, pace=0.0, longest=3600.0)
+    gc.unfreeze()
+    loop = asyncio.get_running_loop()
+    freezer.started()
+    pending = freezer._pending
+    assert pending is not None and pending.when() > loop.time() + 3000  # not the settling delay
+    assert _ours(freezer)  # meanwhile, each full collection is followed by a freeze
+    read = _Kept()  # what the provider's pass keeps
+    gc.collect()
+    assert freezer.rides == 1 and all(read is not candidate for candidate in gc.get_objects())
+    freezer.engaging()  # the first cluster: from now on the burst settles after the usual delay
+    await wait_until(lambda: freezer.freezes == 2, timeout=5)
+    assert not _ours(freezer)
+    freezer.cancel()
+    gc.unfreeze()
+
+
 async def test_freezing_can_be_turned_off_from_the_environment(
     fleet: Fleet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
