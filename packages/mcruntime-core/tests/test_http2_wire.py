@@ -14,6 +14,7 @@ import h2.config
 import h2.connection
 import h2.events
 import h2.settings
+import hpack
 import pytest
 
 from mcruntime._client.wire import (
@@ -314,10 +315,16 @@ def test_the_first_frame_must_be_settings() -> None:
         wire.receive(frame(6, 0, 0, b"12345678"))
 
 
-def test_a_servers_larger_header_table_is_not_taken_up() -> None:
-    """Our encoder's table stays at the default: a server cannot make us keep more of what we sent."""
+def test_requests_never_use_the_dynamic_table_and_credentials_are_never_indexed() -> None:
+    """A server cannot make us keep what we sent, and no table (ours, a proxy's) may keep a token."""
     pair = Pair()
     pair.to_client(frame(4, 0, 0, (1).to_bytes(2, "big") + (1 << 30).to_bytes(4, "big")))
-    assert pair.wire._encoder.header_table_size == 4096
-    stream_id = pair.open()  # and the server still reads what we send
-    assert stream_id == 1
+    token = (b"authorization", b"Bearer " + b"t" * 900)
+    for number in range(3):
+        stream_id = pair.wire.open_stream([*REQUEST, (b"user-agent", b"mcruntime"), token])
+        [request] = [e for e in pair.to_server() if isinstance(e, h2.events.RequestReceived)]
+        assert request.stream_id == stream_id == 1 + 2 * number
+        assert [tuple(header) for header in request.headers][-1] == token
+        sent = [header for header in request.headers if header[0] == b"authorization"]
+        assert isinstance(sent[0], hpack.NeverIndexedHeaderTuple)  # every hop must keep it unindexed
+    assert len(pair.server.decoder.header_table.dynamic_entries) == 0

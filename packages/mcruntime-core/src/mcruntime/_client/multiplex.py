@@ -29,8 +29,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import cast
 from urllib.parse import urlencode, urlsplit
 
-from hpack import NeverIndexedHeaderTuple
-
 from .silence import Sweep
 from .stream import Stream as Stream  # importable from here as before
 from .stream import WatchResponse as WatchResponse
@@ -46,8 +44,6 @@ _CONNECTION_WINDOW = (1 << 31) - 1
 _IDLE_SECONDS = 60.0
 """A connection with no stream for this long is closed; a new watch opens another."""
 _PING = b"mcruntme"
-_SECRET_HEADERS = frozenset({b"authorization", b"proxy-authorization", b"cookie"})
-"""Sent as never indexed: no compression context (ours, a proxy's) may keep them."""
 _UNSENDABLE = frozenset(b"\r\n\x00")
 
 
@@ -70,7 +66,7 @@ def request_headers(
         data = value.encode("latin-1").strip()
         if _UNSENDABLE.intersection(data):
             raise ValueError(f"header {name!r} has a line break or a NUL; not sent")
-        block.append(NeverIndexedHeaderTuple(key, data) if key in _SECRET_HEADERS else (key, data))
+        block.append((key, data))  # credentials are coded never indexed (headerblock.SECRET_HEADERS)
     return block
 
 

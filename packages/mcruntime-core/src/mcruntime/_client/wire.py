@@ -18,24 +18,23 @@ server's cost bounded:
   malformed SETTINGS, PING, RST_STREAM or GOAWAY: each is a :class:`WireError`
   that names it, and the caller closes the connection.
 
-Header blocks are coded with ``hpack`` (h2's own coder). Every block the
-server sends is decoded, also for a stream we reset, so both sides' tables
-stay in step. Requests never carry a body: a client that only opens GETs
+Header blocks are coded by ``_base/headerblock``: requests without the
+dynamic table (nothing to keep in step), credentials never indexed; every
+block the server sends is decoded, also for a stream we reset, so both
+sides' tables stay in step. Requests never carry a body: a client that only opens GETs
 never sends DATA, so the server's windows for us are not tracked.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, cast
-
-import hpack
+from typing import Protocol
 
 from .._base.h2frames import FrameReader
+from .._base.headerblock import HeaderBlockError, HeaderDecoder, encode_request_block
 from .._base.http2 import (
     CANCEL,
     COMPRESSION_ERROR,
     CONTINUATION,
-    DEFAULT_TABLE_SIZE,
     DEFAULT_WINDOW,
     ENABLE_PUSH,
     END_HEADERS,
@@ -44,7 +43,6 @@ from .._base.http2 import (
     FLOW_CONTROL_ERROR,
     FRAME_SIZE_ERROR,
     GOAWAY,
-    HEADER_TABLE_SIZE,
     HEADERS,
     INITIAL_WINDOW_SIZE,
     LAST_STREAM_ID,
@@ -128,8 +126,7 @@ class Wire(FrameReader):
         self._connection_window = connection_window
         self._connection_left = connection_window
         self._connection_unacked = 0
-        self._encoder = hpack.Encoder()
-        self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_BLOCK)
+        self._decoder = HeaderDecoder(max_header_list_size=MAX_HEADER_BLOCK)
         self._streams: dict[int, _Window] = {}
         self._next_stream_id = 1
         self.max_concurrent_streams = 1 << 31
@@ -165,7 +162,7 @@ class Wire(FrameReader):
         # No Huffman coding: each watch sends its cluster's token (a JWT of a kilobyte or
         # so, never indexed), and coding it in pure Python was 8 % of a 10,000-cluster
         # engage for a few hundred bytes saved on the wire.
-        block = self._encoder.encode(headers, huffman=False)
+        block = encode_request_block(headers)
         size = self._max_frame_out
         first, rest = block[:size], block[size:]
         self._out += frame(HEADERS, END_STREAM | (0 if rest else END_HEADERS), stream_id, first)
@@ -238,8 +235,8 @@ class Wire(FrameReader):
 
     def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
         try:  # decoded even for a stream we reset: the server's table changed with it
-            headers = cast("list[tuple[bytes, bytes]]", list(self._decoder.decode(block, raw=True)))
-        except hpack.HPACKError as error:
+            headers = self._decoder.decode(block)
+        except HeaderBlockError as error:
             raise WireError(f"a header block that does not decode: {error}", COMPRESSION_ERROR) from None
         window = self._stream_frame(stream_id, "HEADERS")
         if window is None:
@@ -271,9 +268,8 @@ class Wire(FrameReader):
         return "a PUSH_PROMISE, though push is disabled"
 
     def _setting(self, ident: int, value: int) -> None:
-        if ident == HEADER_TABLE_SIZE:  # never more than the default: a larger table gains us nothing
-            self._encoder.header_table_size = min(value, DEFAULT_TABLE_SIZE)
-        elif ident == MAX_CONCURRENT_STREAMS:
+        # HEADER_TABLE_SIZE bounds the table our encoder may fill: it fills none.
+        if ident == MAX_CONCURRENT_STREAMS:
             self.max_concurrent_streams = value
 
     def _settings_applied(self) -> None:
