@@ -213,8 +213,8 @@ def encode_request_block(headers: list[tuple[bytes, bytes]]) -> bytes:
 
     A watch's request is sent once per watch, its path and token its own
     cluster's, so remembering coded fields would only fill the cache that a
-    webhook server's repeated responses use. hpack's stateful encoder cost
-    0.2 ms a request, 4 % of a 10,000-cluster engage, to index fields a
-    watch's one request never sends again.
+    webhook server's repeated responses use, and indexing them (hpack's
+    encoder: 13 µs a request with a 900-byte token, against 6 here) keeps
+    fields that one request never sends again.
     """
     return b"".join([_literal(header, 0x10 if header[0] in SECRET_HEADERS else 0x00) for header in headers])

@@ -21,8 +21,9 @@ server's cost bounded:
 Header blocks are coded by ``_base/headerblock``: requests without the
 dynamic table (nothing to keep in step), credentials never indexed; every
 block the server sends is decoded, also for a stream we reset, so both
-sides' tables stay in step. Requests never carry a body: a client that only opens GETs
-never sends DATA, so the server's windows for us are not tracked.
+sides' tables stay in step. Requests never carry a body: a client that
+only opens GETs never sends DATA, so the server's windows for us are not
+tracked.
 """
 
 from __future__ import annotations
