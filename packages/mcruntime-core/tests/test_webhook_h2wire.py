@@ -19,11 +19,13 @@ import hpack
 import pytest
 
 from mcruntime._base.http2 import (
+    CANCEL,
     CONTINUATION,
     DATA,
     ENHANCE_YOUR_CALM,
     FLOW_CONTROL_ERROR,
     FRAME_SIZE_ERROR,
+    GOAWAY,
     HEADERS,
     NO_ERROR,
     PREFACE,
@@ -214,6 +216,37 @@ def test_a_goaway_sent_ignores_later_streams_and_names_the_last() -> None:
     pair.wire.goaway()
     [goaway] = [e for e in pair.to_client() if isinstance(e, h2.events.ConnectionTerminated)]
     assert (goaway.error_code, goaway.last_stream_id) == (NO_ERROR, first)
+
+
+def test_a_call_racing_our_goaway_is_dropped_whole_and_the_calls_before_it_are_still_answered() -> None:
+    pair = Pair()
+    first = pair.post(b"{}")
+    assert [event[0] for event in pair.to_server()] == ["request", "body", "end"]
+    pair.wire.goaway()
+    late = pair.post(b'{"late": true}')  # sent before our GOAWAY arrived: HEADERS, then DATA
+    assert pair.to_server() == []  # neither frame is the client's fault, and the owner hears of neither
+    pair.to_server(frame(RST_STREAM, 0, late, CANCEL.to_bytes(4, "big")))
+    pair.wire.respond(first, 200, [], b"answered")
+    pair.wire.goaway(PROTOCOL_ERROR)  # a later GOAWAY may not name a later stream (RFC 9113 6.8)
+    # h2's client takes no frame after a GOAWAY, so the frames are read by hand.
+    sent = _frames(pair.wire.data_to_send())
+    assert [(kind, stream) for kind, stream, _ in sent] == [(GOAWAY, 0), (HEADERS, first), (DATA, first), (GOAWAY, 0)]
+    assert sent[2][2] == b"answered"
+    assert [payload[:8] for kind, _, payload in sent if kind == GOAWAY] == [
+        first.to_bytes(4, "big") + NO_ERROR.to_bytes(4, "big"),
+        first.to_bytes(4, "big") + PROTOCOL_ERROR.to_bytes(4, "big"),
+    ]
+
+
+def _frames(data: bytes) -> list[tuple[int, int, bytes]]:
+    """(type, stream, payload) of each frame in ``data``."""
+    found, position = [], 0
+    while position < len(data):
+        length = int.from_bytes(data[position : position + 3], "big")
+        kind, stream = data[position + 3], int.from_bytes(data[position + 5 : position + 9], "big")
+        found.append((kind, stream, data[position + 9 : position + 9 + length]))
+        position += 9 + length
+    return found
 
 
 def _settled() -> tuple[ServerWire, Heard]:

@@ -127,6 +127,8 @@ class ServerWire(FrameReader):
         """The highest stream the client opened; a GOAWAY names it."""
         self.closing = False
         """A GOAWAY was sent: streams above ``last_stream_id`` are ignored."""
+        self._goaway_last: int | None = None
+        """The last stream our first GOAWAY named: every later GOAWAY names it too (RFC 9113 6.8)."""
 
     @property
     def open_streams(self) -> int:
@@ -193,7 +195,9 @@ class ServerWire(FrameReader):
     def goaway(self, code: int = NO_ERROR, debug: bytes = b"") -> None:
         """No stream above the last one opened will be served; ``code`` says why."""
         self.closing = True
-        payload = self.last_stream_id.to_bytes(4, "big") + code.to_bytes(4, "big") + debug[:256]
+        if self._goaway_last is None:
+            self._goaway_last = self.last_stream_id
+        payload = self._goaway_last.to_bytes(4, "big") + code.to_bytes(4, "big") + debug[:256]
         self._out += frame(GOAWAY, 0, 0, payload)
 
     def _flush(self, stream_id: int, stream: _Stream) -> None:
@@ -249,14 +253,22 @@ class ServerWire(FrameReader):
         if stream_id == 0:
             raise ProtocolViolation(f"{what} on stream 0")
         stream = self._streams.get(stream_id)
-        if stream is None and stream_id > self.last_stream_id:
+        if stream is None and stream_id > self.last_stream_id and not self._ignored(stream_id):
             raise ProtocolViolation(f"{what} on stream {stream_id}, which the client never opened")
         return stream
 
+    def _ignored(self, stream_id: int) -> bool:
+        """A stream the client opened after our GOAWAY: its frames are dropped, not a fault.
+
+        The client may have sent them before the GOAWAY reached it (a new call
+        and its body, as separate frames); it retries such a call elsewhere.
+        """
+        return self._goaway_last is not None and stream_id > self._goaway_last
+
     def _on_closed(self, stream_id: int, what: str) -> None:
         """DATA or HEADERS for a stream that is not open: ignored if we reset it, else the client's fault."""
-        if self._closed.get(stream_id, False):
-            return  # sent before our RST_STREAM reached the client (RFC 9113 5.1, "closed")
+        if self._closed.get(stream_id, False) or self._ignored(stream_id):
+            return  # sent before our RST_STREAM or GOAWAY reached the client (RFC 9113 5.1, 6.8)
         raise ProtocolViolation(f"{what} on stream {stream_id}, which is closed", STREAM_CLOSED)
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
@@ -320,9 +332,9 @@ class ServerWire(FrameReader):
             return
         if not stream_id & 1:
             raise ProtocolViolation(f"the client opened stream {stream_id}, an even (server's) id")
-        self.last_stream_id = stream_id
-        if self.closing:
+        if self._ignored(stream_id):
             return  # after our GOAWAY: ignored, and the client knows to retry it elsewhere
+        self.last_stream_id = stream_id
         malformed = "depends on itself" if flags & SELF_DEPENDENT else _malformed(headers, trailers=False)
         expected = _content_length(headers)
         if malformed is not None or expected == -1:
