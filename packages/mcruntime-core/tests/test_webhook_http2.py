@@ -19,6 +19,7 @@ import aiohttp
 import h2.config
 import h2.connection
 import h2.events
+import h2.settings
 import orjson
 import pytest
 from kube_helpers import running, wait_for
@@ -398,6 +399,47 @@ async def test_an_idle_connection_is_closed_and_a_clients_goaway_ends_its_own(
             leaving.flush()
             await leaving.until(lambda: leaving.closed.is_set())
         await wait_for(lambda: not it.manager.webhook._h2_open)
+
+
+async def test_a_client_that_gives_its_answers_no_window_is_dropped_after_the_idle_goaway(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Answers waiting on a window the client never opens are held one more idle timeout, not forever."""
+    from mcruntime._webhook import h2conn
+
+    monkeypatch.setattr(h2conn, "IDLE_TIMEOUT", 0.3)
+    async with served(fleet) as it:
+        with caplog.at_level(logging.WARNING, logger="mcruntime.webhook"):
+            async with H2Client.connect(it.port, it.bundle) as client:
+                client.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+                streams = [client.send(it.path, review(f"u-{n}")) for n in range(3)]
+                await client.until(lambda: client.closed.is_set())
+                assert [client.answer(stream) for stream in streams] == [None, None, None]
+                goaway = client.goaway()
+                assert goaway is not None and goaway.error_code == 0  # the idle drain came first
+        assert "took none of its 3 answers" in caplog.text
+        await wait_for(lambda: not it.manager.webhook._h2_open)
+        async with H2Client.connect(it.port, it.bundle) as again:
+            assert (await again.call(it.path, review()))[0] == 200, "the server serves on"
+
+
+async def test_an_idle_http1_connection_is_closed_like_an_http2_one(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiohttp's own default would keep it, half a request's headers included, for an hour."""
+    from mcruntime._webhook import h2conn
+
+    monkeypatch.setattr(h2conn, "IDLE_TIMEOUT", 0.3)
+    async with served(fleet) as it:
+        context = client_context(it.bundle)
+        context.set_alpn_protocols(["http/1.1"])
+        silent = await asyncio.open_connection("127.0.0.1", it.port, ssl=context, server_hostname="127.0.0.1")
+        halfway = await asyncio.open_connection("127.0.0.1", it.port, ssl=context, server_hostname="127.0.0.1")
+        halfway[1].write(f"POST {it.path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode())
+        for reader, writer in (silent, halfway):
+            async with asyncio.timeout(30):
+                assert await reader.read() == b""  # closed by the server
+            writer.close()
 
 
 async def test_a_client_that_never_reads_is_dropped_and_costs_a_bounded_buffer(

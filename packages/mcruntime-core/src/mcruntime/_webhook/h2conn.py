@@ -12,8 +12,9 @@ never lost. What a client can cost is bounded on top of the framing's bounds:
   makes us answer (PING, SETTINGS, responses) piles up unsent;
 - a connection with no call in flight and nothing heard for
   ``IDLE_TIMEOUT`` seconds is closed (with GOAWAY), one whose client read
-  nothing for as long is dropped, and one that breaks the protocol is closed
-  at once, with a warning naming the peer and the fault.
+  nothing, or took none of the answers left after that GOAWAY, for as long
+  is dropped, and one that breaks the protocol is closed at once, with a
+  warning naming the peer and the fault.
 """
 
 from __future__ import annotations
@@ -268,10 +269,16 @@ class Http2Connection(asyncio.Protocol):
     def _check_idle(self) -> None:
         loop = asyncio.get_running_loop()
         quiet = loop.time() - self._heard
-        if self._stalled and quiet >= IDLE_TIMEOUT and self._transport is not None:
-            # Closing politely would wait for it to read what is buffered: it never will.
+        if self._transport is None or self._transport.is_closing():
+            return
+        if quiet >= IDLE_TIMEOUT and (self._stalled or (self._draining and not self._busy)):
+            # Closing politely would wait for it to read what is buffered, or to open the window
+            # our answers wait on: it never will.
             log.warning(
-                "webhook client %s read nothing for %.0fs; dropping its connection", self._peer, quiet
+                "webhook client %s %s for %.0fs; dropping its connection",
+                self._peer,
+                "read nothing" if self._stalled else f"took none of its {self._wire.open_streams} answers",
+                quiet,
             )
             self._transport.abort()
             return
@@ -279,3 +286,6 @@ class Http2Connection(asyncio.Protocol):
             self._idle = loop.call_later(max(IDLE_TIMEOUT - quiet, 1.0), self._check_idle)
             return
         self.drain()
+        # Answers may still wait on the client's window: it gets as long again to take them.
+        self._heard = loop.time()
+        self._idle = loop.call_later(IDLE_TIMEOUT, self._check_idle)

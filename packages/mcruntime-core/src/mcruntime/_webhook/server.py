@@ -39,6 +39,7 @@ from .._reconcile.request import LOCAL_CLUSTER, Request
 from .accept import Accepted, Open
 from .certs import CertificateFiles, CertificateSource, SelfSignedCertificates
 from .exchange import BodyLost, BodyTooLarge, Call, Reply
+from . import h2conn
 from .h2conn import Http2Connection
 from .handlers import AdmissionHook, Conversion, ConversionFailed
 from .metrics import UNMATCHED, WebhookMetrics
@@ -218,7 +219,15 @@ class WebhookServer:
         await self.certificates.load()
         app = web.Application(client_max_size=self.options.max_body_bytes)
         app.router.add_route("*", "/{path:.*}", self._http1)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        # aiohttp keeps an idle HTTP/1.1 connection (half a request's headers included) for an
+        # hour by default: the same bound as an HTTP/2 connection's instead.
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=1.0,
+            keepalive_timeout=h2conn.IDLE_TIMEOUT,
+        )
         await runner.setup()
         handlers = runner.server
         assert handlers is not None  # set by setup()
