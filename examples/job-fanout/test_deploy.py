@@ -175,6 +175,28 @@ def test_the_dockerfile_runs_the_cli_on_the_examples_factory_as_non_root() -> No
     assert deployment()["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 65532
 
 
+EXAMPLES = Path(__file__).resolve().parent.parent
+IMAGE_PYTHON = (
+    "import sys; from pathlib import Path; "
+    f"sys.path[:] = [p for p in sys.path if not Path(p).resolve().is_relative_to({str(EXAMPLES)!r})]; "
+    "sys.argv[0] = 'mcruntime'; from mcruntime._cli.main import entry_point; entry_point()"
+)
+"""``mcruntime`` as in the image: without the examples this environment puts on ``sys.path``."""
+
+
+def image_app(directory: Path) -> Path:
+    """The image's working directory: what the Dockerfile copies from the example, and nothing else."""
+    directory.mkdir()
+    for line in (DEPLOY / "Dockerfile").read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["COPY"] and words[-1] == "./":
+            for source in words[1:-1]:
+                if source.startswith("examples/"):
+                    path = EXAMPLES.parent / source
+                    (directory / path.name).write_bytes(path.read_bytes())
+    return directory
+
+
 async def test_the_entry_point_passes_mcruntime_run_check_with_the_deployments_environment(
     fleet: Fleet, tmp_path: Path
 ) -> None:
@@ -182,15 +204,16 @@ async def test_the_entry_point_passes_mcruntime_run_check_with_the_deployments_e
     env = {name: value for name, value in os.environ.items() if not name.startswith("MCRUNTIME_")}
     env.update({item["name"]: item.get("value", "job-fanout") for item in container["env"]})
     env.update(KUBECONFIG=str(fleet["cluster-1"].kubeconfig_path()), JOB_FANOUT_CLUSTERS=str(tmp_path))
+    app = image_app(tmp_path / "app")
     process = await asyncio.create_subprocess_exec(
         sys.executable,
-        "-m",
-        "mcruntime",
+        "-c",
+        IMAGE_PYTHON,
         "run",
         "job_fanout:operator",
         *container["args"],
         "--check",
-        cwd=Path(__file__).parent,
+        cwd=app,
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
