@@ -165,6 +165,35 @@ async def test_readyz_waits_for_caches_and_names_an_unreachable_cluster(
         assert status == 200 and "[+]cluster:down ok" in body and "[+]cluster:up ok" in body
 
 
+async def test_readyz_fails_before_the_start_is_done_and_once_the_manager_stops(fleet: Fleet) -> None:
+    """The endpoints serve from the start's first step; a replica on its way out takes no new work."""
+    namespace = await _namespace(fleet["cluster-1"], "readyz", ["held"])
+    manager = mcr.Manager(
+        local=config_of(fleet["cluster-1"]), health_probe_address="127.0.0.1:0", handle_signals=False
+    )
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def held(_request: mcr.Request) -> None:
+        entered.set()
+        await release.wait()
+
+    mcr.controller_managed_by(manager).named("held").for_(CONFIGMAP, namespace=namespace).complete(held)
+    before = {name: problem for name, problem, _counts in await manager._readyz.evaluate()}
+    assert before["manager"] == "starting: the hub cluster and the provider are not up yet"
+    task = asyncio.create_task(manager.start())
+    try:
+        await manager.wait_started()
+        readyz = manager.endpoints.url("/readyz")
+        await wait_until(lambda: _ready(readyz), timeout=60)
+        await asyncio.wait_for(entered.wait(), 60)  # the ConfigMap's reconcile, which holds
+        manager.stop()  # the drain waits for that reconcile: the endpoints still serve meanwhile
+        status, body = await _get(readyz + "?verbose")
+        assert status == 500 and "[-]manager failed: shutting down" in body, body
+    finally:
+        release.set()
+        await asyncio.wait_for(task, 60)
+
+
 async def _line_ok(url: str, name: str) -> bool:
     _status, body = await _get(url + "?verbose")
     return f"[+]{name} ok" in body

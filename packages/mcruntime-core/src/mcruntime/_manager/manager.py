@@ -40,7 +40,7 @@ from .._reconcile.request import LOCAL_CLUSTER
 from .._webhook.options import WebhookOptions
 from .gcfreeze import CacheFreezer
 from .metrics import ManagerMetrics
-from .readiness import cluster_not_ready, readiness_lines
+from .readiness import cluster_not_ready, lifecycle_problem, readiness_lines
 from .serving import Check, CheckLine, Checks, Endpoints
 
 if TYPE_CHECKING:
@@ -161,6 +161,7 @@ class Manager:
         self._readyz = Checks()
         self._healthz.add("ping", lambda: None)
         self._healthz.add("loops", self._loops_alive)
+        self._readyz.add("manager", lambda: lifecycle_problem(self._started, self._stop))
         self._readyz.add_group("clusters", self._cluster_readiness)
         self.endpoints: Endpoints = Endpoints(self._healthz, self._readyz, self.metrics.registry)
         self._engage_started: dict[str, float] = {}

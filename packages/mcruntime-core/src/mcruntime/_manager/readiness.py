@@ -10,6 +10,7 @@ cluster among many must not take every replica out of its Service.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Mapping
 
 from .._client.health import HealthState
@@ -18,6 +19,20 @@ from .._fleet.cluster import Cluster
 from .._fleet.status import ClusterPhase, ClusterStatus, forbidden
 from .._reconcile.request import LOCAL_CLUSTER
 from .serving import CheckLine
+
+
+def lifecycle_problem(started: asyncio.Event, stopping: asyncio.Event) -> str | None:
+    """Why a manager is not ready while it starts or stops, or ``None`` while it runs.
+
+    Its endpoints serve from the start's first step, before the hub cluster
+    and the provider are up: with no cluster engaged yet, no other line could
+    fail. A stopping manager takes no new work, so it leaves its Service too.
+    """
+    if stopping.is_set():
+        return "shutting down"
+    if not started.is_set():
+        return "starting: the hub cluster and the provider are not up yet"
+    return None
 
 
 def cluster_not_ready(name: str, cluster: Cluster, controllers: Iterable[Controller]) -> str | None:
