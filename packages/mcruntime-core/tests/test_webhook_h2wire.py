@@ -230,7 +230,12 @@ def test_a_call_racing_our_goaway_is_dropped_whole_and_the_calls_before_it_are_s
     pair.wire.goaway(PROTOCOL_ERROR)  # a later GOAWAY may not name a later stream (RFC 9113 6.8)
     # h2's client takes no frame after a GOAWAY, so the frames are read by hand.
     sent = _frames(pair.wire.data_to_send())
-    assert [(kind, stream) for kind, stream, _ in sent] == [(GOAWAY, 0), (HEADERS, first), (DATA, first), (GOAWAY, 0)]
+    assert [(kind, stream) for kind, stream, _ in sent] == [
+        (GOAWAY, 0),
+        (HEADERS, first),
+        (DATA, first),
+        (GOAWAY, 0),
+    ]
     assert sent[2][2] == b"answered"
     assert [payload[:8] for kind, _, payload in sent if kind == GOAWAY] == [
         first.to_bytes(4, "big") + NO_ERROR.to_bytes(4, "big"),

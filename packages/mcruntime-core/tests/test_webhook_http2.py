@@ -434,7 +434,9 @@ async def test_an_idle_http1_connection_is_closed_like_an_http2_one(
         context = client_context(it.bundle)
         context.set_alpn_protocols(["http/1.1"])
         silent = await asyncio.open_connection("127.0.0.1", it.port, ssl=context, server_hostname="127.0.0.1")
-        halfway = await asyncio.open_connection("127.0.0.1", it.port, ssl=context, server_hostname="127.0.0.1")
+        halfway = await asyncio.open_connection(
+            "127.0.0.1", it.port, ssl=context, server_hostname="127.0.0.1"
+        )
         halfway[1].write(f"POST {it.path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode())
         for reader, writer in (silent, halfway):
             async with asyncio.timeout(30):

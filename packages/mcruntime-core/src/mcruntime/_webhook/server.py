@@ -36,10 +36,10 @@ from .._base.permissions import ROLES, Permission
 from .._fleet.cluster import Cluster
 from .._reconcile.context import enter_reconcile, leave_reconcile
 from .._reconcile.request import LOCAL_CLUSTER, Request
+from . import h2conn
 from .accept import Accepted, Open
 from .certs import CertificateFiles, CertificateSource, SelfSignedCertificates
 from .exchange import BodyLost, BodyTooLarge, Call, Reply
-from . import h2conn
 from .h2conn import Http2Connection
 from .handlers import AdmissionHook, Conversion, ConversionFailed
 from .metrics import UNMATCHED, WebhookMetrics
