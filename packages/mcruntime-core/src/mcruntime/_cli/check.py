@@ -79,11 +79,20 @@ def problems(manager: Manager, flags: Mapping[str, object]) -> list[str]:
     return found
 
 
+APPLIED_BY_THE_COMMAND = frozenset({"log_level", "log_format", "event_loop"})
+"""Settings the command applies itself (logging, the loop), whatever the factory does with the rest."""
+
+
 def ignored_flags(manager: Manager, flags: Mapping[str, object]) -> str | None:
-    """Why the flags given never reached ``manager`` (its factory ignored settings); ``None`` if they did."""
-    if not flags or manager.settings is not None:
+    """Why the flags given never reached ``manager`` (its factory ignored settings); ``None`` if they did.
+
+    Flags in :data:`APPLIED_BY_THE_COMMAND` took effect before the factory ran,
+    so a factory without settings does not lose them.
+    """
+    ignored = [name for name in flags if name not in APPLIED_BY_THE_COMMAND]
+    if not ignored or manager.settings is not None:
         return None
-    given = ", ".join(flag_of(name) for name in flags)
+    given = ", ".join(flag_of(name) for name in ignored)
     return (
         f"{given} given, but the factory built its Manager without settings: "
         "use Manager.from_settings() or take a 'settings' parameter"

@@ -10,6 +10,7 @@ registry.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -30,6 +31,47 @@ Check = Callable[[], CheckResult | Awaitable[CheckResult]]
 """A health or readiness check: returns ``None`` when it passes, or why it fails (sync or async)."""
 CheckLine = tuple[str, CheckResult, bool]
 """A line of verbose output: name, failure reason (or ``None``), and whether it counts."""
+
+
+ADDRESS_FORMS = "host:port, :port or [IPv6]:port, with a port of 0-65535"
+"""What :func:`parse_address` accepts, for error messages."""
+EVERY_INTERFACE = "0.0.0.0"  # noqa: S104 -- probes and metrics must be reachable from outside the pod
+"""The host ``:port`` binds: every IPv4 interface."""
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """The host (brackets removed; ``""`` for every interface) and port of a bind address.
+
+    One parser for every endpoint the settings name (/metrics, the probes, the
+    webhook server), so a value that passes validation is one that binds, and
+    two spellings of one socket are recognised as one. An IPv6 host must be in
+    brackets: ``::1:8080`` is also a whole IPv6 address, so reading its last
+    group as the port would be a guess. Raises :class:`ValueError`.
+    """
+    host, colon, port = address.rpartition(":")
+    if not colon or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise ValueError(f"expected {ADDRESS_FORMS}")
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            return str(ipaddress.IPv6Address(host[1:-1])), int(port)
+        except ValueError:
+            raise ValueError(f"{host} is not an IPv6 address in brackets") from None
+    if ":" in host:
+        raise ValueError(f"an IPv6 host goes in brackets, as in [::1]:{port}")
+    if not host.isprintable() or any(char.isspace() or char in "[]/" for char in host):
+        raise ValueError(f"{host!r} is not a host name or IP address")
+    return host, int(port)
+
+
+def bind_key(address: str) -> tuple[str, int]:
+    """The socket an address binds, spelled one way: ``:8080`` and ``0.0.0.0:8080`` are one key."""
+    host, port = parse_address(address)
+    if not host:
+        return EVERY_INTERFACE, port
+    try:
+        return str(ipaddress.ip_address(host)), port
+    except ValueError:
+        return host.lower(), port  # a name: DNS names are case-insensitive
 
 
 @dataclass
@@ -115,25 +157,35 @@ class Endpoints:
         return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def start(self, *, probes: str | None, metrics: str | None) -> None:
-        """Listen on ``host:port`` addresses (port 0 picks a free one; see ``addresses``)."""
+        """Listen on ``host:port`` addresses (port 0 picks a free one; see ``addresses``).
+
+        Two addresses that name one socket (``:8080`` and ``0.0.0.0:8080``) get
+        one server: two would collide on the port.
+        """
         if not probes and not metrics:
             return  # nothing to serve: aiohttp is not even imported
         from aiohttp import web
 
-        routes: dict[str, list[web.RouteDef]] = {}
-        if probes:
-            routes.setdefault(probes, []).extend(
-                [web.get("/healthz", self._health), web.get("/readyz", self._ready)]
-            )
-        if metrics:
-            routes.setdefault(metrics, []).append(web.get("/metrics", self._metrics))
-        for address, address_routes in routes.items():
-            host, _, port = address.rpartition(":")
+        routes: dict[tuple[str, int], list[web.RouteDef]] = {}
+        spelled: dict[tuple[str, int], str] = {}
+        wanted = [(probes, [web.get("/healthz", self._health), web.get("/readyz", self._ready)])]
+        wanted.append((metrics, [web.get("/metrics", self._metrics)]))
+        for address, address_routes in wanted:
+            if address:
+                try:
+                    key = bind_key(address)
+                except ValueError as error:  # a Manager built by hand; settings validate theirs
+                    paths = ", ".join(route.path for route in address_routes)
+                    raise ValueError(f"cannot serve {paths} on {address!r}: {error}") from None
+                spelled.setdefault(key, address)
+                routes.setdefault(key, []).extend(address_routes)
+        for (host, port), address_routes in routes.items():
+            address = spelled[host, port]
             app = web.Application()
             app.add_routes(address_routes)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
-            site = web.TCPSite(runner, host or "0.0.0.0", int(port))  # noqa: S104 -- probes must be reachable
+            site = web.TCPSite(runner, host, port)
             try:
                 await site.start()
             except OSError as error:
@@ -143,7 +195,7 @@ class Endpoints:
             self._runners.append(runner)
             server = site._server
             sockets = getattr(server, "sockets", None) or []
-            bound = sockets[0].getsockname() if sockets else (host, int(port))
+            bound = sockets[0].getsockname() if sockets else (host, port)
             for path in address_routes:
                 self.addresses[path.path] = (bound[0], bound[1])
             log.info("serving %s on %s:%s", ", ".join(r.path for r in address_routes), bound[0], bound[1])
@@ -155,4 +207,4 @@ class Endpoints:
 
     def url(self, path: str) -> str:
         host, port = self.addresses[path]
-        return f"http://{host}:{port}{path}"
+        return f"http://[{host}]:{port}{path}" if ":" in host else f"http://{host}:{port}{path}"

@@ -12,17 +12,21 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .._base.errors import MCRuntimeError
 from .._coordination.leaderelection import LeaderElectionConfig
 from .._coordination.sharding import ShardedCoordinator, ShardingConfig
+from .serving import EVERY_INTERFACE, bind_key, parse_address
 
 if TYPE_CHECKING:
     from .._webhook.options import WebhookOptions
 
 ENV_PREFIX = "MCRUNTIME_"
+MAX_SECONDS = 86_400.0
+"""The longest any timing setting may be: a day. Longer is a typo (or ``inf``), and the
+clocks and timers that take these values fail on absurd ones long after the start."""
 
 
 class SettingsError(MCRuntimeError, ValueError):
@@ -37,26 +41,45 @@ class ManagerSettings(BaseSettings):
     )
 
     metrics_bind_address: str | None = Field(
-        default=":8080", description="host:port for /metrics; empty disables"
+        default=":8080", description="host:port, :port or [IPv6]:port for /metrics; empty disables"
     )
     health_probe_bind_address: str | None = Field(
-        default=":8081", description="host:port for /healthz and /readyz; empty disables"
+        default=":8081",
+        description="host:port, :port or [IPv6]:port for /healthz and /readyz; empty disables",
     )
     leader_election: bool = Field(default=False, description="elect one active replica with a Lease")
     leader_election_id: str = Field(default="mcruntime-leader", description="the Lease's name")
     leader_election_namespace: str = Field(default="default", description="the Lease's namespace")
     lease_duration: float = Field(
-        default=15.0, gt=0, description="seconds a standby waits before taking over"
+        default=15.0,
+        gt=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+        description="seconds a standby waits before taking over",
     )
-    renew_deadline: float = Field(default=10.0, gt=0, description="seconds a leader keeps trying to renew")
-    retry_period: float = Field(default=2.0, gt=0, description="seconds between election attempts")
+    renew_deadline: float = Field(
+        default=10.0,
+        gt=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+        description="seconds a leader keeps trying to renew",
+    )
+    retry_period: float = Field(
+        default=2.0,
+        gt=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+        description="seconds between election attempts",
+    )
     sharding: bool = Field(
         default=False,
         description="split the clusters between replicas with Leases (instead of leader election)",
     )
     shard_group: str = Field(default="mcruntime", description="the shard group: Lease name prefix and label")
     shard_namespace: str = Field(default="default", description="where the shard Leases live")
-    shard_weight: float = Field(default=1.0, gt=0, description="this replica's relative share of clusters")
+    shard_weight: float = Field(
+        default=1.0, gt=0, allow_inf_nan=False, description="this replica's relative share of clusters"
+    )
     shard_count: int = Field(
         default=256,
         ge=1,
@@ -79,20 +102,28 @@ class ManagerSettings(BaseSettings):
     cache_sync_timeout: float = Field(
         default=60.0,
         gt=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
         description="seconds a cluster's caches may take to sync (every cluster, every controller)",
     )
     graceful_shutdown_timeout: float = Field(
-        default=30.0, ge=0, description="seconds in-flight reconciles get"
+        default=30.0,
+        ge=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+        description="seconds in-flight reconciles get",
     )
     ready_min_share: float = Field(
-        default=1.0, ge=0, le=1, description="share of clusters that must be synced"
+        default=1.0, ge=0, le=1, allow_inf_nan=False, description="share of clusters that must be synced"
     )
     gc_freeze: bool = Field(
         default=True,
         description="after caches sync, move their objects out of the cyclic GC's reach (gc.freeze)",
     )
     webhook_bind_address: str | None = Field(
-        default=None, description="host:port of the admission/conversion webhook server; empty: only if used"
+        default=None,
+        description="host:port, :port or [IPv6]:port of the admission/conversion webhook server; "
+        "empty: only if used",
     )
     webhook_cert_dir: str | None = Field(
         default=None, description="directory with tls.crt and tls.key; empty: a CA of the process's own"
@@ -109,6 +140,21 @@ class ManagerSettings(BaseSettings):
         default="asyncio",
         description="the event loop `mcruntime run` runs on; uvloop needs the [uvloop] extra",
     )
+
+    @field_validator("metrics_bind_address", "health_probe_bind_address", "webhook_bind_address")
+    @classmethod
+    def _bindable(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # Checked with the other settings, so a malformed address is a bad setting at start
+        # (exit 2, naming the flag or variable), not a traceback from the bind. The value is
+        # kept as given: --check shows it, and the flags are exported as they were written.
+        if value:
+            try:
+                parse_address(value)
+            except ValueError as error:
+                # "0" turns an endpoint off in controller-runtime: say what does here.
+                off = "" if info.field_name == "webhook_bind_address" else "; empty disables"
+                raise ValueError(f"{error}{off}") from None
+        return value
 
     @field_validator("event_loop")
     @classmethod
@@ -185,9 +231,15 @@ class ManagerSettings(BaseSettings):
             return None
         from .._webhook.options import WebhookOptions
 
+        address = WebhookOptions.address
+        if self.webhook_bind_address:
+            # WebhookOptions takes an IPv6 host bare (it splits at the last colon and
+            # brackets the host in its URLs itself), so [::1]:9443 binds too.
+            host, port = parse_address(self.webhook_bind_address)
+            address = f"{host}:{port}"
         try:
             return WebhookOptions(
-                address=self.webhook_bind_address or WebhookOptions.address,
+                address=address,
                 cert_dir=self.webhook_cert_dir or None,
                 url_host=self.webhook_url_host or None,
                 http2=self.webhook_http2,
@@ -204,18 +256,20 @@ class ManagerSettings(BaseSettings):
             problems = []
             for detail in error.errors():
                 field = ".".join(str(part) for part in detail["loc"])
-                variable = f"{ENV_PREFIX}{field.upper()}" if field else "settings"
-                problems.append(f"{variable}: {detail['msg']}")
+                # The value too, as `mcruntime run` shows it: a variable set by a
+                # template may not hold what its author thinks.
+                where = f"{ENV_PREFIX}{field.upper()}={detail['input']!r}" if field else "settings"
+                problems.append(f"{where}: {detail['msg']}")
             raise SettingsError("invalid manager settings: " + "; ".join(problems)) from None
 
 
-_EVERY_INTERFACE = ("", "0.0.0.0", "::", "[::]")  # noqa: S104 -- compared, never bound
+_EVERY_INTERFACE = (EVERY_INTERFACE, "::")
 
 
 def _overlap(first: str, second: str) -> bool:
-    """Whether two ``host:port`` addresses would bind the same port (port 0 never does)."""
-    first_host, _, first_port = first.rpartition(":")
-    second_host, _, second_port = second.rpartition(":")
-    if first_port != second_port or first_port in ("", "0"):
+    """Whether two validated addresses would bind the same port (port 0 never does)."""
+    first_host, first_port = bind_key(first)
+    second_host, second_port = bind_key(second)
+    if first_port != second_port or first_port == 0:
         return False
     return first_host == second_host or first_host in _EVERY_INTERFACE or second_host in _EVERY_INTERFACE
