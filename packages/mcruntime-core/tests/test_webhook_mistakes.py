@@ -9,6 +9,7 @@ longer serves.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import logging
@@ -83,6 +84,44 @@ async def test_a_defaulter_whose_metadata_is_not_an_object_refuses_in_its_own_wo
     async with serving(manager, [plane.name]):
         with pytest.raises(mcr.APIError, match="the defaulter failed: TypeError"):
             await _create(plane, make_test(kind, "bad-metadata", "default", image="x"))
+
+
+async def test_a_defaulter_that_stores_what_json_cannot_hold_refuses_in_its_own_words(fleet: Fleet) -> None:
+    plane, group = fleet["cluster-1"], new_group()
+    kind = mcr.Kind(f"{group}/v1", "Test")
+    await install_crd(plane, kind_crd(group))
+    manager = _manager(plane, webhook_options())
+
+    async def default(req: mcr.AdmissionRequest) -> None:
+        assert req.object is not None
+        req.object["spec"]["tags"] = {"a", "b"}  # a set: no JSON patch can carry it
+
+    mcr.webhook_managed_by(manager).for_(kind).with_defaulter(default).complete()
+    async with serving(manager, [plane.name]):
+        with pytest.raises(mcr.APIError, match="the defaulter's object cannot be encoded as JSON: .*set"):
+            await _create(plane, make_test(kind, "a-set", "default", image="x"))
+
+
+async def test_a_validator_whose_await_was_cancelled_elsewhere_is_answered_not_dropped(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A CancelledError its task was not given is the handler's failure: answered per on_error, logged."""
+    plane, group = fleet["cluster-1"], new_group()
+    kind = mcr.Kind(f"{group}/v1", "Test")
+    await install_crd(plane, kind_crd(group))
+    manager = _manager(plane, webhook_options())
+
+    async def validate(req: mcr.AdmissionRequest) -> None:
+        shared: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        shared.cancel()  # a future some other task gave up on
+        await shared
+
+    mcr.webhook_managed_by(manager).for_(kind).with_validator(validate).complete()
+    async with serving(manager, [plane.name]):
+        with pytest.raises(mcr.APIError, match="the validator failed: CancelledError"):
+            await _create(plane, make_test(kind, "cancelled", "default", image="x"))
+    logged = [r for r in caplog.records if r.name == "mcruntime.webhook" and "validator" in r.getMessage()]
+    assert logged and logged[0].levelno == logging.ERROR and logged[0].exc_info is not None
 
 
 async def test_a_conversion_that_raises_shows_its_type_never_its_text(

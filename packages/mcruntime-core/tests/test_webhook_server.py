@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from kube_helpers import running, sockets_on, unique, wait_for
 from webhook_helpers import (
     client_context,
@@ -28,6 +31,7 @@ from mcruntime.testing._pki import CertificateAuthority
 from mcruntime.webhook import WebhookServer
 
 KIND = mcr.Kind("example.com/v1", "Test")
+JSON = {"Content-Type": "application/json"}
 
 
 def review(api_version: str = "admission.k8s.io/v1") -> dict[str, Any]:
@@ -91,6 +95,15 @@ async def test_bad_input_gets_a_clear_4xx_and_the_server_keeps_serving(fleet: Fl
 
             status, text = await post(url, orjson.dumps(review("admission.k8s.io/v1beta1")))
             assert status == 400 and "'admission.k8s.io/v1beta1' is not served" in text
+            deep: dict[str, Any] = review()
+            nested: dict[str, Any] = deep["request"]["object"]["spec"]
+            for _ in range(300):  # orjson reads 1,024 levels and writes 254: no copy for the defaulter
+                nested["a"] = {}
+                nested = nested["a"]
+            status, text = await post(url, json.dumps(deep).encode())  # orjson would not write it
+            answer = orjson.loads(text)
+            assert status == 200 and answer["response"]["allowed"] is False, text
+            assert "the object cannot be copied for the defaulter" in answer["response"]["status"]["message"]
             # Still serving: a good review is answered, with the defaulter's patch.
             status, text = await post(url, orjson.dumps(review()))
             answer = orjson.loads(text)
@@ -104,6 +117,53 @@ async def test_bad_input_gets_a_clear_4xx_and_the_server_keeps_serving(fleet: Fl
             text = await response.text()
         assert "[+]webhook ok" in text
         assert "[+]webhook:certificate (expires " in text
+
+
+async def test_an_http1_client_gone_mid_body_costs_no_error_in_the_log(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As a reset HTTP/2 stream: the call is dropped quietly, and the server serves on."""
+    plane = fleet["cluster-1"]
+    manager = mcr.Manager(
+        mcr.StaticProvider({plane.name: config_of(plane)}),
+        handle_signals=False,
+        webhook=webhook_options(register=False),
+    )
+    calls: list[str] = []
+
+    async def validate(req: mcr.AdmissionRequest) -> None:
+        calls.append(req.uid)
+
+    mcr.webhook_managed_by(manager).for_(KIND).with_validator(validate).complete()
+    async with running(manager):
+        await wait_for(lambda: plane.name in manager.clusters())
+        server = manager.webhook
+        bundle = server.ca_bundle()
+        assert bundle is not None and server.port is not None
+        url = server.admission_url(plane.name, KIND, mutating=False)
+        path = url.partition(f":{server.port}")[2]
+        context = client_context(bundle)
+        context.set_alpn_protocols(["http/1.1"])
+        with caplog.at_level(logging.INFO):
+            _reader, writer = await asyncio.open_connection(
+                "127.0.0.1", server.port, ssl=context, server_hostname="127.0.0.1"
+            )
+            head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+            writer.write(head.encode() + b'{"apiVersion":')
+            await writer.drain()
+            writer.transport.abort()  # gone mid-body
+
+            def lost() -> float | None:
+                labels = {"webhook": "/validate/example.com/v1/Test", "code": "400"}
+                return manager.metrics.registry.get_sample_value("controller_runtime_webhook_requests_total", labels)
+
+            await wait_for(lambda: lost() == 1.0)  # answered 400 "gave up", to nobody
+            connector = aiohttp.TCPConnector(ssl=client_context(bundle))
+            async with aiohttp.ClientSession(connector=connector) as session:
+                async with session.post(url, data=json.dumps(review()).encode(), headers=JSON) as response:
+                    assert response.status == 200, await response.text()
+        assert calls == ["u-1"]
+        assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
 
 
 async def test_certificates_rotate_while_api_servers_call_and_no_request_fails(fleet: Fleet) -> None:

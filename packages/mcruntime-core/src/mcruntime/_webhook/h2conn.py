@@ -24,7 +24,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, cast
 
-from .._base.http2 import NO_ERROR, PROTOCOL_ERROR, REFUSED_STREAM, error_name
+from .._base.http2 import CANCEL, NO_ERROR, PROTOCOL_ERROR, REFUSED_STREAM, error_name
 from .exchange import BodyLost, BodyTooLarge, Call, Reply
 from .h2wire import ProtocolViolation, ServerWire
 
@@ -223,6 +223,10 @@ class Http2Connection(asyncio.Protocol):
         except Exception:
             log.exception("webhook call %s %s failed", call.method, call.path)
             reply = Reply.text(500, f"the webhook server failed on {call.path}")
+        except asyncio.CancelledError:  # the server is closing: no answer comes, the client may retry
+            self._wire.reset(stream_id, CANCEL)
+            self._send()
+            raise
         finally:
             self._bodies.pop(stream_id, None)
             self._busy -= 1

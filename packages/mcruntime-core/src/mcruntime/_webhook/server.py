@@ -344,6 +344,8 @@ class WebhookServer:
                 return await request.read()
             except web.HTTPRequestEntityTooLarge:
                 raise BodyTooLarge from None
+            except ConnectionResetError:  # the client went away mid-body, as a reset HTTP/2 stream
+                raise BodyLost from None
 
         content_type = request.content_type if request.headers.get("Content-Type") else ""
         path = request.raw_path.partition("?")[0]
@@ -432,12 +434,20 @@ class WebhookServer:
     async def _answer(
         self, hook: AdmissionHook, review: AdmissionRequest, lane: asyncio.Semaphore, *, mutating: bool
     ) -> JSON | Reply:
-        original = snapshot(review.object) if mutating else None
         what = "defaulter" if mutating else "validator"
+        try:
+            original = snapshot(review.object) if mutating else None
+        except TypeError as error:  # orjson reads deeper nesting than it writes (254 levels)
+            return self._failed(hook, review, f"the object cannot be copied for the {what}: {error}")
         deadline = asyncio.timeout(self.options.handler_timeout)
         try:
             async with deadline, lane:
                 result = await _in_context(review, self._call(hook, review, mutating=mutating))
+        except asyncio.CancelledError as error:
+            if _cancelled_here():
+                raise  # the server is closing: the call's answer has nowhere to go
+            log.error("webhook %s for %s raised", what, review, exc_info=error)
+            return self._failed(hook, review, f"the {what} failed: CancelledError")
         except Denied as denial:
             return admission_response(
                 review, allowed=False, message=denial.message, code=denial.code, reason=denial.reason
@@ -453,7 +463,11 @@ class WebhookServer:
         except Exception as error:
             log.error("webhook %s for %s raised", what, review, exc_info=error)
             return self._failed(hook, review, f"the {what} failed: {type(error).__name__}")
-        return admission_response(review, allowed=True, original=original, defaulted=result)
+        try:
+            return admission_response(review, allowed=True, original=original, defaulted=result)
+        except TypeError as error:  # a value that is not JSON (a set, say), or nesting too deep
+            log.error("webhook %s for %s: its object cannot be encoded as JSON: %s", what, review, error)
+            return self._failed(hook, review, f"the {what}'s object cannot be encoded as JSON: {error}")
 
     @staticmethod
     async def _call(hook: AdmissionHook, review: AdmissionRequest, *, mutating: bool) -> JSON | None:
@@ -513,11 +527,36 @@ class WebhookServer:
             )
             log.error("cluster %r: %s", name, message)
             return _json(conversion_response(review.uid, None, message))
-        return _json(conversion_response(review.uid, converted))
+        except asyncio.CancelledError as error:
+            if _cancelled_here():
+                raise
+            message = f"converting {conversion.kind}.{conversion.group} failed: CancelledError"
+            log.error("cluster %r: %s", name, message, exc_info=error)
+            return _json(conversion_response(review.uid, None, message))
+        try:
+            return _json(conversion_response(review.uid, converted))
+        except TypeError as error:  # a value that is not JSON, or nesting too deep (orjson: 254)
+            message = (
+                f"converting {conversion.kind}.{conversion.group} ({_names(review.objects)}) gave "
+                f"objects that cannot be encoded as JSON: {error}"
+            )
+            log.error("cluster %r: %s", name, message)
+            return _json(conversion_response(review.uid, None, message))
 
 
 async def _now(reply: Reply) -> Reply:
     return reply
+
+
+def _cancelled_here() -> bool:
+    """Whether a CancelledError is this task's own cancellation, to pass on, not a handler's mistake.
+
+    A handler that awaits a future something else cancelled raises
+    CancelledError without its task being cancelled: that is its failure,
+    answered like any other, or the call would get no answer at all.
+    """
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _json(answer: JSON) -> Reply:
