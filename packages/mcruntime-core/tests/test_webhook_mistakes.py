@@ -98,7 +98,7 @@ async def test_a_defaulter_that_stores_what_json_cannot_hold_refuses_in_its_own_
 
     mcr.webhook_managed_by(manager).for_(kind).with_defaulter(default).complete()
     async with serving(manager, [plane.name]):
-        with pytest.raises(mcr.APIError, match="the defaulter's object cannot be encoded as JSON: .*set"):
+        with pytest.raises(mcr.APIError, match=r"the defaulter's object cannot be encoded as JSON: .*set"):
             await _create(plane, make_test(kind, "a-set", "default", image="x"))
 
 

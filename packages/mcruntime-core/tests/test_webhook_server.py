@@ -155,13 +155,17 @@ async def test_an_http1_client_gone_mid_body_costs_no_error_in_the_log(
 
             def lost() -> float | None:
                 labels = {"webhook": "/validate/example.com/v1/Test", "code": "400"}
-                return manager.metrics.registry.get_sample_value("controller_runtime_webhook_requests_total", labels)
+                return manager.metrics.registry.get_sample_value(
+                    "controller_runtime_webhook_requests_total", labels
+                )
 
             await wait_for(lambda: lost() == 1.0)  # answered 400 "gave up", to nobody
             connector = aiohttp.TCPConnector(ssl=client_context(bundle))
-            async with aiohttp.ClientSession(connector=connector) as session:
-                async with session.post(url, data=json.dumps(review()).encode(), headers=JSON) as response:
-                    assert response.status == 200, await response.text()
+            async with (
+                aiohttp.ClientSession(connector=connector) as session,
+                session.post(url, data=json.dumps(review()).encode(), headers=JSON) as response,
+            ):
+                assert response.status == 200, await response.text()
         assert calls == ["u-1"]
         assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
 
