@@ -154,6 +154,26 @@ async def test_a_call_past_the_handler_timeout_is_answered_and_the_others_are_no
             await blocked
 
 
+async def test_a_hung_handler_is_answered_before_the_api_servers_own_deadline(fleet: Fleet) -> None:
+    """timeoutSeconds below handler_timeout: the server answers by the API server's ?timeout=, per on_error."""
+    group, namespace = new_group(), unique("deadline")
+    kind = mcr.Kind(f"{group}/v1", "Test")
+    await _prepare(fleet, group, namespace)
+    plane = fleet["cluster-1"]
+    manager = fleet_manager(fleet, webhook_options())  # handler_timeout: 10 s, the default
+    never = asyncio.Event()
+
+    async def validate(_req: mcr.AdmissionRequest) -> None:
+        await never.wait()
+
+    mcr.webhook_managed_by(manager).for_(kind).with_validator(validate).with_options(
+        timeout_seconds=2
+    ).complete()
+    async with serving(manager, [plane.name]):
+        with pytest.raises(mcr.APIError, match=r"the validator did not answer within 1\.8s"):
+            await _create(fleet, plane.name, make_test(kind, "hung", namespace, image="x"))
+
+
 async def test_a_handler_error_can_be_left_to_the_failure_policy(fleet: Fleet) -> None:
     group, namespace = new_group(), unique("policy")
     kind = mcr.Kind(f"{group}/v1", "Test")

@@ -120,21 +120,6 @@ def test_a_manager_from_settings_gets_the_webhook_options() -> None:
     assert plain.webhook.options == mcr.WebhookOptions()
 
 
-def test_a_configuration_timeout_below_the_handler_timeout_is_warned_about(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    mcr.webhook_managed_by(manager()).for_(KIND).with_validator(allow).complete()
-    assert not [r for r in caplog.records if "handler_timeout" in r.getMessage()]
-    mcr.webhook_managed_by(manager()).for_(KIND).with_validator(allow).with_options(
-        timeout_seconds=5
-    ).complete()
-    [warning] = [r for r in caplog.records if "handler_timeout" in r.getMessage()]
-    assert warning.levelname == "WARNING"
-    assert warning.getMessage().startswith(
-        "webhook for Test.example.com/v1: timeout_seconds=5 is below the server's handler_timeout (10.0s)"
-    )
-
-
 @pytest.mark.parametrize(
     ("webhook", "other", "clash"),
     [

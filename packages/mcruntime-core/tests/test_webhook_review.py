@@ -286,3 +286,26 @@ async def test_handler_failures_are_answered_by_kind() -> None:
     response = await _answer(AdmissionHook(kind, validator=hangs), mutating=False, timeout=0.05)
     assert response["status"]["message"].endswith("the validator did not answer within 0.05s")
     assert response["status"]["code"] == 500
+
+
+@pytest.mark.parametrize(
+    ("query", "seconds"),
+    [
+        ("timeout=10s", 10.0),
+        ("timeout=1m0s", 60.0),
+        ("dryRun=All&timeout=500ms", 0.5),
+        ("timeout=2h3m4.5s", 7384.5),
+        ("timeout=10", None),  # no unit: not a Go duration
+        ("timeout=-1s", None),
+        ("timeout=0s", None),
+        ("timeout=1e9s", None),
+        ("timeout=" + "9" * 40 + "s", None),  # longer than any duration an API server sends
+        ("", None),
+    ],
+)
+def test_the_callers_deadline_is_read_from_its_query_only_when_well_formed(
+    query: str, seconds: float | None
+) -> None:
+    from mcruntime._webhook.exchange import caller_timeout
+
+    assert caller_timeout(query) == seconds

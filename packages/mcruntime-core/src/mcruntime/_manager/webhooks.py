@@ -10,7 +10,6 @@ without a function for some version) are :class:`BuilderError` errors from
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -22,7 +21,6 @@ from .builder import BuilderError
 if TYPE_CHECKING:
     from .manager import Manager
 
-log = logging.getLogger("mcruntime.webhook")
 
 _OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 
@@ -172,16 +170,6 @@ class WebhookBuilder:
             label = f"webhook for {kind}" if kind is not None else "webhook"
             raise BuilderError(f"{label}: " + "; ".join(problems))
         if self._validator is not None or self._defaulter is not None:
-            if self._timeout_seconds < server.options.handler_timeout:
-                log.warning(
-                    "webhook for %s: timeout_seconds=%d is below the server's handler_timeout (%.1fs): "
-                    "a slow handler's call fails in the API server as 'context deadline exceeded' "
-                    "(failure_policy %s) before the server answers; set handler_timeout lower",
-                    kind,
-                    self._timeout_seconds,
-                    server.options.handler_timeout,
-                    self._failure_policy,
-                )
             server.add_admission(
                 AdmissionHook(
                     kind,

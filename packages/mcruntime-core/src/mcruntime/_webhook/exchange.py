@@ -8,6 +8,7 @@ limits and every error's wording are the same on both.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -47,7 +48,45 @@ class Call:
     path: str
     content_type: str
     read: Callable[[], Awaitable[bytes]]
+    timeout: float | None = None
+    """How long the caller waits for the answer, when it says (an API server's ``?timeout=10s``)."""
+
+
+_DURATION = re.compile(r"(\d{1,9}(?:\.\d{0,9})?)(ns|us|µs|ms|s|m|h)")
+_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def caller_timeout(query: str) -> float | None:
+    """The ``timeout`` an API server puts in a webhook call's query, in seconds; ``None`` if absent or odd.
+
+    It is the configuration's ``timeoutSeconds`` as a Go duration (``10s``,
+    ``1m0s``). The server answers before it runs out, so a hung handler is
+    answered per ``on_error`` instead of failing as the API server's
+    "context deadline exceeded". Only a short, well-formed value counts.
+    """
+    for field in query.split("&", 16)[:16]:
+        name, _, value = field.partition("=")
+        if name != "timeout" or not 0 < len(value) <= 32:
+            continue
+        parts = _DURATION.findall(value)
+        if not parts or "".join(number + unit for number, unit in parts) != value:
+            return None
+        seconds = sum(float(number) * _UNIT[unit] for number, unit in parts)
+        return seconds if seconds > 0 else None
+    return None
 
 
 Serve = Callable[[Call], Awaitable[Reply]]
 """The server's logic, as each transport calls it."""
+
+
+def answer_limit(call: Call, handler_timeout: float) -> float:
+    """A handler's time: ``handler_timeout``, or nine tenths of the caller's own when that is shorter.
+
+    The API server's deadline (``timeoutSeconds``) covers the whole call:
+    answered inside it, a hung handler gets ``on_error``'s answer instead of
+    the API server's "context deadline exceeded".
+    """
+    if call.timeout is None:
+        return handler_timeout
+    return round(min(handler_timeout, call.timeout * 0.9), 2)

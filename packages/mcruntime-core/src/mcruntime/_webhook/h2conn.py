@@ -25,7 +25,7 @@ import logging
 from typing import TYPE_CHECKING, cast
 
 from .._base.http2 import CANCEL, NO_ERROR, PROTOCOL_ERROR, REFUSED_STREAM, error_name
-from .exchange import BodyLost, BodyTooLarge, Call, Reply
+from .exchange import BodyLost, BodyTooLarge, Call, Reply, caller_timeout
 from .h2wire import ProtocolViolation, ServerWire
 
 if TYPE_CHECKING:
@@ -178,11 +178,13 @@ class Http2Connection(asyncio.Protocol):
         if length is not None and length.isdigit() and int(length) > self._max_body:
             body.fail(BodyTooLarge())  # known before the body comes: none of it is kept
         content_type = _header(headers, b"content-type") or b""
+        target, _, query = path.decode("latin-1").partition("?")
         call = Call(
             method.decode("latin-1"),
-            path.decode("latin-1").partition("?")[0],
+            target,
             content_type.decode("latin-1").partition(";")[0].strip().lower(),
             body.read,
+            caller_timeout(query),
         )
         self._busy += 1
         task = asyncio.get_running_loop().create_task(self._answer(stream_id, call, body))

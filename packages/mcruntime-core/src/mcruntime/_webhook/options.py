@@ -38,8 +38,10 @@ class WebhookOptions:
     a write only on a difference; 0 turns it off.
 
     ``handler_timeout`` bounds each call (waiting for its cluster's lane
-    included); ``max_concurrent_per_cluster`` is each cluster's lane width, so
-    a hung handler for one cluster holds only that cluster's share.
+    included), or nine tenths of the API server's own deadline when that is
+    shorter, so a hung handler is answered per ``on_error`` before the API
+    server gives up; ``max_concurrent_per_cluster`` is each cluster's lane
+    width, so a hung handler for one cluster holds only that cluster's share.
 
     ``http2`` offers HTTP/2 (ALPN ``h2``) besides HTTP/1.1. An API server then
     sends its calls as streams on one connection instead of queueing for a

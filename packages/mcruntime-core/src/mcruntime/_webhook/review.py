@@ -251,3 +251,15 @@ def snapshot(obj: JSON | None) -> JSON | None:
 def encode(review: JSON) -> bytes:
     """A review as JSON, with orjson (the standard library is several times slower)."""
     return orjson.dumps(review)
+
+
+def object_names(objects: list[JSON], shown: int = 3) -> str:
+    """``ns/name`` of the first few objects of a conversion, for its log line."""
+    names = []
+    for obj in objects[:shown]:
+        metadata = obj.get("metadata")
+        metadata = metadata if isinstance(metadata, dict) else {}
+        namespace, name = metadata.get("namespace"), metadata.get("name", "?")
+        names.append(f"{namespace}/{name}" if namespace else str(name))
+    more = f" and {len(objects) - shown} more" if len(objects) > shown else ""
+    return ", ".join(names) + more

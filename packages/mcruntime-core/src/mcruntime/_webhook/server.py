@@ -39,7 +39,7 @@ from .._reconcile.request import LOCAL_CLUSTER, Request
 from . import h2conn
 from .accept import Accepted, Open
 from .certs import CertificateFiles, CertificateSource, SelfSignedCertificates
-from .exchange import BodyLost, BodyTooLarge, Call, Reply
+from .exchange import BodyLost, BodyTooLarge, Call, Reply, answer_limit, caller_timeout
 from .h2conn import Http2Connection
 from .handlers import AdmissionHook, Conversion, ConversionFailed
 from .metrics import UNMATCHED, WebhookMetrics
@@ -54,6 +54,7 @@ from .review import (
     conversion_response,
     decode,
     encode,
+    object_names,
     parse_admission,
     parse_conversion,
     snapshot,
@@ -348,8 +349,8 @@ class WebhookServer:
                 raise BodyLost from None
 
         content_type = request.content_type if request.headers.get("Content-Type") else ""
-        path = request.raw_path.partition("?")[0]
-        reply = await self.serve(Call(request.method, path, content_type, read))
+        path, timeout = request.raw_path.partition("?")[0], caller_timeout(request.query_string)
+        reply = await self.serve(Call(request.method, path, content_type, read, timeout))
         headers = {"Content-Type": reply.content_type}
         return web.Response(status=reply.status, body=reply.body, headers=headers)
 
@@ -428,18 +429,26 @@ class WebhookServer:
             review = parse_admission(name, data)
         except ReviewError as error:
             return Reply.text(400, str(error))
-        answer = await self._answer(hook, review, lane, mutating=mutating)
+        limit = answer_limit(call, self.options.handler_timeout)
+        answer = await self._answer(hook, review, lane, mutating=mutating, limit=limit)
         return answer if isinstance(answer, Reply) else Reply(200, encode(answer))
 
     async def _answer(
-        self, hook: AdmissionHook, review: AdmissionRequest, lane: asyncio.Semaphore, *, mutating: bool
+        self,
+        hook: AdmissionHook,
+        review: AdmissionRequest,
+        lane: asyncio.Semaphore,
+        *,
+        mutating: bool,
+        limit: float | None = None,
     ) -> JSON | Reply:
         what = "defaulter" if mutating else "validator"
         try:
             original = snapshot(review.object) if mutating else None
         except TypeError as error:  # orjson reads deeper nesting than it writes (254 levels)
             return self._failed(hook, review, f"the object cannot be copied for the {what}: {error}")
-        deadline = asyncio.timeout(self.options.handler_timeout)
+        limit = self.options.handler_timeout if limit is None else limit
+        deadline = asyncio.timeout(limit)
         try:
             async with deadline, lane:
                 result = await _in_context(review, self._call(hook, review, mutating=mutating))
@@ -456,10 +465,8 @@ class WebhookServer:
             if not deadline.expired():  # the handler's own timeout (a slow call it made): its error
                 log.error("webhook %s for %s raised", what, review, exc_info=error)
                 return self._failed(hook, review, f"the {what} failed: {type(error).__name__}")
-            log.error("webhook %s for %s took over %.1fs", what, review, self.options.handler_timeout)
-            return self._failed(
-                hook, review, f"the {what} did not answer within {self.options.handler_timeout}s"
-            )
+            log.error("webhook %s for %s took over %ss", what, review, limit)
+            return self._failed(hook, review, f"the {what} did not answer within {limit}s")
         except Exception as error:
             log.error("webhook %s for %s raised", what, review, exc_info=error)
             return self._failed(hook, review, f"the {what} failed: {type(error).__name__}")
@@ -507,8 +514,9 @@ class WebhookServer:
             review = parse_conversion(name, data)
         except ReviewError as error:
             return Reply.text(400, str(error))
+        limit = answer_limit(call, self.options.handler_timeout)
         try:
-            async with asyncio.timeout(self.options.handler_timeout), lane:
+            async with asyncio.timeout(limit), lane:
                 converted = [
                     await conversion.convert(obj, review.desired_api_version) for obj in review.objects
                 ]
@@ -522,8 +530,8 @@ class WebhookServer:
         except TimeoutError:
             message = (
                 f"converting {len(review.objects)} {conversion.kind}.{conversion.group} "
-                f"({_names(review.objects)}) to {review.desired_api_version} "
-                f"took over {self.options.handler_timeout}s"
+                f"({object_names(review.objects)}) to {review.desired_api_version} "
+                f"took over {limit}s"
             )
             log.error("cluster %r: %s", name, message)
             return _json(conversion_response(review.uid, None, message))
@@ -537,7 +545,7 @@ class WebhookServer:
             return _json(conversion_response(review.uid, converted))
         except TypeError as error:  # a value that is not JSON, or nesting too deep (orjson: 254)
             message = (
-                f"converting {conversion.kind}.{conversion.group} ({_names(review.objects)}) gave "
+                f"converting {conversion.kind}.{conversion.group} ({object_names(review.objects)}) gave "
                 f"objects that cannot be encoded as JSON: {error}"
             )
             log.error("cluster %r: %s", name, message)
@@ -566,18 +574,6 @@ def _json(answer: JSON) -> Reply:
 def _not_served(call: Call) -> Reply:
     shown = call.path if len(call.path) <= 200 else call.path[:200] + "..."
     return Reply.text(404, f"no webhook is served at {shown!r}")
-
-
-def _names(objects: list[JSON], shown: int = 3) -> str:
-    """``ns/name`` of the first few objects of a conversion, for its log line."""
-    names = []
-    for obj in objects[:shown]:
-        metadata = obj.get("metadata")
-        metadata = metadata if isinstance(metadata, dict) else {}
-        namespace, name = metadata.get("namespace"), metadata.get("name", "?")
-        names.append(f"{namespace}/{name}" if namespace else str(name))
-    more = f" and {len(objects) - shown} more" if len(objects) > shown else ""
-    return ", ".join(names) + more
 
 
 async def _in_context(review: AdmissionRequest, call: Awaitable[JSON | None]) -> JSON | None:
