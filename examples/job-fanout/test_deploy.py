@@ -23,7 +23,7 @@ import yaml
 import mcruntime as mcr
 from example_testing import admin_cluster
 from job_fanout import crd_manifest
-from mcruntime._cli.runner import SHUTDOWN_MARGIN
+from mcruntime._cli.runner import CANCEL_MARGIN, SHUTDOWN_MARGIN
 from mcruntime.testing import Fleet
 
 DEPLOY = Path(__file__).parent / "deploy"
@@ -160,7 +160,8 @@ def test_the_deployment_settings_are_valid_and_its_grace_period_covers_the_drain
     fields = {name.removeprefix("MCRUNTIME_").lower(): value for name, value in variables.items()}
     settings = mcr.ManagerSettings.load(**fields)
     assert settings.leader_election and deployment()["spec"]["replicas"] == 2
-    assert pod["terminationGracePeriodSeconds"] > settings.graceful_shutdown_timeout + SHUTDOWN_MARGIN
+    bound = settings.graceful_shutdown_timeout + SHUTDOWN_MARGIN + CANCEL_MARGIN  # the drain, then the exit
+    assert pod["terminationGracePeriodSeconds"] >= bound
     probes = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert settings.health_probe_bind_address == f":{probes['probes']}"
     assert settings.metrics_bind_address == f":{probes['metrics']}"

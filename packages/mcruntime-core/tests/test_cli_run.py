@@ -212,6 +212,63 @@ async def test_a_second_signal_stops_at_once_and_exits_3(fleet: Fleet, tmp_path:
     assert "received SIGINT again" in log
 
 
+THREADED = """
+import asyncio
+import time
+
+import mcruntime as mcr
+
+
+class Sleeper:
+    async def start(self) -> None:
+        await asyncio.to_thread(time.sleep, 600)  # a thread nothing can cancel
+
+
+def factory(settings: mcr.ManagerSettings) -> mcr.Manager:
+    manager = mcr.Manager.from_settings(local=mcr.load_kubeconfig_env(), settings=settings)
+    manager.add(Sleeper())
+    return manager
+"""
+
+
+async def test_a_thread_that_sleeps_on_does_not_hold_the_process_after_the_drain(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    (tmp_path / "threaded.py").write_text(THREADED)
+    probes = free_port()
+    env = environment(fleet["cluster-1"], tmp_path, "default")
+    log = tmp_path / "threaded.log"
+    with log.open("wb") as stderr:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "mcruntime",
+            "run",
+            f"{tmp_path / 'threaded.py'}:factory",
+            "--health-probe-bind-address",
+            f"127.0.0.1:{probes}",
+            "--metrics-bind-address",
+            "",
+            "--graceful-shutdown-timeout",
+            "1",
+            env=env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    try:
+        await wait_for(lambda: probe_ok(probes, "/readyz"), timeout=60)
+        process.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(process.wait(), 120)  # the thread sleeps 600 s
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    text = log.read_text()
+    assert code == 0, text
+    assert "stopped cleanly" in text
+    assert "threads still run 5s later (" in text and "asyncio_0" in text  # the executor's, named
+
+
 async def test_check_builds_and_describes_the_manager_without_connecting(tmp_path: Path) -> None:
     (tmp_path / "slow_operator.py").write_text(FACTORY)
     unreachable = {

@@ -12,7 +12,7 @@ from .check import describe, problems
 from .commands import Command
 from .common import add_target_arguments, load_manager, prepare
 from .errors import ExitCode, UsageError
-from .runner import SHUTDOWN_MARGIN, run_until_signalled
+from .runner import CANCEL_MARGIN, SHUTDOWN_MARGIN, exit_within, run_until_signalled
 
 log = logging.getLogger("mcruntime.cli")
 
@@ -38,7 +38,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def execute(arguments: argparse.Namespace) -> int:
     settings, flags = prepare(arguments)
     with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
-        return runner.run(_run(arguments, settings, flags))
+        code = runner.run(_run(arguments, settings, flags))
+        if not arguments.check:  # what is left (closing the loop, the exit) may wait on threads
+            exit_within(CANCEL_MARGIN, code)
+    return code
 
 
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -6,8 +6,10 @@ manager: intake stops, in-flight reconciles get ``graceful_shutdown_timeout``,
 then the provider, the clusters and the leader-election Lease are released.
 The whole stop is bounded by that timeout plus :data:`SHUTDOWN_MARGIN`; a
 second signal, or a stop that overruns the bound, cancels what is left. A
-watchdog thread ends the process if even that cancellation hangs, so a pod
-never outlives its ``terminationGracePeriodSeconds`` because of us.
+watchdog thread ends the process if even that cancellation hangs, and another
+if, once the manager stopped, the exit waits on threads (``asyncio.to_thread``
+work nothing can cancel), so a pod never outlives its
+``terminationGracePeriodSeconds`` because of us.
 """
 
 from __future__ import annotations
@@ -113,3 +115,33 @@ def _give_up() -> None:
     sys.stderr.write("mcruntime: the manager did not stop after cancellation; exiting\n")
     sys.stderr.flush()
     os._exit(ExitCode.DRAIN_TIMEOUT)
+
+
+def exit_within(seconds: float, code: int) -> None:
+    """End the process with ``code`` if its exit has not happened ``seconds`` from now.
+
+    Closing the event loop waits for its executor's threads, and the
+    interpreter's exit for every thread that is not a daemon: a handler's
+    ``asyncio.to_thread(...)`` call that sleeps on would hold the process past
+    the bound the drain kept. The timer is a daemon itself, so an exit that
+    comes in time never waits for it.
+    """
+
+    def give_up() -> None:
+        waiting = sorted(
+            thread.name
+            for thread in threading.enumerate()
+            if thread.is_alive() and not thread.daemon and thread is not threading.main_thread()
+        )
+        sys.stderr.write(
+            f"mcruntime: the manager stopped, but threads still run {seconds:.0f}s later "
+            f"({', '.join(waiting) or 'none named'}); exiting without them\n"
+        )
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    timer = threading.Timer(seconds, give_up)
+    timer.daemon = True
+    timer.start()
