@@ -138,3 +138,39 @@ async def test_log_flags_pass_with_a_factory_without_settings(command: list[str]
     assert (code, err) == (0, ""), err
     if subcommand == "run":
         assert out.splitlines()[-1] == f"ok: {tmp_path / 'good.py'}:nosettings"
+
+
+def test_only_near_misses_of_a_setting_are_named_as_misspelled() -> None:
+    from mcruntime._manager.settings import misspelled_variables
+
+    environment = {
+        "MCRUNTIME_LEADER_ELECTON": "true",  # two active leaders, in silence
+        "MCRUNTIME_GRACEFUL_SHUTDOWN_TIMOUT": "60",
+        "MCRUNTIME_LEADER_ELECTION": "true",  # a setting
+        "MCRUNTIME_KIND_CLUSTERS": "east",  # the kind provider's, nothing like a setting
+        "MCRUNTIME_TESTBED_BACKEND": "binaries",
+        "PATH": "/bin",
+    }
+    assert misspelled_variables(environment) == [
+        "MCRUNTIME_GRACEFUL_SHUTDOWN_TIMOUT is not a setting (did you mean MCRUNTIME_GRACEFUL_SHUTDOWN_TIMEOUT?)",
+        "MCRUNTIME_LEADER_ELECTON is not a setting (did you mean MCRUNTIME_LEADER_ELECTION?)",
+    ]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["run", "--check"], ["rbac", "--name", "op", "--namespace", "ops"]],
+    ids=["run-check", "rbac"],
+)
+async def test_a_misspelled_variable_fails_check_and_rbac_naming_the_setting(
+    command: list[str], tmp_path: Path
+) -> None:
+    (tmp_path / "good.py").write_text(
+        NO_SETTINGS.replace("mcr.Manager(", "mcr.Manager.from_settings(provider=")
+    )
+    env = {name: value for name, value in os.environ.items() if not name.startswith("MCRUNTIME_")}
+    env["MCRUNTIME_LEADER_ELECTON"] = "true"
+    subcommand, *rest = command
+    code, _out, err = await mcruntime(subcommand, f"{tmp_path / 'good.py'}:nosettings", *rest, env=env)
+    assert code == 2, err
+    assert "MCRUNTIME_LEADER_ELECTON is not a setting (did you mean MCRUNTIME_LEADER_ELECTION?)" in err

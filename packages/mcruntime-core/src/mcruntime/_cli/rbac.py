@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 
 from .._base.permissions import Role
-from .._manager.settings import ManagerSettings
+from .._manager.settings import ManagerSettings, misspelled_variables
 from .._rbac.rbac import rbac_for
 from .check import ignored_flags
 from .commands import Command
@@ -61,9 +62,10 @@ async def _render(
     manager = await load_manager(arguments, settings)
     # RBAC generated for a manager the flags never reached would lack what they ask for
     # (a --leader-election without its Lease rules): refuse, as run --check does.
-    ignored = ignored_flags(manager, flags)
-    if ignored is not None:
-        raise UsageError(ignored)
+    ignored = [found for found in (ignored_flags(manager, flags),) if found is not None]
+    misspelled = misspelled_variables(os.environ)  # a setting never read: its rules would be missing
+    if ignored or misspelled:
+        raise UsageError("; ".join([*ignored, *misspelled]))
     try:
         rbac = rbac_for(
             manager,

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 
-from .._manager.settings import ManagerSettings
+from .._manager.settings import ManagerSettings, misspelled_variables
 from .check import describe, problems
 from .commands import Command
 from .common import add_target_arguments, load_manager, prepare
@@ -61,7 +62,7 @@ async def _run(
 ) -> ExitCode:
     log.debug("event loop: %s", type(asyncio.get_running_loop()).__module__)
     manager = await load_manager(arguments, settings)
-    found = problems(manager, flags)
+    found = problems(manager, flags) + misspelled_variables(os.environ)
     if arguments.check:
         for line in describe(manager):
             print(line)

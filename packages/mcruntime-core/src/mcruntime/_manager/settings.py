@@ -9,7 +9,9 @@ variable and what is wrong with it.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -261,6 +263,24 @@ class ManagerSettings(BaseSettings):
                 where = f"{ENV_PREFIX}{field.upper()}={detail['input']!r}" if field else "settings"
                 problems.append(f"{where}: {detail['msg']}")
             raise SettingsError("invalid manager settings: " + "; ".join(problems)) from None
+
+
+def misspelled_variables(environment: Mapping[str, str]) -> list[str]:
+    """``MCRUNTIME_*`` variables that are no setting but nearly spell one, each with the one it resembles.
+
+    pydantic-settings reads the variables it knows and passes over the rest,
+    so ``MCRUNTIME_LEADER_ELECTON=true`` would run a replica without leader
+    election, in silence. Only near misses are named: other ``MCRUNTIME_*``
+    variables (the testbed's, the kind provider's) are someone else's.
+    """
+    known = [ENV_PREFIX + name.upper() for name in ManagerSettings.model_fields]
+    found = []
+    for name in sorted(environment):
+        if name.startswith(ENV_PREFIX) and name not in known:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+            if close:
+                found.append(f"{name} is not a setting (did you mean {close[0]}?)")
+    return found
 
 
 _EVERY_INTERFACE = (EVERY_INTERFACE, "::")
