@@ -243,6 +243,29 @@ def test_a_call_racing_our_goaway_is_dropped_whole_and_the_calls_before_it_are_s
     ]
 
 
+def test_late_data_for_a_stream_we_refused_long_ago_is_dropped_not_a_fault() -> None:
+    """A body still arriving after more calls ended than the wire remembers (128) costs nothing."""
+    pair = Pair()
+    refused = pair.client.get_next_available_stream_id()
+    pair.client.send_headers(refused, REQUEST)
+    assert [event[0] for event in pair.to_server()] == ["request"]
+    pair.wire.reset(refused, REFUSED_STREAM)  # its body is too large, say: the rest is not wanted
+    pair.to_client()
+    for _ in range(130):  # calls that come and go meanwhile
+        stream = pair.post(b"{}")
+        pair.to_server()
+        pair.wire.respond(stream, 200, [], b"ok")
+        pair.to_client()
+    late = frame(DATA, 0, refused, b"more of the refused body")
+    assert pair.to_server(late) == []
+    closed = pair.post(b"{}")  # a stream that ended normally, still remembered: DATA on it is a fault
+    pair.to_server()
+    pair.wire.respond(closed, 200, [], b"ok")
+    pair.to_client()
+    with pytest.raises(ProtocolViolation, match=f"DATA on stream {closed}, which is closed"):
+        pair.to_server(frame(DATA, 0, closed, b"x"))
+
+
 def _frames(data: bytes) -> list[tuple[int, int, bytes]]:
     """(type, stream, payload) of each frame in ``data``."""
     found, position = [], 0

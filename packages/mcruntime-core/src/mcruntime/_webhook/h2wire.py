@@ -266,9 +266,15 @@ class ServerWire(FrameReader):
         return self._goaway_last is not None and stream_id > self._goaway_last
 
     def _on_closed(self, stream_id: int, what: str) -> None:
-        """DATA or HEADERS for a stream that is not open: ignored if we reset it, else the client's fault."""
-        if self._closed.get(stream_id, False) or self._ignored(stream_id):
-            return  # sent before our RST_STREAM or GOAWAY reached the client (RFC 9113 5.1, 6.8)
+        """DATA or HEADERS for a stream that is not open: the client's fault only if it ended it normally.
+
+        Ignored for a stream we reset or one opened after our GOAWAY (sent before
+        either reached the client, RFC 9113 5.1, 6.8), and for one closed too long
+        ago to be remembered: a body still on its way when we refused it may
+        arrive after many other calls ended, and costs the connection nothing.
+        """
+        if self._closed.get(stream_id, True) or self._ignored(stream_id):
+            return
         raise ProtocolViolation(f"{what} on stream {stream_id}, which is closed", STREAM_CLOSED)
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
