@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import yaml
 from test_cli_run import mcruntime
 
@@ -95,13 +96,38 @@ async def test_rbac_for_one_role_prints_only_its_objects(tmp_path: Path) -> None
     assert "w-member" in names
 
 
-async def test_rbac_with_a_bad_name_exits_2_naming_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--name", "Not_A_Name", "--namespace", "ops"], "--name 'Not_A_Name' is not a DNS subdomain"),
+        (["--name", "w", "--namespace", "n" * 64], f"--namespace '{'n' * 64}' is not a DNS label: 1 to 63"),
+        (
+            ["--name", "w", "--namespace", "ops", "--service-account", "a..b"],
+            "--service-account 'a..b' is not",
+        ),
+    ],
+)
+async def test_rbac_with_a_bad_name_exits_2_naming_the_flag(
+    tmp_path: Path, flags: list[str], named: str
+) -> None:
     env = _environment(tmp_path)
     target = f"{tmp_path / 'widgets.py'}:factory"
-    code, out, err = await mcruntime("rbac", target, "--name", "Not_A_Name", "--namespace", "ops", env=env)
+    code, out, err = await mcruntime("rbac", target, *flags, env=env)
     assert code == 2, (out, err)
     [line] = err.splitlines()
-    assert line.startswith("mcruntime rbac: error: ") and "Not_A_Name" in line
+    assert line.startswith(f"mcruntime rbac: error: {named}"), line
+
+
+async def test_rbac_explain_for_one_role_lists_only_its_permissions(tmp_path: Path) -> None:
+    env = _environment(tmp_path)
+    target = f"{tmp_path / 'widgets.py'}:factory"
+    for role in ("hub", "member"):
+        code, out, err = await mcruntime(
+            "rbac", target, "--name", "w", "--namespace", "ops", "--explain", "--role", role, env=env
+        )
+        assert (code, err) == (0, ""), err
+        lines = out.splitlines()
+        assert lines and all(line.startswith(f"{role} ") for line in lines), out
 
 
 async def test_rbac_refuses_flags_a_factory_ignores(tmp_path: Path) -> None:

@@ -268,6 +268,16 @@ def test_a_member_subject_of_its_own_is_bound_without_a_service_account() -> Non
         ({"name": "Bad_Name", "namespace": "ops"}, "name 'Bad_Name'"),
         ({"name": "ok", "namespace": "no.dots"}, "namespace 'no.dots'"),
         ({"name": "ok", "namespace": "ops", "service_account": ""}, "service_account ''"),
+        ({"name": "ok", "namespace": "n" * 64}, "is not a DNS label: 1 to 63 characters"),
+        (
+            {"name": "ok", "namespace": "ops", "service_account": "a..b"},
+            "service_account 'a..b' is not a DNS",
+        ),
+        (
+            {"name": "ok", "namespace": "ops", "service_account": "a.-b"},
+            "service_account 'a.-b' is not a DNS",
+        ),
+        ({"name": "x" * 64 + ".ok", "namespace": "ops"}, "is not a DNS subdomain: dot-separated parts"),
     ],
 )
 def test_bad_names_are_refused_naming_the_argument(options: dict[str, str], message: str) -> None:

@@ -14,7 +14,7 @@ import sys
 
 from .._base.permissions import Role
 from .._manager.settings import ManagerSettings, misspelled_variables
-from .._rbac.rbac import rbac_for
+from .._rbac.rbac import name_problem, rbac_for
 from .check import ignored_flags
 from .commands import Command
 from .common import add_target_arguments, load_manager, prepare
@@ -66,6 +66,15 @@ async def _render(
     misspelled = misspelled_variables(os.environ)  # a setting never read: its rules would be missing
     if ignored or misspelled:
         raise UsageError("; ".join([*ignored, *misspelled]))
+    account = arguments.name if arguments.service_account is None else arguments.service_account
+    for flag, value, subdomain in (
+        ("--name", arguments.name, True),
+        ("--namespace", arguments.namespace, False),
+        ("--service-account", account, True),
+    ):
+        problem = name_problem(value, subdomain=subdomain)
+        if problem is not None:
+            raise UsageError(f"{flag} {value!r} {problem}")
     try:
         rbac = rbac_for(
             manager,
@@ -75,10 +84,10 @@ async def _render(
         )
     except ValueError as error:
         raise UsageError(str(error)) from None
-    if arguments.explain:
-        print(rbac.explain())
-        return ExitCode.OK
     role: Role | None = None if arguments.role == "all" else arguments.role
+    if arguments.explain:
+        sys.stdout.write(rbac.explain(role))
+        return ExitCode.OK
     sys.stdout.write(rbac.to_yaml(role))
     return ExitCode.OK
 

@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from .._manager.manager import Manager
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _SUBJECT_KINDS = ("ServiceAccount", "User", "Group")
 RBAC_GROUP = "rbac.authorization.k8s.io"
 
@@ -44,9 +43,29 @@ _HEADERS: Mapping[Role, str] = {
 }
 
 
-def _check_name(label: str, value: str, pattern: re.Pattern[str]) -> None:
-    if not value or len(value) > 253 or not pattern.match(value):
-        raise ValueError(f"rbac: {label} {value!r} is not a valid Kubernetes name")
+def name_problem(value: str, *, subdomain: bool) -> str | None:
+    """Why ``value`` cannot name a namespace (a DNS label) or a ServiceAccount or role (a DNS subdomain).
+
+    Checked before any YAML is written: the API server would refuse the
+    object, and only when the manifests are applied.
+    """
+    limit, what = (253, "a DNS subdomain") if subdomain else (63, "a DNS label")
+    if not value or len(value) > limit:
+        return f"is not {what}: 1 to {limit} characters"
+    segments = value.split(".") if subdomain else [value]
+    if not all(len(segment) <= 63 and _DNS_LABEL.match(segment) for segment in segments):
+        parts = "dot-separated parts" if subdomain else "characters"
+        return (
+            f"is not {what}: {parts} of lower-case letters, digits and '-', "
+            "each beginning and ending with a letter or digit"
+        )
+    return None
+
+
+def _check_name(label: str, value: str, *, subdomain: bool) -> None:
+    problem = name_problem(value, subdomain=subdomain)
+    if problem is not None:
+        raise ValueError(f"rbac: {label} {value!r} {problem}")
 
 
 @dataclass(frozen=True)
@@ -132,10 +151,12 @@ class RBAC:
             found.append(_binding("RoleBinding", "Role", name, namespace, labels, subject))
         return found
 
-    def explain(self) -> str:
-        """One line per permission, before merging: role, scope, verbs, resource and why it is there."""
+    def explain(self, role: Role | None = None) -> str:
+        """A line per permission of ``role`` (or both), before merging: role, scope, verbs, resource, why."""
         lines = []
         for permission in self.permissions:
+            if role is not None and permission.role != role:
+                continue
             scope = permission.namespace or "cluster-wide"
             group = permission.kind.group or "core"
             verbs = ",".join(permission.verbs)
@@ -222,9 +243,9 @@ def rbac_for(
     is what the member's kubeconfig Secret would carry).
     """
     account = name if service_account is None else service_account
-    _check_name("name", name, _DNS_NAME)
-    _check_name("namespace", namespace, _DNS_LABEL)
-    _check_name("service_account", account, _DNS_NAME)
+    _check_name("name", name, subdomain=True)
+    _check_name("namespace", namespace, subdomain=False)
+    _check_name("service_account", account, subdomain=True)
     hub = Subject("ServiceAccount", account, namespace)
     permissions = [
         *manager.permissions,
