@@ -174,3 +174,11 @@ async def test_a_misspelled_variable_fails_check_and_rbac_naming_the_setting(
     code, _out, err = await mcruntime(subcommand, f"{tmp_path / 'good.py'}:nosettings", *rest, env=env)
     assert code == 2, err
     assert "MCRUNTIME_LEADER_ELECTON is not a setting (did you mean MCRUNTIME_LEADER_ELECTION?)" in err
+
+
+def test_the_log_level_variable_takes_any_case_as_the_flag_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MCRUNTIME_LOG_LEVEL", "debug")
+    assert mcr.ManagerSettings.load().log_level == "DEBUG"
+    monkeypatch.setenv("MCRUNTIME_LOG_LEVEL", "loud")
+    with pytest.raises(mcr.SettingsError, match="MCRUNTIME_LOG_LEVEL='loud'"):
+        mcr.ManagerSettings.load()

@@ -158,6 +158,15 @@ class ManagerSettings(BaseSettings):
                 raise ValueError(f"{error}{off}") from None
         return value
 
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _any_case(cls, value: object) -> object:
+        # --log-level takes debug or DEBUG; the variable must too, as the flag and it follow one rule.
+        # A value that is no level stays as written, for the error to quote.
+        if isinstance(value, str) and value.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            return value.upper()
+        return value
+
     @field_validator("event_loop")
     @classmethod
     def _loop_installed(cls, value: str) -> str:
