@@ -309,3 +309,33 @@ def test_the_callers_deadline_is_read_from_its_query_only_when_well_formed(
     from mcruntime._webhook.exchange import caller_timeout
 
     assert caller_timeout(query) == seconds
+
+
+async def test_certificate_files_gone_are_warned_about_once_and_their_return_is_said(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A refresh every reload_interval would otherwise repeat the warning, 8,640 times a day."""
+    import logging
+
+    from mcruntime._webhook.certs import CertificateFiles
+    from mcruntime.testing._pki import CertificateAuthority
+
+    pair = CertificateAuthority("files-ca").issue("webhook", server_hosts=("127.0.0.1",))
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert.write_bytes(pair.cert_pem)
+    key.write_bytes(pair.key_pem)
+    files = CertificateFiles(cert, key)
+    await files.load()
+    cert.unlink()
+    with caplog.at_level(logging.DEBUG, logger="mcruntime.webhook"):
+        for _ in range(3):
+            assert await files.refresh() is False
+        cert.write_bytes(pair.cert_pem)
+        assert await files.refresh() is False  # the same pair: nothing to reload, and the trouble is over
+        assert await files.refresh() is False
+    said = [
+        (record.levelname, record.getMessage()) for record in caplog.records if record.levelno >= logging.INFO
+    ]
+    assert [level for level, _ in said] == ["WARNING", "INFO"], said
+    assert said[0][1].startswith("webhook certificate files unreadable (")
+    assert said[1][1] == f"webhook certificate files {cert} and {key} load again"

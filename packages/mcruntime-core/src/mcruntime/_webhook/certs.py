@@ -118,9 +118,23 @@ class CertificateFiles:
         self.context = _server_context()
         self._digest: bytes | None = None
         self._not_after: datetime.datetime | None = None
+        self._problem: str | None = None
+        """What the last refresh found wrong, said once (a missing file stays missing for a while)."""
 
     def __repr__(self) -> str:
         return f"<CertificateFiles {self.cert_file} {self.key_file}>"
+
+    def _report(self, problem: str | None) -> None:
+        """A WARNING when the files' trouble begins or changes, an INFO when it ends; repeats at DEBUG."""
+        if problem == self._problem:
+            if problem is not None:
+                log.debug("%s", problem)
+            return
+        if problem is not None:
+            log.warning("%s", problem)
+        else:
+            log.info("webhook certificate files %s and %s load again", self.cert_file, self.key_file)
+        self._problem = problem
 
     def ca_bundle(self) -> bytes | None:
         return None
@@ -146,17 +160,19 @@ class CertificateFiles:
         try:
             cert_pem, key_pem = await asyncio.to_thread(self._read)
         except OSError as error:
-            log.warning("webhook certificate files unreadable (%s); serving the loaded one", error)
+            self._report(f"webhook certificate files unreadable ({error}); serving the loaded one")
             return False
         digest = hashlib.sha256(cert_pem + key_pem).digest()
         if digest == self._digest:
+            self._report(None)
             return False
         try:
             _load_pem(self.context, cert_pem, key_pem)
         except (OSError, ssl.SSLError) as error:
             # Mid-rotation (certificate written, key not yet): keep serving the old pair.
-            log.warning("webhook certificate %s changed but does not load yet (%s)", self.cert_file, error)
+            self._report(f"webhook certificate {self.cert_file} changed but does not load yet ({error})")
             return False
+        self._report(None)
         self._digest = digest
         self._not_after = _expiry(cert_pem)
         log.info("webhook certificate reloaded from %s (expires %s)", self.cert_file, self._not_after)
