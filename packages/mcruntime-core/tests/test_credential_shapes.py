@@ -76,7 +76,8 @@ async def test_a_token_file_ending_in_a_newline_is_used_stripped(fleet: Fleet, t
     data = plane.kubeconfig(plane.token_user)
     data["users"][0]["user"] = {"tokenFile": str(token_file)}
 
-    async with mcr.Cluster("echoed", mcr.kubeconfig_from_dict(data), OPTIONS) as cluster:
+    config = mcr.kubeconfig_from_dict(data, base_dir=tmp_path)  # the token file beside it, as a provider's
+    async with mcr.Cluster("echoed", config, OPTIONS) as cluster:
         await cluster.client.list(CONFIGMAP, namespace="default")
 
         assert await cluster.transport.authorization() == f"Bearer {plane.token_user.token}"
@@ -92,7 +93,8 @@ async def test_a_token_file_with_a_control_character_is_the_clusters_error_namin
     data = plane.kubeconfig(plane.token_user)
     data["users"][0]["user"] = {"tokenFile": str(token_file)}
 
-    async with mcr.Cluster("spoiled", mcr.kubeconfig_from_dict(data), OPTIONS) as cluster:
+    config = mcr.kubeconfig_from_dict(data, base_dir=tmp_path)
+    async with mcr.Cluster("spoiled", config, OPTIONS) as cluster:
         await wait_until(lambda: cluster.health.state is HealthState.UNHEALTHY, what="the cluster unhealthy")
         reason = cluster.health.reason or ""
         assert f"tokenFile {token_file}: the token has a control character at character 9" in reason

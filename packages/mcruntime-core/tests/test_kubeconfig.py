@@ -503,10 +503,17 @@ def test_trust_policy_error_is_a_kubeconfig_error() -> None:
 
 
 def test_the_policies_own_and_untrusted_allow_everything_and_nothing() -> None:
-    assert TrustPolicy.own() == TrustPolicy(allow_exec=True, allow_auth_provider=True, allow_insecure=True)
+    assert TrustPolicy.own() == TrustPolicy(
+        allow_exec=True, allow_auth_provider=True, allow_insecure=True, allow_local_files=True
+    )
     assert TrustPolicy.untrusted() == TrustPolicy()
     assert not any(
-        (TrustPolicy().allow_exec, TrustPolicy().allow_auth_provider, TrustPolicy().allow_insecure)
+        (
+            TrustPolicy().allow_exec,
+            TrustPolicy().allow_auth_provider,
+            TrustPolicy().allow_insecure,
+            TrustPolicy().allow_local_files,
+        )
     )
 
 

@@ -195,7 +195,7 @@ def test_in_cluster_config_uses_the_service_host_the_mounted_ca_and_the_token_fi
     assert config.cluster["certificate-authority"] == str(service_account / "ca.crt")
     assert config.user == {"tokenFile": str(service_account / "token")}  # re-read, never inlined
     assert config.origin == "in-cluster"
-    assert config.trust == TrustPolicy.untrusted()
+    assert config.trust == TrustPolicy(allow_local_files=True)  # its own mounted files; no exec, no insecure
     assert not config.insecure
 
 

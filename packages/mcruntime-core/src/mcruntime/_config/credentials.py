@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from .._base.errors import Unreachable
 from .exec import ExecCredential, ExecLimits, ExecPlugin
+from .fields import read_regular, shown_path, within
 from .kubeconfig import ClusterConfig
 from .tokens import token_problem
 
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("mcruntime.transport")
 
 _EXPIRY_SKEW = datetime.timedelta(minutes=5)
+MAX_TOKEN_FILE_BYTES = 64 << 10
+"""A token file's bound: a ServiceAccount token is about a kilobyte, a large OIDC one a few."""
 
 UseCertificate = Callable[[bytes, bytes], Awaitable[None]]
 
@@ -62,6 +65,8 @@ class ClusterCredentials:
         self._prepared: asyncio.Task[None] | None = None
         self._token_file: Path | None = None
         self._token_file_stamp: tuple[float, int] | None = None
+        self._token_root: str | None = None
+        """Where the token file must stay, for an untrusted kubeconfig (its own directory)."""
         self._header: str | None = None
         self._plugin: ExecPlugin | None = None
         self._refresh: asyncio.Task[ExecCredential] | None = None
@@ -75,6 +80,7 @@ class ClusterCredentials:
             self._header = f"Bearer {user['token']}"
         elif user.get("tokenFile"):
             self._token_file = Path(user["tokenFile"])
+            self._token_root = user.get("_token_root")
         elif user.get("username") is not None and user.get("password") is not None:
             raw = f"{user['username']}:{user['password']}".encode()
             self._header = f"Basic {base64.b64encode(raw).decode()}"
@@ -180,10 +186,22 @@ class ClusterCredentials:
             return self._header  # keep the last good token while the file is swapped
         stamp = (status.st_mtime, status.st_ino)
         if stamp != self._token_file_stamp or self._header is None:
-            token = (await asyncio.to_thread(self._token_file.read_text, "utf-8", "replace")).strip()
+            shown = shown_path(str(self._token_file))
+            if self._token_root is not None and not within(str(self._token_file), self._token_root):
+                # Checked at load too; a link swapped in since must not send another file as the token.
+                raise Unreachable(
+                    f"tokenFile {shown} now leads outside its kubeconfig's directory; not read",
+                    cluster=self._cluster,
+                )
+            try:
+                raw = await asyncio.to_thread(read_regular, self._token_file, MAX_TOKEN_FILE_BYTES)
+            except OSError as error:
+                message = f"tokenFile {shown} cannot be read: {error}"
+                raise Unreachable(message, cluster=self._cluster) from None
+            token = raw.decode("utf-8", "replace").strip()
             problem = token_problem(token)
             if problem:  # sent, it would fail in the HTTP client: say which file is wrong instead
-                raise Unreachable(f"tokenFile {self._token_file}: the token {problem}", cluster=self._cluster)
+                raise Unreachable(f"tokenFile {shown}: the token {problem}", cluster=self._cluster)
             if token:
                 self._header = f"Bearer {token}"
                 self._token_file_stamp = stamp

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .._base.errors import KubeconfigError
+from .._base.errors import KubeconfigError, TrustPolicyError
 
 
 def is_regular_file(path: Path) -> bool:
@@ -31,37 +32,125 @@ def is_regular_file(path: Path) -> bool:
         return False
 
 
+MAX_REFERENCED_BYTES = 4 << 20
+"""The most a file a kubeconfig references (a CA bundle, a certificate, a key, a token) may hold."""
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _kind_of(mode: int) -> str:
+    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
+def shown_path(value: str) -> str:
+    """A path as an error may quote it: never a credential typed into a path field, nor control characters.
+
+    Errors reach statuses, ``/readyz`` and logs. A PEM key in ``client-key``
+    (meant for ``client-key-data``) or a token in ``tokenFile`` would be
+    quoted there whole; such a value is described instead.
+    """
+    name = value.rstrip("/").rsplit("/", 1)[-1]
+    if "\n" in value or "-----BEGIN" in value or name.startswith("eyJ"):
+        return f"(a value of {len(value)} characters that looks like a credential, not a path)"
+    shown = value if len(value) <= 200 else f"{value[:200]}... ({len(value)} characters)"
+    return shown if shown.isprintable() else repr(shown)
+
+
 def resolve_path(value: Any, base_dir: Path | None, field_name: str, origin: str, context: str) -> str:
-    """A kubeconfig's file reference, made absolute against the kubeconfig's directory; it must exist."""
+    """A kubeconfig's file reference, made absolute against the kubeconfig's directory.
+
+    It must be a regular file of at most :data:`MAX_REFERENCED_BYTES`: a FIFO
+    or ``/dev/zero`` named as a CA would hang or fill whoever reads it.
+    """
     if not isinstance(value, str) or not value:
         raise KubeconfigError(f"{field_name} must be a non-empty path", origin=origin, context=context)
     try:
         path = Path(value).expanduser()
     except (RuntimeError, ValueError):  # "~nobody/..." for a user that does not exist
         raise KubeconfigError(
-            f"{field_name}: cannot expand {value!r}", origin=origin, context=context
+            f"{field_name}: cannot expand {shown_path(value)}", origin=origin, context=context
         ) from None
     if not path.is_absolute():
         if base_dir is None:
             raise KubeconfigError(
-                f"{field_name} is a relative path ({value}) but this kubeconfig has no directory "
-                "to resolve it against; pass base_dir",
+                f"{field_name} is a relative path ({shown_path(value)}) but this kubeconfig has no "
+                "directory to resolve it against; pass base_dir",
                 origin=origin,
                 context=context,
             )
         path = base_dir / path
+    shown = shown_path(str(path))
     try:
-        found = is_regular_file(path)
-    except OSError as error:  # a name too long for the file system, say: the kubeconfig's fault
-        shown = str(path) if len(str(path)) <= 200 else f"{str(path)[:200]}... ({len(str(path))} characters)"
+        status = path.stat()
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL byte in the name
+        message = f"{field_name} file {shown} does not exist"
+        raise KubeconfigError(message, origin=origin, context=context) from None
+    except OSError as error:  # a name too long for the file system, a loop of links: the kubeconfig's fault
         raise KubeconfigError(
             f"{field_name} file {shown} cannot be looked up: {error.strerror or error}",
             origin=origin,
             context=context,
         ) from None
-    if not found:
-        raise KubeconfigError(f"{field_name} file {path} does not exist", origin=origin, context=context)
+    if not stat.S_ISREG(status.st_mode):
+        raise KubeconfigError(
+            f"{field_name} file {shown} is {_kind_of(status.st_mode)}, not a regular file",
+            origin=origin,
+            context=context,
+        )
+    if status.st_size > MAX_REFERENCED_BYTES:
+        raise KubeconfigError(
+            f"{field_name} file {shown} holds {status.st_size} bytes, more than the "
+            f"{MAX_REFERENCED_BYTES >> 20} MiB a kubeconfig's file may",
+            origin=origin,
+            context=context,
+        )
     return str(path)
+
+
+def within(path: str, root: str) -> bool:
+    """Whether ``path``, its links followed, lies under ``root`` (itself already resolved)."""
+    real = os.path.realpath(path)
+    return real == root or real.startswith(root.rstrip("/") + "/")
+
+
+def check_within(path: str, base_dir: Path | None, field_name: str, origin: str, context: str) -> None:
+    """Refuse, for an untrusted kubeconfig, a file outside its own directory (links followed)."""
+    if base_dir is not None and within(path, os.path.realpath(base_dir)):
+        return
+    where = "outside this kubeconfig's directory" if base_dir is not None else "and this kubeconfig has none"
+    raise TrustPolicyError(
+        f"{field_name} names a file {where} ({shown_path(path)}), which this trust policy refuses "
+        "(allow it explicitly with TrustPolicy(allow_local_files=True))",
+        origin=origin,
+        context=context,
+    )
+
+
+def read_regular(path: str | Path, limit: int = MAX_REFERENCED_BYTES) -> bytes:
+    """A regular file's bytes, at most ``limit``; ``OSError`` for anything else, without blocking.
+
+    Opened non-blocking and checked on the open descriptor: a file swapped for
+    a FIFO or a device after it was checked neither hangs the reader nor fills
+    its memory.
+    """
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(f"{_kind_of(mode)}, not a regular file")
+        with os.fdopen(descriptor, "rb", closefd=False) as file:
+            content = file.read(limit + 1)
+    finally:
+        os.close(descriptor)
+    if len(content) > limit:
+        raise OSError(f"more than {limit} bytes")
+    return content
 
 
 def check_data(entry: dict[str, Any], data_field: str, origin: str, context: str) -> None:

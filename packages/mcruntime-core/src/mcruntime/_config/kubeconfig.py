@@ -44,7 +44,9 @@ from .fields import (
     check_data,
     check_exec,
     check_types,
+    check_within,
     is_regular_file,
+    read_regular,
     resolve_path,
 )
 from .tokens import token_problem
@@ -80,17 +82,22 @@ class TrustPolicy:
     ``TrustPolicy.own()`` allows everything, for kubeconfigs the user pointed at
     themselves; ``TrustPolicy.untrusted()`` (the default for providers) allows
     nothing, so a kubeconfig planted in a Secret cannot make the controller run
-    a program or skip certificate checks.
+    a program, skip certificate checks, or read the controller's own files:
+    with ``allow_local_files`` off, a file reference (a CA, a client key, a
+    ``tokenFile``) must lie in the kubeconfig's own directory, so a
+    ``tokenFile`` naming the controller's ServiceAccount token cannot send that
+    token to a server the kubeconfig chose.
     """
 
     allow_exec: bool = False
     allow_auth_provider: bool = False
     allow_insecure: bool = False
+    allow_local_files: bool = False
 
     @classmethod
     def own(cls) -> TrustPolicy:
         """Everything allowed: the user's own kubeconfig, as kubectl would use it."""
-        return cls(allow_exec=True, allow_auth_provider=True, allow_insecure=True)
+        return cls(allow_exec=True, allow_auth_provider=True, allow_insecure=True, allow_local_files=True)
 
     @classmethod
     def untrusted(cls) -> TrustPolicy:
@@ -197,10 +204,7 @@ def _digest(entry: Mapping[str, Any], content_fields: Iterable[str]) -> str:
         path = normalised.get(key)
         if isinstance(path, str):
             try:
-                normalised[key] = {
-                    "path": path,
-                    "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(),
-                }
+                normalised[key] = {"path": path, "sha256": hashlib.sha256(read_regular(path)).hexdigest()}
             except OSError:
                 normalised[key] = {"path": path, "sha256": None}
     canonical = json.dumps(normalised, sort_keys=True, default=str, separators=(",", ":"))
@@ -345,22 +349,28 @@ def _build(kubeconfig: _Kubeconfig, context: str | None, trust: TrustPolicy) -> 
     if "exec" in user:
         check_exec(user["exec"], f"user {user_name!r}", origin, chosen)
 
+    def local(value: Any, base_dir: Path | None, file_field: str) -> str:
+        path = resolve_path(value, base_dir, file_field, origin, chosen)
+        if not trust.allow_local_files:
+            check_within(path, base_dir, file_field, origin, chosen)
+        return path
+
     for file_field, data_field in _CLUSTER_FILES.items():
         if cluster.get(data_field):
             cluster.pop(file_field, None)  # kubectl: inline data wins over a path
             check_data(cluster, data_field, origin, chosen)
         elif file_field in cluster:
-            cluster[file_field] = resolve_path(
-                cluster[file_field], cluster_entry.base_dir, file_field, origin, chosen
-            )
+            cluster[file_field] = local(cluster[file_field], cluster_entry.base_dir, file_field)
     for file_field, data_field in _USER_FILES.items():
         if user.get(data_field):
             user.pop(file_field, None)
             check_data(user, data_field, origin, chosen)
         elif file_field in user:
-            user[file_field] = resolve_path(user[file_field], user_base, file_field, origin, chosen)
+            user[file_field] = local(user[file_field], user_base, file_field)
     if "tokenFile" in user and not user.get("token"):
-        user["tokenFile"] = resolve_path(user["tokenFile"], user_base, "tokenFile", origin, chosen)
+        user["tokenFile"] = local(user["tokenFile"], user_base, "tokenFile")
+        if not trust.allow_local_files and user_base is not None:
+            user["_token_root"] = os.path.realpath(user_base)  # checked again at each read
     has_cert = bool(user.get("client-certificate") or user.get("client-certificate-data"))
     has_key = bool(user.get("client-key") or user.get("client-key-data"))
     if has_cert != has_key:
@@ -534,4 +544,5 @@ def in_cluster_config(service_account_dir: str | os.PathLike[str] | None = None)
         "contexts": [{"name": "in-cluster", "context": {"cluster": "in-cluster", "user": "service-account"}}],
         "current-context": "in-cluster",
     }
-    return kubeconfig_from_dict(data, origin="in-cluster", trust=TrustPolicy.untrusted())
+    # The pod's own CA and token, where Kubernetes mounts them: local files by design, nothing else allowed.
+    return kubeconfig_from_dict(data, origin="in-cluster", trust=TrustPolicy(allow_local_files=True))
