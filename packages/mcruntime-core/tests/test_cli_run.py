@@ -266,7 +266,7 @@ async def test_a_thread_that_sleeps_on_does_not_hold_the_process_after_the_drain
     text = log.read_text()
     assert code == 0, text
     assert "stopped cleanly" in text
-    assert "threads still run 5s later (" in text and "asyncio_0" in text  # the executor's, named
+    assert "threads still run 5s later (" in text and "asyncio_" in text  # the executor's thread, named
 
 
 async def test_check_builds_and_describes_the_manager_without_connecting(tmp_path: Path) -> None:
