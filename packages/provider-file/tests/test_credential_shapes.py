@@ -84,13 +84,14 @@ async def test_an_inline_token_that_cannot_be_sent_is_refused_naming_file_and_co
 async def test_token_files_echoed_are_used_and_spoiled_ones_named(tmp_path: Path, fleet: Fleet) -> None:
     plane = fleet["cluster-1"]
     token = plane.token_user.token
-    echoed, broken = tmp_path / "echoed-token", tmp_path / "broken-token"
+    path = tmp_path / "files" / "fleet.kubeconfig"
+    path.parent.mkdir()
+    # Beside the kubeconfig: an untrusted one may name no file outside its own directory.
+    echoed, broken = path.parent / "echoed-token", path.parent / "broken-token"
     echoed.write_text(f"{token}\n")
     broken.write_text(spoiled(token, "non-ascii"))
     document = two_contexts(plane, {"tokenFile": str(broken)})
     document["users"][0]["user"] = {"tokenFile": str(echoed)}
-    path = tmp_path / "files" / "fleet.kubeconfig"
-    path.parent.mkdir()
     path.write_text(yaml.safe_dump(document))
     provider, manager, recorder = provider_for(path)
     async with running(manager, recorder):

@@ -48,7 +48,7 @@ from ._scan import (
     find_files,
     split_path_list,
 )
-from ._status import context_source, file_source
+from ._status import context_source, file_source, printable
 from ._watch import DirectoryWatcher
 
 log = logging.getLogger("mcruntime.providers.file")
@@ -444,4 +444,4 @@ class KubeconfigFileProvider(ClusterSetProvider):
         seen.add(key)
         if self._reported.get(key) != error:
             self._reported[key] = error
-            log.warning("%s: %s", self._owner, error)
+            log.warning("%s: %s", self._owner, printable(error))  # names from files: no forged lines

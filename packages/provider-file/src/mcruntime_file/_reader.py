@@ -7,7 +7,9 @@ seconds. So a pass first ``stat``s each file (through its symlinks) and reuses
 the previous reading while its stamp (device, inode, size, mtime and ctime in
 nanoseconds) and the stamps of the certificate and token files it refers to
 are unchanged. A file whose content is unchanged after all (a Secret volume
-swapped to an equal version) is read but not parsed again.
+swapped to an equal version) is read but not parsed again. A path that is no
+regular file (a FIFO, a device, a directory) is refused from its ``stat``,
+never opened, and keeps its refusal while its stamp holds.
 
 A stamp only proves "unchanged" once it is old enough: file systems tick
 their timestamps coarsely (milliseconds), so two same-size writes within one
@@ -19,7 +21,6 @@ and the next pass reads the file again.
 from __future__ import annotations
 
 import os
-import stat
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,9 +34,13 @@ from ._scan import (
     ContextFilter,
     Found,
     Reading,
+    cannot_read,
     content_digest,
+    not_a_file,
     parse_file,
+    read_regular,
     referenced_files,
+    special_kind,
     too_large,
 )
 
@@ -99,6 +104,7 @@ class FileReader:
         self._trust = trust
         self.max_bytes = max_bytes
         self._known: dict[Path, _Known] = {}
+        self._refused: dict[Path, tuple[Stamp, Reading]] = {}  # paths that are no regular file
         self.reads = 0
         self.parses = 0
 
@@ -109,6 +115,8 @@ class FileReader:
         keep = {found.path for found in listed}
         for path in [path for path in self._known if path not in keep]:
             del self._known[path]
+        for path in [path for path in self._refused if path not in keep]:
+            del self._refused[path]
         return readings
 
     def read(self, found: Found) -> Reading:
@@ -121,10 +129,13 @@ class FileReader:
             return Reading(path, exists=False)
         except OSError as error:
             self._known.pop(path, None)
-            return Reading(path, exists=True, error=f"{path}: cannot read the file: {error.strerror}")
-        if stat.S_ISDIR(result.st_mode):
-            return Reading(path, exists=True, error=f"{path}: is a directory, not a kubeconfig file")
+            return cannot_read(path, error)
         stamp = Stamp.of(result)
+        kind = special_kind(result.st_mode)
+        if kind is not None:
+            return self._refuse(path, stamp, kind)
+        if self._refused:
+            self._refused.pop(path, None)
         known = self._known.get(path)
         if known is not None and known.trusted and known.stamp == stamp and self._unmoved(known.referenced):
             return known.reading
@@ -138,20 +149,35 @@ class FileReader:
             self._known.pop(path, None)
         return reading
 
+    def _refuse(self, path: Path, stamp: Stamp, kind: str) -> Reading:
+        """A path that is no regular file: never opened (a FIFO would block the pass), refused by kind.
+
+        The same reading while its stamp holds, so that a rescan finding it
+        unchanged acts on nothing; the last good reading of the path is kept,
+        for when a regular file with that content comes back.
+        """
+        held = self._refused.get(path)
+        if held is not None and held[0] == stamp:
+            return held[1]
+        reading = not_a_file(path, kind)
+        self._refused[path] = (stamp, reading)
+        return reading
+
     def _fresh(self, found: Found, stamp: Stamp, known: _Known | None) -> Reading:
+        """The file read and parsed (or refused), to be kept under ``stamp``.
+
+        The name is opened after its ``stat``, so what is opened may be
+        another file by then (a FIFO renamed over it): ``read_regular`` judges
+        what it opened. A refusal kept under the old stamp is never handed out
+        again, since no rename or link leaves a file's ctime as it was.
+        """
         path = found.path
         if stamp.size > self.max_bytes:
             return too_large(path, stamp.size, self.max_bytes)  # never read
-        try:
-            with path.open("rb") as handle:
-                content = handle.read(self.max_bytes + 1)
-        except FileNotFoundError:
-            return Reading(path, exists=False)
-        except OSError as error:
-            return Reading(path, exists=True, error=f"{path}: cannot read the file: {error.strerror}")
+        content = read_regular(path, self.max_bytes)
+        if isinstance(content, Reading):
+            return content
         self.reads += 1
-        if len(content) > self.max_bytes:  # it grew between the stat and the read
-            return too_large(path, len(content), self.max_bytes)
         digest = content_digest(content)
         if known is not None and known.reading.digest == digest and self._unmoved(known.referenced):
             return known.reading  # same bytes (a Secret volume swapped to an equal version): no parse

@@ -12,8 +12,10 @@ compared by hash, because the visible entries of such a volume keep their
 own mtime and inode across updates.
 
 Everything found is input we do not control. A file is never read beyond
-``max_bytes``, and what cannot be searched (an unreadable directory, a
-symlink loop) is returned as a problem naming its path, never skipped quietly.
+``max_bytes``, nor opened in a way that can block (see :func:`read_regular`);
+a kubeconfig name that is no regular file is refused by name, and what cannot
+be searched (an unreadable directory, a symlink loop, a tree too deep) is
+returned as a problem naming its path, never skipped quietly.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +32,7 @@ from typing import Any
 import mcruntime as mcr
 from mcruntime.kubeconfig import list_contexts, parse_kubeconfig
 
+from ._contexts import ContextReading, build_contexts
 from ._interest import Interest, name_matcher
 from ._naming import current_context_only
 
@@ -52,6 +56,28 @@ ContextFilter = Callable[[list[str], str | None], list[str]]
 
 MAX_FILE_BYTES = 1024 * 1024
 """Default size limit of a kubeconfig file: what a Kubernetes Secret (a mounted one, say) can hold."""
+
+MAX_DIRECTORY_DEPTH = 32
+"""How many directory levels below a directory input a recursive search descends.
+
+Real layouts nest a level or two (a Secret volume per cluster, say). The limit
+keeps one pathological tree from costing every pass a walk of thousands of
+levels; the directory where it stops is reported."""
+
+QUOTED_CHARACTERS = 100
+"""The most of a document's value (its ``kind``) a message quotes."""
+
+# Never wait for a FIFO's writer, never take a terminal as the controlling one.
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_READ_CHUNK = 1 << 16
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 # Top-level keys every complete kubeconfig has (kubectl writes them even when empty). A file that
 # parses but lacks one was most likely cut short by a writer still at work.
@@ -153,7 +179,13 @@ def find_files(
 
 @dataclass
 class _Search:
-    """One directory input's search: the globs, and where problems are recorded."""
+    """One directory input's search: the globs, and where problems are recorded.
+
+    Iterative, depth first in name order, at most :data:`MAX_DIRECTORY_DEPTH`
+    levels down: a recursive walk hit Python's recursion limit in a tree a few
+    hundred levels deep, and the ``RecursionError`` failed every pass, so no file
+    anywhere was engaged and nothing named the cause.
+    """
 
     include: Sequence[str]
     recursive: bool
@@ -161,59 +193,100 @@ class _Search:
     previous: Mapping[str, Found]
     seen: dict[str, Found]
     visited: set[str] = field(default_factory=set)
+    matches: Callable[[str], bool] = field(init=False)
 
-    def directory(self, directory: Path, ancestors: tuple[str, ...]) -> list[Found]:
-        """The matching files of ``directory`` (and below, when recursive), in name order."""
+    def __post_init__(self) -> None:
+        self.matches = name_matcher(tuple(self.include))
+
+    def directory(self, root: Path, ancestors: tuple[str, ...]) -> list[Found]:
+        """The matching files of ``root`` (and below, when recursive), in name order, depth first."""
+        found: list[Found] = []
+        # One frame per directory being listed: its path, the real paths above it, its entries left.
+        stack = [(root, ancestors, iter(self._list(root)))]
+        while stack:
+            directory, above, entries = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                stack.pop()
+            elif self._entry(directory, entry, found):
+                below = self._below(directory / entry.name, above, depth=len(stack), root=root)
+                if below is not None:
+                    path, real = below
+                    stack.append((path, (*above, real), iter(self._list(path))))
+        return found
+
+    def _list(self, directory: Path) -> list[os.DirEntry[str]]:
         try:
             with os.scandir(directory) as listing:
-                entries = sorted(listing, key=lambda entry: entry.name)
+                return sorted(listing, key=lambda entry: entry.name)
         except FileNotFoundError:
             return []  # vanished since it was listed: the next pass looks again
         except OSError as error:
             self.problems[directory] = f"{directory}: cannot list the directory: {error.strerror}"
             return []
-        found: list[Found] = []
-        matches = name_matcher(tuple(self.include))
-        for entry in entries:
-            if entry.name.startswith("."):
-                continue
-            wanted = matches(entry.name)
-            try:
-                if entry.is_dir():
-                    if self.recursive:
-                        found.extend(self._below(directory / entry.name, ancestors))
-                elif entry.is_file() and wanted:
-                    known = self.previous.get(entry.path)
-                    if known is None:
-                        known = Found(directory / entry.name, explicit=False)
-                    self.seen[entry.path] = known
-                    found.append(known)
-            except OSError as error:
-                path = directory / entry.name
-                if error.errno == errno.ELOOP and (wanted or self.recursive):
-                    self.problems[path] = f"{path}: a symlink loop (too many levels of links); skipped"
-                elif wanted:
-                    self.problems[path] = f"{path}: cannot look at the entry: {error.strerror}"
-        return found
 
-    def _below(self, path: Path, ancestors: tuple[str, ...]) -> list[Found]:
+    def _entry(self, directory: Path, entry: os.DirEntry[str], found: list[Found]) -> bool:
+        """Take one entry: a kubeconfig name is found; returns whether it is a directory to search.
+
+        A name matching ``include`` that is no regular file (a FIFO, a device,
+        a directory when not recursive) is found all the same: the reader
+        refuses it with a message naming what it is, and its contexts keep
+        their last good config. Skipped, it would read as deleted, and its
+        clusters would go without a word. A symlink leading nowhere is a file
+        that is gone.
+        """
+        if entry.name.startswith("."):
+            return False
+        wanted = self.matches(entry.name)
+        try:
+            if entry.is_dir():
+                if self.recursive:
+                    return True
+                if wanted:
+                    found.append(self._found(directory, entry))
+            elif wanted and (entry.is_file() or _exists(entry)):
+                found.append(self._found(directory, entry))
+        except OSError as error:
+            path = directory / entry.name
+            if error.errno == errno.ELOOP and (wanted or self.recursive):
+                self.problems[path] = f"{path}: a symlink loop (too many levels of links); skipped"
+            elif wanted:
+                self.problems[path] = f"{path}: cannot look at the entry: {error.strerror}"
+        return False
+
+    def _found(self, directory: Path, entry: os.DirEntry[str]) -> Found:
+        known = self.previous.get(entry.path)
+        if known is None:
+            known = Found(directory / entry.name, explicit=False)
+        self.seen[entry.path] = known
+        return known
+
+    def _below(
+        self, path: Path, ancestors: tuple[str, ...], depth: int, root: Path
+    ) -> tuple[Path, str] | None:
+        """The sub-directory ``path`` with its real path, if it is to be searched; else None."""
         real = os.path.realpath(path)
         if real in ancestors:
             self.problems[path] = f"{path}: a symlink loop (leads back to {real}); not searched again"
-            return []
+            return None
         if real in self.visited:
-            return []  # reached twice by two routes: searched once
+            return None  # reached twice by two routes: searched once
+        if depth > MAX_DIRECTORY_DEPTH:
+            self.problems[path] = (
+                f"{path}: more than {MAX_DIRECTORY_DEPTH} directory levels below {root}; not searched"
+            )
+            return None
         self.visited.add(real)
-        return self.directory(path, (*ancestors, real))
+        return path, real
 
 
-@dataclass(frozen=True)
-class ContextReading:
-    """One selected context: its config, or why it cannot be used."""
-
-    context: str
-    config: mcr.ClusterConfig | None
-    error: str | None
+def _exists(entry: os.DirEntry[str]) -> bool:
+    """Whether an entry that is no regular file or directory is something (not a dangling symlink)."""
+    try:
+        entry.stat()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -247,22 +320,70 @@ def read_file(
     pinning an old target. Messages name the file and context and never
     quote the content.
     """
-    path = found.path
+    content = read_regular(found.path, max_bytes)
+    if isinstance(content, Reading):
+        return content
+    return parse_file(found, content, select, trust)
+
+
+def special_kind(mode: int) -> str | None:
+    """What a file is when it is no regular file ("a FIFO", "a directory", ...); None when it is one."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in _KINDS if test(mode)), "a special file")
+
+
+def not_a_file(path: Path, kind: str) -> Reading:
+    """The reading of a path that is no regular file: refused by what it is, never read."""
+    return Reading(path, exists=True, error=f"{path}: is {kind}, not a kubeconfig file")
+
+
+def cannot_read(path: Path, error: OSError) -> Reading:
+    return Reading(path, exists=True, error=f"{path}: cannot read the file: {error.strerror or error}")
+
+
+def read_regular(path: Path, max_bytes: int) -> bytes | Reading:
+    """The content of ``path`` if it is a regular file within ``max_bytes``; else the reading saying why not.
+
+    A plain ``open`` of a FIFO blocks until a writer comes: forever, in the
+    worker thread the pass waits for, and the process could not even exit,
+    since it waits for its worker threads. A terminal opened plainly becomes
+    the process's controlling terminal, and a device such as ``/dev/zero``
+    never ends. So the path is opened with ``O_NONBLOCK`` and ``O_NOCTTY``, and
+    what was opened is judged by ``fstat`` of the descriptor, not by an earlier
+    look at the name: what the name points at when it is opened is what counts.
+    Nothing that is not a regular file is read, and nothing past the limit.
+    """
     try:
-        with path.open("rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            if size > max_bytes:
-                return too_large(path, size, max_bytes)
-            content = handle.read(max_bytes + 1)
+        descriptor = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
         return Reading(path, exists=False)
-    except IsADirectoryError:
-        return Reading(path, exists=True, error=f"{path}: is a directory, not a kubeconfig file")
+    except OSError as error:  # a socket (ENXIO), a permission, a name too long
+        return cannot_read(path, error)
+    try:
+        result = os.fstat(descriptor)
+        kind = special_kind(result.st_mode)
+        if kind is not None:
+            return not_a_file(path, kind)
+        if result.st_size > max_bytes:
+            return too_large(path, result.st_size, max_bytes)
+        chunks: list[bytes] = []
+        left = max_bytes + 1  # one byte past the limit: a file that grew since its fstat is seen to
+        step = max(result.st_size + 1, _READ_CHUNK)
+        while left > 0:
+            chunk = os.read(descriptor, min(left, step))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
     except OSError as error:
-        return Reading(path, exists=True, error=f"{path}: cannot read the file: {error.strerror}")
+        return cannot_read(path, error)
+    finally:
+        os.close(descriptor)
+    content = b"".join(chunks)
     if len(content) > max_bytes:
         return too_large(path, len(content), max_bytes)
-    return parse_file(found, content, select, trust)
+    return content
 
 
 def too_large(path: Path, size: int, limit: int) -> Reading:
@@ -291,7 +412,7 @@ def parse_file(
     if kind is not None and kind != "Config":
         if not found.explicit:
             return Reading(path, exists=True, digest=digest, contexts=(), ignored=True)
-        return failed(f"not a kubeconfig (kind {kind!r})")
+        return failed(f"not a kubeconfig (kind {quoted(kind)})")
     if kind is None and not found.explicit and not any(key in data for key in _REQUIRED_KEYS):
         return Reading(path, exists=True, digest=digest, contexts=(), ignored=True)  # some other YAML
     incomplete = _incomplete(data)
@@ -303,7 +424,7 @@ def parse_file(
         return failed("sets no current-context, and only the current context is selected")
     names = list(dict.fromkeys(list_contexts(data)))  # kubectl: the first entry of a name wins
     chosen = list(dict.fromkeys(select(names, current)))
-    readings = tuple(_build(data, path, context, trust) for context in chosen)
+    readings = build_contexts(data, path, chosen, trust)
     watch = frozenset(_referenced_directories(reading.config for reading in readings))
     return Reading(path, exists=True, digest=digest, contexts=readings, watch=watch)
 
@@ -343,16 +464,15 @@ def _parse(content: bytes) -> tuple[dict[str, Any], str | None]:
     return data, None
 
 
-def _build(data: dict[str, Any], path: Path, context: str, trust: mcr.TrustPolicy) -> ContextReading:
-    try:
-        config = mcr.kubeconfig_from_dict(data, context, base_dir=path.parent, trust=trust, origin=str(path))
-    except mcr.KubeconfigError as error:  # includes TrustPolicyError; messages are secret-free
-        return ContextReading(context, None, str(error))
-    except Exception as error:  # a shape no check foresaw: name the type, quote nothing
-        return ContextReading(
-            context, None, f"{path}, context {context!r}: not a usable kubeconfig ({type(error).__name__})"
-        )
-    return ContextReading(context, config, None)
+def quoted(value: Any) -> str:
+    """``repr(value)``, cut after :data:`QUOTED_CHARACTERS`: a document's value is not ours to print whole.
+
+    A ``kind`` of 200,000 characters was quoted whole, into a status and a log line.
+    """
+    if isinstance(value, str) and len(value) > QUOTED_CHARACTERS:
+        value = value[: QUOTED_CHARACTERS + 1]  # not repr of the whole: it is cut anyway
+    text = repr(value)
+    return text if len(text) <= QUOTED_CHARACTERS else f"{text[:QUOTED_CHARACTERS]}..."
 
 
 def content_digest(content: bytes) -> str:

@@ -5,6 +5,11 @@ file goes unnoticed until the cluster it describes moves. Every file and
 every selected context is reported as a :class:`mcruntime.provider.SourceStatus`;
 they name paths and contexts and say what is wrong, and never quote a file's
 content.
+
+The paths and names they quote are not ours either: a file name, a context
+name or a path field may hold a line break or a terminal escape. Every message
+leaves here through :func:`printable`, so that none can forge a log line or
+repaint the operator's terminal.
 """
 
 from __future__ import annotations
@@ -17,12 +22,26 @@ CONTEXT = "kubeconfig context"
 """The ``kind`` of a selected context's source."""
 
 
+def printable(text: str) -> str:
+    r"""``text`` with every character ``repr`` would escape (line breaks, ESC, bidi controls) escaped.
+
+    Messages quote file names, context names and path fields, which the
+    provider does not control: ``"evil\nCRITICAL ..."`` would otherwise start
+    a forged line in a text log. Printable text, every path in practice, is
+    returned as is (a backslash included: it breaks no line), so messages
+    keep quoting paths as they are written.
+    """
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
 def file_source(
     path: str, *, digest: str | None, error: str | None, removing: tuple[str, ...] = ()
 ) -> SourceStatus:
     """One file: its content's digest, a file-level problem, and the contexts waiting to be removed."""
     detail = {"removing": ", ".join(removing)} if removing else {}
-    return SourceStatus(FILE, path, version=digest, error=error, detail=detail)
+    return SourceStatus(FILE, path, version=digest, error=_shown(error), detail=detail)
 
 
 def context_key(path: str, context: str) -> str:
@@ -49,7 +68,11 @@ def context_source(
         context_key(path, context),
         cluster=cluster,
         engaged=engaged,
-        error=error,
+        error=_shown(error),
         stale=stale,
         detail=detail,
     )
+
+
+def _shown(error: str | None) -> str | None:
+    return None if error is None else printable(error)

@@ -28,6 +28,7 @@ from pathlib import Path
 import mcruntime as mcr
 
 from ._interest import Interest
+from ._status import printable
 
 log = logging.getLogger("mcruntime.providers.file")
 
@@ -114,7 +115,8 @@ class DirectoryWatcher:
             where = sorted(map(str, roots))
             failures = failures_after(failures, loop.time() - started)
             level = logging.WARNING if failures == 1 else logging.DEBUG  # rescans go on meanwhile
-            log.log(level, "%s: watching %s failed (%s); retrying", self._owner, where, error)
+            why = printable(str(error))  # may quote a path: no line breaks or escapes from a file name
+            log.log(level, "%s: watching %s failed (%s); retrying", self._owner, where, why)
             self._changed.set()  # the next pass sees what changed and asks for other roots
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._backoff.delay(failures - 1)):
