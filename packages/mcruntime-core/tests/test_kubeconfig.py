@@ -150,7 +150,7 @@ def test_an_unknown_context_is_an_error_listing_the_available_contexts() -> None
     with pytest.raises(KubeconfigError, match="context 'prod' not found") as caught:
         kubeconfig_from_dict(data, "prod")
 
-    assert "contexts: dev, staging" in str(caught.value)
+    assert "contexts: 'dev', 'staging'" in str(caught.value)
 
 
 def test_no_current_context_and_none_named_is_an_error_listing_the_contexts() -> None:
@@ -159,7 +159,7 @@ def test_no_current_context_and_none_named_is_an_error_listing_the_contexts() ->
     with pytest.raises(KubeconfigError, match="no current-context") as caught:
         kubeconfig_from_dict(data)
 
-    assert "contexts: dev" in str(caught.value)
+    assert "contexts: 'dev'" in str(caught.value)
 
 
 def test_a_missing_user_entry_is_an_error_naming_the_user_and_the_context() -> None:

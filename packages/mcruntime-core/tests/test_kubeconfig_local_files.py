@@ -122,3 +122,29 @@ def test_a_credential_typed_into_a_path_field_is_never_quoted(field: str, value:
     message = str(refused.value)
     assert f"{field} file (a value of" in message and "looks like a credential, not a path" in message
     assert "controllers-own" not in message and "PRIVATE" not in message and "MHcCAQ" not in message
+
+
+def test_a_proxy_url_that_cannot_work_is_named_at_load_without_its_password() -> None:
+    for proxy in ("ftp://proxy.example:21", "http://", "http://user:hunter2@proxy.example:notaport"):
+        document = _kubeconfig(token="t")
+        document["clusters"][0]["cluster"]["proxy-url"] = proxy
+        with pytest.raises(
+            mcr.KubeconfigError, match=r"proxy-url must be an http\(s\) URL with a host"
+        ) as refused:
+            mcr.kubeconfig_from_dict(document)
+        assert "hunter2" not in str(refused.value)
+    document = _kubeconfig(token="t")
+    document["clusters"][0]["cluster"]["proxy-url"] = "http://user:hunter2@proxy.example:3128"
+    assert mcr.kubeconfig_from_dict(document).cluster["proxy-url"].endswith("proxy.example:3128")
+
+
+def test_a_missing_contexts_error_lists_a_few_names_quoted() -> None:
+    document = _kubeconfig(token="t")
+    document["contexts"] = [
+        {"name": f"ctx-{n:03d}\x1b[31m", "context": {"cluster": "c", "user": "u"}} for n in range(40)
+    ]
+    with pytest.raises(mcr.KubeconfigError) as refused:
+        mcr.kubeconfig_from_dict(document, "absent")
+    message = str(refused.value)
+    assert "'ctx-000\\x1b[31m'" in message and "and 30 more" in message  # escaped, as repr writes it
+    assert "\x1b" not in message  # no raw escape: a terminal would repaint the line

@@ -259,17 +259,35 @@ class _Kubeconfig:
             self.current_context = current
 
 
+def _usable_proxy(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is no number
+    except ValueError:
+        return False
+    return parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+
+
+def _available(names: Iterable[str], shown: int = 10) -> str:
+    """A file's context names for an error: quoted (they may hold any character), the first few only."""
+    ordered = sorted(names)
+    listed = ", ".join(repr(name if len(name) <= 100 else name[:100] + "...") for name in ordered[:shown])
+    more = f" and {len(ordered) - shown} more" if len(ordered) > shown else ""
+    return (listed + more) or "none"
+
+
 def _build(kubeconfig: _Kubeconfig, context: str | None, trust: TrustPolicy) -> ClusterConfig:
     origin = kubeconfig.origin
     chosen = context or kubeconfig.current_context
     if not chosen:
-        available = ", ".join(sorted(kubeconfig.contexts)) or "none"
+        available = _available(kubeconfig.contexts)
         raise KubeconfigError(
             f"no context chosen and no current-context set (contexts: {available})", origin=origin
         )
     if chosen not in kubeconfig.contexts:
-        available = ", ".join(sorted(kubeconfig.contexts)) or "none"
-        raise KubeconfigError(f"context {chosen!r} not found (contexts: {available})", origin=origin)
+        raise KubeconfigError(
+            f"context {chosen!r} not found (contexts: {_available(kubeconfig.contexts)})", origin=origin
+        )
     context_entry = kubeconfig.contexts[chosen].value
     cluster_name = context_entry.get("cluster")
     if not isinstance(cluster_name, str) or not cluster_name:
@@ -300,6 +318,15 @@ def _build(kubeconfig: _Kubeconfig, context: str | None, trust: TrustPolicy) -> 
     if scheme not in ("https", "http"):
         raise KubeconfigError(
             f"cluster {cluster_name!r}: server must be an http(s) URL, not {redacted_url(server)!r}",
+            origin=origin,
+            context=chosen,
+        )
+    proxy = cluster.get("proxy-url")
+    if proxy and not _usable_proxy(proxy):
+        # Checked here, not by the first request: "InvalidURL" would name neither file nor field.
+        raise KubeconfigError(
+            f"cluster {cluster_name!r}: proxy-url must be an http(s) URL with a host, "
+            f"not {redacted_url(proxy)!r}",
             origin=origin,
             context=chosen,
         )
