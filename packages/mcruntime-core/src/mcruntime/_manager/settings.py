@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -29,6 +29,13 @@ ENV_PREFIX = "MCRUNTIME_"
 MAX_SECONDS = 86_400.0
 """The longest any timing setting may be: a day. Longer is a typo (or ``inf``), and the
 clocks and timers that take these values fail on absurd ones long after the start."""
+
+
+def _seconds(default: float, description: str, *, zero: bool = False) -> Any:
+    """A timing field: finite, above 0 (or at least 0 with ``zero``), and at most :data:`MAX_SECONDS`."""
+    if zero:
+        return Field(default=default, ge=0, le=MAX_SECONDS, allow_inf_nan=False, description=description)
+    return Field(default=default, gt=0, le=MAX_SECONDS, allow_inf_nan=False, description=description)
 
 
 class SettingsError(MCRuntimeError, ValueError):
@@ -52,27 +59,9 @@ class ManagerSettings(BaseSettings):
     leader_election: bool = Field(default=False, description="elect one active replica with a Lease")
     leader_election_id: str = Field(default="mcruntime-leader", description="the Lease's name")
     leader_election_namespace: str = Field(default="default", description="the Lease's namespace")
-    lease_duration: float = Field(
-        default=15.0,
-        gt=0,
-        le=MAX_SECONDS,
-        allow_inf_nan=False,
-        description="seconds a standby waits before taking over",
-    )
-    renew_deadline: float = Field(
-        default=10.0,
-        gt=0,
-        le=MAX_SECONDS,
-        allow_inf_nan=False,
-        description="seconds a leader keeps trying to renew",
-    )
-    retry_period: float = Field(
-        default=2.0,
-        gt=0,
-        le=MAX_SECONDS,
-        allow_inf_nan=False,
-        description="seconds between election attempts",
-    )
+    lease_duration: float = _seconds(15.0, "seconds a standby waits before taking over")
+    renew_deadline: float = _seconds(10.0, "seconds a leader keeps trying to renew")
+    retry_period: float = _seconds(2.0, "seconds between election attempts")
     sharding: bool = Field(
         default=False,
         description="split the clusters between replicas with Leases (instead of leader election)",
@@ -101,20 +90,10 @@ class ManagerSettings(BaseSettings):
         ge=1,
         description="default number of requests a cluster is handed in a row while others wait for a slot",
     )
-    cache_sync_timeout: float = Field(
-        default=60.0,
-        gt=0,
-        le=MAX_SECONDS,
-        allow_inf_nan=False,
-        description="seconds a cluster's caches may take to sync (every cluster, every controller)",
+    cache_sync_timeout: float = _seconds(
+        60.0, "seconds a cluster's caches may take to sync (every cluster, every controller)"
     )
-    graceful_shutdown_timeout: float = Field(
-        default=30.0,
-        ge=0,
-        le=MAX_SECONDS,
-        allow_inf_nan=False,
-        description="seconds in-flight reconciles get",
-    )
+    graceful_shutdown_timeout: float = _seconds(30.0, "seconds in-flight reconciles get", zero=True)
     ready_min_share: float = Field(
         default=1.0, ge=0, le=1, allow_inf_nan=False, description="share of clusters that must be synced"
     )
