@@ -96,6 +96,28 @@ async def mcruntime(*argv: str, env: dict[str, str] | None = None) -> tuple[int,
     return process.returncode, out.decode(), err.decode()
 
 
+async def spawn_run(
+    target: str, probes: int, log: Path, env: dict[str, str], *flags: str
+) -> asyncio.subprocess.Process:
+    """``mcruntime run target`` with its probes on ``probes``, no metrics, stderr to ``log``."""
+    with log.open("wb") as stderr:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "mcruntime",
+            "run",
+            target,
+            "--health-probe-bind-address",
+            f"127.0.0.1:{probes}",
+            "--metrics-bind-address",
+            "",
+            *flags,
+            env=env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=stderr,
+        )
+
+
 @asynccontextmanager
 async def operator(
     plane: ControlPlane, tmp_path: Path, namespace: str, *flags: str
@@ -103,24 +125,9 @@ async def operator(
     (tmp_path / "slow_operator.py").write_text(FACTORY)
     probes = free_port()
     log = tmp_path / "operator.log"
-    with log.open("wb") as stderr:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "mcruntime",
-            "run",
-            f"{tmp_path / 'slow_operator.py'}:factory",
-            "--health-probe-bind-address",
-            f"127.0.0.1:{probes}",
-            "--metrics-bind-address",
-            "",
-            "--log-format",
-            "json",
-            *flags,
-            env=environment(plane, tmp_path, namespace),
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=stderr,
-        )
+    target = f"{tmp_path / 'slow_operator.py'}:factory"
+    env = environment(plane, tmp_path, namespace)
+    process = await spawn_run(target, probes, log, env, "--log-format", "json", *flags)
     running = Operator(process, probes, tmp_path, log)
     try:
         yield running
@@ -238,23 +245,8 @@ async def test_a_thread_that_sleeps_on_does_not_hold_the_process_after_the_drain
     probes = free_port()
     env = environment(fleet["cluster-1"], tmp_path, "default")
     log = tmp_path / "threaded.log"
-    with log.open("wb") as stderr:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "mcruntime",
-            "run",
-            f"{tmp_path / 'threaded.py'}:factory",
-            "--health-probe-bind-address",
-            f"127.0.0.1:{probes}",
-            "--metrics-bind-address",
-            "",
-            "--graceful-shutdown-timeout",
-            "1",
-            env=env,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=stderr,
-        )
+    target = f"{tmp_path / 'threaded.py'}:factory"
+    process = await spawn_run(target, probes, log, env, "--graceful-shutdown-timeout", "1")
     try:
         await wait_for(lambda: probe_ok(probes, "/readyz"), timeout=60)
         process.send_signal(signal.SIGTERM)

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from test_cli_options import _noop, clean_environment  # noqa: F401 -- clean_environment: autouse
 from test_cli_run import mcruntime
 
 import mcruntime as mcr
@@ -29,17 +30,6 @@ def nosettings():
     mcr.controller_managed_by(manager).for_(CONFIGMAP, clusters=mcr.EVERY_CLUSTER).complete(_noop)
     return manager
 """
-
-
-async def _noop(_request: mcr.Request) -> None:
-    return None
-
-
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("MCRUNTIME_"):
-            monkeypatch.delenv(name)
 
 
 @pytest.mark.parametrize(
