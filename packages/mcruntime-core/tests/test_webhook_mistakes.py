@@ -44,6 +44,13 @@ def _manager(
     return mcr.Manager(provider, handle_signals=False, webhook=options)
 
 
+async def _fresh_kind(plane: ControlPlane) -> tuple[ControlPlane, mcr.Kind, mcr.Manager]:
+    """A CRD of a group of its own installed in ``plane``, and a manager to hang a webhook for it on."""
+    group = new_group()
+    await install_crd(plane, kind_crd(group))
+    return plane, mcr.Kind(f"{group}/v1", "Test"), _manager(plane, webhook_options())
+
+
 async def _create(plane: ControlPlane, obj: dict[str, Any]) -> dict[str, Any]:
     async with mcr.Cluster("caller", config_of(plane)) as cluster:
         return await cluster.client.create(obj)
@@ -52,10 +59,7 @@ async def _create(plane: ControlPlane, obj: dict[str, Any]) -> dict[str, Any]:
 async def test_a_validator_that_returns_a_verdict_refuses_and_says_why(
     fleet: Fleet, caplog: pytest.LogCaptureFixture
 ) -> None:
-    plane, group = fleet["cluster-1"], new_group()
-    kind = mcr.Kind(f"{group}/v1", "Test")
-    await install_crd(plane, kind_crd(group))
-    manager = _manager(plane, webhook_options())
+    plane, kind, manager = await _fresh_kind(fleet["cluster-1"])
 
     async def validate(req: mcr.AdmissionRequest) -> Any:  # a mistake the types would catch
         return {"allowed": False}
@@ -71,10 +75,7 @@ async def test_a_validator_that_returns_a_verdict_refuses_and_says_why(
 
 
 async def test_a_defaulter_whose_metadata_is_not_an_object_refuses_in_its_own_words(fleet: Fleet) -> None:
-    plane, group = fleet["cluster-1"], new_group()
-    kind = mcr.Kind(f"{group}/v1", "Test")
-    await install_crd(plane, kind_crd(group))
-    manager = _manager(plane, webhook_options())
+    plane, kind, manager = await _fresh_kind(fleet["cluster-1"])
 
     async def default(req: mcr.AdmissionRequest) -> dict[str, Any]:
         assert req.object is not None
@@ -87,10 +88,7 @@ async def test_a_defaulter_whose_metadata_is_not_an_object_refuses_in_its_own_wo
 
 
 async def test_a_defaulter_that_stores_what_json_cannot_hold_refuses_in_its_own_words(fleet: Fleet) -> None:
-    plane, group = fleet["cluster-1"], new_group()
-    kind = mcr.Kind(f"{group}/v1", "Test")
-    await install_crd(plane, kind_crd(group))
-    manager = _manager(plane, webhook_options())
+    plane, kind, manager = await _fresh_kind(fleet["cluster-1"])
 
     async def default(req: mcr.AdmissionRequest) -> None:
         assert req.object is not None
@@ -106,10 +104,7 @@ async def test_a_validator_whose_await_was_cancelled_elsewhere_is_answered_not_d
     fleet: Fleet, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A CancelledError its task was not given is the handler's failure: answered per on_error, logged."""
-    plane, group = fleet["cluster-1"], new_group()
-    kind = mcr.Kind(f"{group}/v1", "Test")
-    await install_crd(plane, kind_crd(group))
-    manager = _manager(plane, webhook_options())
+    plane, kind, manager = await _fresh_kind(fleet["cluster-1"])
 
     async def validate(req: mcr.AdmissionRequest) -> None:
         shared: asyncio.Future[None] = asyncio.get_running_loop().create_future()
