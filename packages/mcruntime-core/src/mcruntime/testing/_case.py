@@ -1,19 +1,42 @@
-"""The running world of one conformance case: the driver, the provider, the manager, the observers."""
+"""The running world of one conformance case: the driver, the provider, the manager, the observers.
+
+Its waits fail as broken rules (:func:`~._checks.eventually`), saying what was
+there instead, and it holds the case's :class:`~._leaks.LeakWatch`: every
+target a case hands the driver is made here (:meth:`_Case.target`), so rule 7
+can be checked against exactly the credentials the driver wrote.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
 import mcruntime as mcr
 
+from ._checks import CONTENT, CONTRACT, CREDENTIALS, describe, eventually, expect
 from ._controlplane import ControlPlane, User
-from ._driver import Capability, ProviderDriver
+from ._driver import Breakage, Capability, ProviderDriver, Target
+from ._fleet import Fleet
 from ._harness import CONFIGMAP, EngagementRecorder, Seeder, Seen, running
-from ._running import wait_until
+from ._leaks import LeakWatch, shown
+
+FLEET = ("cluster-1", "cluster-2", "cluster-3")
+"""The session fleet's clusters the cases use: ``--testbed-clusters=3``, the plugin's default."""
+
+
+def _require_fleet(fleet: Fleet) -> None:
+    """Fail every case up front when the fleet is too small, not with a KeyError halfway through one."""
+    missing = [name for name in FLEET if name not in fleet.names]
+    if missing:
+        pytest.fail(
+            f"too few testbed clusters: run pytest with --testbed-clusters={len(FLEET)} (the default) "
+            f"or more; the provider conformance suite uses {', '.join(FLEET)}, and this session's "
+            f"fleet has {sorted(fleet.names)}",
+            pytrace=False,
+        )
 
 
 def _require(driver: ProviderDriver, *capabilities: Capability) -> None:
@@ -37,6 +60,9 @@ class _Case:
     seen: Seen
     provider: mcr.Provider | None = None
     manager: mcr.Manager | None = None
+    leaks: LeakWatch = field(default_factory=LeakWatch)
+    timeout: float = 30.0
+    """Seconds any one wait of the case may take before it fails as a broken rule."""
 
     @property
     def namespace(self) -> str:
@@ -44,6 +70,29 @@ class _Case:
 
     def name(self, source_name: str) -> str:
         return self.driver.engaged_name(source_name)
+
+    def target(
+        self, plane: ControlPlane, user: User | None = None, breakage: Breakage | None = None
+    ) -> Target:
+        """:meth:`Target.of`, with its credential watched from now on (rule 7)."""
+        target = Target.of(plane, user, breakage)
+        self.leaks.add_target(target)
+        return target
+
+    async def eventually(
+        self,
+        condition: Callable[[], object | Awaitable[object]],
+        rule: str,
+        what: str,
+        *,
+        seen: Callable[[], str] | None = None,
+    ) -> None:
+        """:func:`~._checks.eventually` within the case's timeout."""
+        await eventually(condition, rule, what, seen=seen, timeout=self.timeout)
+
+    def show(self, value: object) -> str:
+        """``value`` for a failure message, with any credential it quotes hidden."""
+        return self.leaks.redact(str(value))
 
     def build(self) -> tuple[mcr.Provider, mcr.Manager]:
         """A provider from the source as it is, and a manager with the case's controller."""
@@ -59,29 +108,102 @@ class _Case:
     @asynccontextmanager
     async def running(self) -> AsyncIterator[tuple[mcr.Provider, mcr.Manager]]:
         provider, manager = self.build()
-        async with running(manager, self.recorder):
+        async with self.run():
             yield provider, manager
+
+    @asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        """Run the built manager for the block; rule 7 over all it showed and logged, when the block ends.
+
+        Checked at the end of every block, so a provider that quotes a
+        credential anywhere fails whichever case it runs in.
+        """
+        assert self.manager is not None, "build() first"
+        with self.leaks.watching():
+            async with running(self.manager, self.recorder):
+                yield
+                self.assert_credentials_hidden("while the provider ran")
+        self.assert_credentials_hidden("while the provider stopped", logs_only=True)
+
+    def assert_credentials_hidden(self, when: str, *, logs_only: bool = False) -> None:
+        """Rule 7: no credential a target gave the driver in a status, a source, a repr or a log record."""
+        if not logs_only:
+            for where, text in self._shown():
+                whose = self.leaks.found_in(text)
+                expect(
+                    whose is None,
+                    CREDENTIALS,
+                    f"{whose} appears in {self.leaks.redact(where)} {when}; "
+                    "say where a source is broken, never what it contains",
+                )
+        logged = self.leaks.logged
+        expect(not logged, CREDENTIALS, f"{'; '.join(logged)}, logged {when}")
+
+    def _shown(self) -> Iterator[tuple[str, str]]:
+        """Everything the provider and the clusters it engaged show: ``(where, text)``."""
+        if self.provider is not None:
+            yield "repr(provider)", repr(self.provider)
+            for name, status in self.provider.statuses().items():
+                yield from shown(f"provider.statuses()[{name!r}]", status)
+            sources = getattr(self.provider, "sources", None)
+            if callable(sources):
+                for key, source in dict(sources()).items():
+                    yield from shown(f"provider.sources()[{key!r}]", source)
+        if self.manager is not None:
+            for name, cluster in self.manager.clusters().items():
+                yield f"the repr of cluster {name!r}", repr(cluster)
+                yield f"the repr of cluster {name!r}'s config", repr(cluster.config)
 
     def engaged_names(self) -> set[str]:
         assert self.manager is not None
         return {name for name in self.manager.clusters() if name != mcr.LOCAL_CLUSTER}
 
-    async def engaged(self, source_name: str) -> mcr.Cluster:
+    def whereabouts(self, source_name: str) -> str:
+        """Where a cluster is, for a failure: never engaged, engaged (how often), or gone again."""
+        assert self.manager is not None
+        name = self.name(source_name)
+        count = self.recorder.count(name)
+        cluster = self.manager.clusters().get(name)
+        if count == 0:
+            where = f"{name!r} was never engaged (engaged: {sorted(self.engaged_names())})"
+        elif cluster is None:
+            where = f"{name!r} was engaged {count} times and is not engaged now"
+        else:
+            where = f"{name!r} is engaged as {describe(cluster)}"
+        return f"{where}; its status is {self.show(self.driver.status(source_name))}"
+
+    async def engaged(self, source_name: str, rule: str = CONTRACT) -> mcr.Cluster:
         """Wait until ``source_name`` is engaged with the manager; return its cluster."""
         assert self.manager is not None
         manager, name = self.manager, self.name(source_name)
-        await wait_until(lambda: name in manager.clusters(), what=f"cluster {name!r} engaged")
+        await self.eventually(
+            lambda: name in manager.clusters(),
+            rule,
+            f"cluster {name!r} engaged",
+            seen=lambda: self.whereabouts(source_name),
+        )
         return manager.clusters()[name]
 
-    async def reconciled(self, source_name: str, plane: ControlPlane, configmap: str) -> None:
+    async def reconciled(
+        self, source_name: str, plane: ControlPlane, configmap: str, rule: str = CONTRACT
+    ) -> None:
         """Wait until the reconciler read ``configmap`` from ``plane`` under the cluster's name."""
         key = (self.name(source_name), self.namespace, configmap)
-        await wait_until(
+
+        def instead() -> str:
+            read = f"read it from {self.seen.objects[key]}" if key in self.seen.objects else "never read it"
+            return f"the reconciler {read}; {self.whereabouts(source_name)}"
+
+        await self.eventually(
             lambda: self.seen.objects.get(key) == plane.name,
-            what=f"ConfigMap {configmap!r} of {plane.name} reconciled as cluster {key[0]!r}",
+            rule,
+            f"ConfigMap {configmap!r} of {plane.name} reconciled as cluster {key[0]!r}",
+            seen=instead,
         )
 
-    async def phase(self, source_name: str, state: mcr.ClusterPhase) -> mcr.ClusterStatus:
+    async def phase(
+        self, source_name: str, state: mcr.ClusterPhase, rule: str = CONTRACT
+    ) -> mcr.ClusterStatus:
         """Wait until the provider reports ``source_name`` in ``state``; return the status."""
         driver = self.driver
 
@@ -89,12 +211,17 @@ class _Case:
             status = driver.status(source_name)
             return status is not None and status.phase is state
 
-        await wait_until(reached, what=f"cluster {source_name!r} reported {state.value}")
+        await self.eventually(
+            reached,
+            rule,
+            f"cluster {source_name!r} reported {state.value}",
+            seen=lambda: self.whereabouts(source_name),
+        )
         status = driver.status(source_name)
         assert status is not None
         return status
 
-    async def serving(self, source_name: str, plane: ControlPlane) -> mcr.Cluster:
+    async def serving(self, source_name: str, plane: ControlPlane, rule: str = CONTENT) -> mcr.Cluster:
         """Wait until ``source_name`` is engaged with a cluster whose server is ``plane``'s."""
         assert self.manager is not None
         manager, name = self.manager, self.name(source_name)
@@ -103,9 +230,40 @@ class _Case:
             cluster = manager.clusters().get(name)
             return cluster is not None and cluster.config.server == plane.server
 
-        await wait_until(pointed, what=f"cluster {name!r} engaged with {plane.name}")
+        await self.eventually(
+            pointed,
+            rule,
+            f"cluster {name!r} engaged with {plane.name} ({plane.server})",
+            seen=lambda: self.whereabouts(source_name),
+        )
         return manager.clusters()[name]
 
 
 def _token_user(plane: ControlPlane, case: _Case, role: str) -> User:
     return plane.add_token_user(f"conformance-{case.seeder.token}-{role}")
+
+
+def _expect_engagements(case: _Case, source_name: str, times: int, what: str) -> None:
+    """The name was engaged ``times`` times in all, as the recorder saw it and as the status counts it."""
+    count = case.recorder.count(case.name(source_name))
+    expect(count == times, CONTENT, f"{what} engaged the name {count} times (expected {times} in all)")
+    status = case.driver.status(source_name)
+    counted = status.engagements if status is not None else None
+    expect(counted == times, CONTENT, f"the status counts {counted} engagements, expected {times}")
+
+
+async def _alpha_and_beta(case: _Case, first: ControlPlane, second: ControlPlane) -> bool:
+    """Sources "alpha" on ``first`` and, if the provider holds several, "beta" on ``second``; whether it does.
+
+    Each plane gets a ``marker`` ConfigMap to reconcile.
+    """
+    others = _supports(case.driver, Capability.MULTIPLE_CLUSTERS)
+    for source_name, plane in [("alpha", first), ("beta", second)][: 2 if others else 1]:
+        await case.seeder.configmap(plane, "marker")
+        await case.driver.add(source_name, case.target(plane))
+    return others
+
+
+def _expect_same(got: mcr.Cluster, engaged: mcr.Cluster, call: str) -> None:
+    """``call`` answered with the very cluster object the manager has engaged under that name."""
+    expect(got is engaged, CONTRACT, f"{call} returned {describe(got)}, the manager has {describe(engaged)}")

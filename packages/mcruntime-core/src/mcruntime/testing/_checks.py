@@ -8,14 +8,16 @@ enforces, and the message says what the suite saw instead.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
-from collections.abc import Sequence
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
 
 import mcruntime as mcr
 
-from ._controlplane import User
-from ._driver import Target
 from ._harness import CONFIGMAP
+
+GUIDE = "docs/guides/writing-a-provider.md"
 
 CONTRACT = "the Provider contract (get and engage agree, one status per cluster)"
 GONE = "rule 1, only the source says gone"
@@ -33,7 +35,7 @@ class RuleBroken(AssertionError):
 def expect(condition: object, rule: str, seen: str) -> None:
     """Fail the case with ``rule`` and ``seen`` unless ``condition`` holds."""
     if not condition:
-        raise RuleBroken(f"{rule} (see docs/guides/writing-a-provider.md): {seen}")
+        raise RuleBroken(f"{rule} (see {GUIDE}): {seen}")
 
 
 def describe(cluster: mcr.Cluster | None) -> str:
@@ -49,10 +51,32 @@ def same_secret(actual: str | None, expected: str) -> bool:
     return actual is not None and hmac.compare_digest(actual.encode(), expected.encode())
 
 
-def assert_no_secret(text: str, target: Target, *users: User) -> None:
-    tokens = [token for token in (target.token, *(user.token for user in users)) if token]
-    leaked = any(token in text for token in tokens)
-    expect(not leaked, CREDENTIALS, "a credential appears in a status, error or repr")
+async def eventually(
+    condition: Callable[[], object | Awaitable[object]],
+    rule: str,
+    what: str,
+    *,
+    seen: Callable[[], str] | None = None,
+    timeout: float = 30.0,
+) -> None:
+    """Wait like :func:`~mcruntime.testing.wait_until`, but a timeout is a broken ``rule``.
+
+    A bare "not within 30s: cluster 'beta' reported unhealthy" leaves the
+    author guessing which rule failed and why; ``seen`` says what was there
+    instead (a cluster never engaged, the status it had), read at the deadline.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = condition()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if loop.time() >= deadline:
+            instead = f"; {seen()}" if seen is not None else ""
+            raise RuleBroken(f"{rule} (see {GUIDE}): not within {timeout:g}s: {what}{instead}")
+        await asyncio.sleep(0.05)
 
 
 async def assert_indexed(cluster: mcr.Cluster, token: str, names: Sequence[str]) -> None:

@@ -56,6 +56,9 @@ def _foreign_ca_pem() -> bytes:
     return CertificateAuthority("mcruntime-conformance-foreign").cert_pem
 
 
+BAD_TOKEN_PREFIX = "conformance-invalid-"  # noqa: S105 - a prefix, not a credential
+"""How a :attr:`Breakage.BAD_CREDENTIAL` token starts; only the random rest is secret."""
+
 _MALFORMED_CA_PEM = b"-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n"
 
 
@@ -93,7 +96,7 @@ class Target:
         elif breakage is Breakage.MALFORMED_CA:
             ca_pem = _MALFORMED_CA_PEM
         elif breakage is Breakage.BAD_CREDENTIAL:
-            bad_token = f"conformance-invalid-{secrets.token_urlsafe(16)}"
+            bad_token = f"{BAD_TOKEN_PREFIX}{secrets.token_urlsafe(16)}"
         return cls(plane, who, server, ca_pem, breakage, bad_token)
 
     @property

@@ -40,7 +40,16 @@ import pytest
 import mcruntime as mcr
 from mcruntime.provider import SourceStatus
 
-from ._case import _Case, _require, _supports, _token_user
+from ._case import (
+    _alpha_and_beta,
+    _Case,
+    _expect_engagements,
+    _expect_same,
+    _require,
+    _require_fleet,
+    _supports,
+    _token_user,
+)
 from ._checks import (
     CONTENT,
     CONTRACT,
@@ -49,7 +58,6 @@ from ._checks import (
     ISOLATED,
     NAMES,
     assert_indexed,
-    assert_no_secret,
     describe,
     expect,
     same_secret,
@@ -61,17 +69,9 @@ try:
 except ImportError as _missing:  # the suite's cases are async tests
     raise MissingExtraError("pytest-asyncio", "to run the provider conformance suite") from _missing
 
-from ._controlplane import ControlPlane
 from ._driver import Breakage, Capability, ProviderDriver, Target
 from ._fleet import Fleet
-from ._harness import (
-    CONFIGMAP,
-    EngagementRecorder,
-    Seeder,
-    Seen,
-    running,
-    seed_index,
-)
+from ._harness import CONFIGMAP, EngagementRecorder, Seeder, Seen, seed_index
 from ._running import wait_until
 
 __all__ = [
@@ -119,6 +119,11 @@ class ProviderConformance:
             """Override in the subclass: a new driver whose source holds no cluster yet."""
             raise NotImplementedError(f"{type(self).__name__} must define a `driver` fixture")
 
+    @pytest.fixture(autouse=True)
+    def _conformance_fleet(self, fleet: Fleet) -> None:
+        """Fail each case before it starts, naming the option, when the fleet has too few clusters."""
+        _require_fleet(fleet)
+
     @pytest_asyncio.fixture
     async def case(self, driver: ProviderDriver) -> AsyncIterator[_Case]:
         """The case's namespace, observers and manager wiring around the driver."""
@@ -143,7 +148,7 @@ class ProviderConformance:
         first, second = fleet["cluster-1"], fleet["cluster-2"]
         await case.seeder.configmap(first, "marker")
         await case.seeder.configmap(second, "marker")
-        await driver.add("alpha", Target.of(first))
+        await driver.add("alpha", case.target(first))
         async with case.running() as (provider, manager):
             alpha = await case.engaged("alpha")
             _expect_same(await provider.get(case.name("alpha")), alpha, "provider.get")
@@ -157,7 +162,7 @@ class ProviderConformance:
                 return
             with pytest.raises(mcr.ClusterNotFound):
                 await provider.get(case.name("beta"))
-            await driver.add("beta", Target.of(second))
+            await driver.add("beta", case.target(second))
             beta = await case.engaged("beta")
             _expect_same(await provider.get(case.name("beta")), beta, "provider.get")
             await case.reconciled("beta", second, "marker")
@@ -166,7 +171,7 @@ class ProviderConformance:
 
     async def test_an_unknown_name_raises_cluster_not_found(self, case: _Case, fleet: Fleet) -> None:
         """``get`` of a name the source never held raises ``ClusterNotFound`` naming it."""
-        await case.driver.add("alpha", Target.of(fleet["cluster-1"]))
+        await case.driver.add("alpha", case.target(fleet["cluster-1"]))
         async with case.running() as (provider, manager):
             await case.engaged("alpha")
             for unknown in (case.name("no-such-cluster"), "no-such-cluster", "no/such/cluster", ""):
@@ -189,7 +194,7 @@ class ProviderConformance:
         driver = case.driver
         names = ["alpha", "beta"] if _supports(driver, Capability.MULTIPLE_CLUSTERS) else ["alpha"]
         for source_name, plane in zip(names, fleet, strict=False):
-            await driver.add(source_name, Target.of(plane))
+            await driver.add(source_name, case.target(plane))
         expected = {case.name(source_name) for source_name in names}
         rounds: list[set[str]] = []
         for _round in range(2):
@@ -211,13 +216,18 @@ class ProviderConformance:
         _require(driver, Capability.DUPLICATE_NAMES, Capability.RUNTIME_CHANGES)
         first, second = fleet["cluster-1"], fleet["cluster-2"]
         await case.seeder.configmap(first, "marker")
-        await driver.add("alpha", Target.of(first))
+        await driver.add("alpha", case.target(first))
         async with case.running():
-            original = await case.serving("alpha", first)
-            await driver.add_duplicate("alpha", Target.of(second))
+            original = await case.serving("alpha", first, NAMES)
+            await driver.add_duplicate("alpha", case.target(second))
             await driver.settle()
-            await wait_until(lambda: driver.duplicate_reported("alpha"), what="the duplicate reported")
-            now = await case.engaged("alpha")
+            await case.eventually(
+                lambda: driver.duplicate_reported("alpha"),
+                NAMES,
+                f"a second claim on {case.name('alpha')!r} reported (driver.duplicate_reported('alpha'))",
+                seen=lambda: f"it is not reported; {case.whereabouts('alpha')}",
+            )
+            now = await case.engaged("alpha", NAMES)
             expect(
                 now is original,
                 NAMES,
@@ -241,11 +251,11 @@ class ProviderConformance:
         first, second = fleet["cluster-1"], fleet["cluster-2"]
         await case.seeder.configmap(first, "marker")
         await case.seeder.configmap(second, "marker")
-        await driver.add("alpha", Target.of(first))
+        await driver.add("alpha", case.target(first))
         async with case.running():
             old = await case.serving("alpha", first)
             await case.reconciled("alpha", first, "marker")
-            await driver.change("alpha", Target.of(second))
+            await driver.change("alpha", case.target(second))
             new = await case.serving("alpha", second)
             await case.reconciled("alpha", second, "marker")
             await driver.settle()
@@ -262,13 +272,13 @@ class ProviderConformance:
         """Re-stating the same content, and health probes going by, keep the same cluster object."""
         driver = case.driver
         plane = fleet["cluster-1"]
-        await driver.add("alpha", Target.of(plane))
+        await driver.add("alpha", case.target(plane))
         async with case.running():
             cluster = await case.engaged("alpha")
             await case.phase("alpha", mcr.ClusterPhase.READY)  # at least one probe went by
             if _supports(driver, Capability.RUNTIME_CHANGES):
                 for _touch in range(2):
-                    await driver.touch("alpha", Target.of(plane))
+                    await driver.touch("alpha", case.target(plane))
                     await driver.settle()
             await driver.settle()
             now = await case.engaged("alpha")
@@ -287,17 +297,22 @@ class ProviderConformance:
         before, after = _token_user(plane, case, "before"), _token_user(plane, case, "after")
         assert after.token is not None
         await case.seeder.configmap(plane, "marker")
-        await driver.add("alpha", Target.of(plane, before))
+        await driver.add("alpha", case.target(plane, before))
         async with case.running():
             await case.engaged("alpha")
             await case.reconciled("alpha", plane, "marker")
-            await driver.change_credential("alpha", Target.of(plane, after))
+            await driver.change_credential("alpha", case.target(plane, after))
 
             async def uses_new_credential() -> bool:
                 cluster = await case.engaged("alpha")
                 return same_secret(await cluster.transport.authorization(), f"Bearer {after.token}")
 
-            await wait_until(uses_new_credential, what="the new credential in use")
+            await case.eventually(
+                uses_new_credential,
+                CONTENT,
+                f"the new credential of {case.name('alpha')!r} in use",
+                seen=lambda: f"its cluster still sends another one; {case.whereabouts('alpha')}",
+            )
             await driver.settle()
             count = case.recorder.count(case.name("alpha"))
             expect(count <= 2, CONTENT, f"a credential change engaged the name {count} times (at most 2)")
@@ -320,7 +335,12 @@ class ProviderConformance:
                 await case.reconciled("beta", second, "marker")
             await driver.remove("alpha")
             name = case.name("alpha")
-            await wait_until(lambda: name not in manager.clusters(), what=f"{name!r} disengaged")
+            await case.eventually(
+                lambda: name not in manager.clusters(),
+                DISENGAGE,
+                f"{name!r} disengaged after its source removed it",
+                seen=lambda: case.whereabouts("alpha"),
+            )
             await driver.settle()
             expect(
                 removed.stopped and len(removed.tasks) == 0,
@@ -330,7 +350,7 @@ class ProviderConformance:
             if _supports(driver, Capability.OWN_CONNECTION):  # else it shares a connection it may not close
                 expect(removed.transport.closed, DISENGAGE, "the removed cluster's connections are open")
             status = driver.status("alpha")
-            expect(status is None, DISENGAGE, f"a removed cluster still has a status: {status}")
+            expect(status is None, DISENGAGE, f"a removed cluster still has a status: {case.show(status)}")
             with pytest.raises(mcr.ClusterNotFound):
                 await provider.get(name)
             with pytest.raises(mcr.ClusterNotFound):
@@ -339,7 +359,7 @@ class ProviderConformance:
                 calls = case.seen.calls[name]
                 await case.seeder.configmap(first, "after-removal")
                 await case.seeder.configmap(second, "after-removal")
-                await case.reconciled("beta", second, "after-removal")  # the others go on
+                await case.reconciled("beta", second, "after-removal", ISOLATED)  # the others go on
                 expect(
                     case.seen.calls[name] == calls,
                     DISENGAGE,
@@ -366,12 +386,13 @@ class ProviderConformance:
         _require(driver, Capability.RUNTIME_CHANGES, Capability.UNPARSEABLE_SOURCE)
         plane = fleet["cluster-1"]
         await case.seeder.configmap(plane, "marker")
-        await driver.add("alpha", Target.of(plane))
+        await driver.add("alpha", case.target(plane))
         async with case.running() as (provider, manager):
             cluster = await case.engaged("alpha")
             await case.reconciled("alpha", plane, "marker")
             await driver.corrupt("alpha")
             await driver.settle()
+            case.assert_credentials_hidden("after its source stopped parsing")
             name = case.name("alpha")
             now = manager.clusters().get(name)
             expect(
@@ -385,7 +406,7 @@ class ProviderConformance:
             expect(
                 status is not None and status.phase is not mcr.ClusterPhase.FAILED,
                 GONE,
-                f"a cluster running on its last good config is reported {status}",
+                f"a cluster running on its last good config is reported {case.show(status)}",
             )
             assert status is not None
             if status.source is not None:  # a provider that reports sources says what is wrong
@@ -395,11 +416,11 @@ class ProviderConformance:
                 expect(
                     errors,
                     GONE,
-                    f"the unparseable source is not reported: no source has an error ({status.source})",
+                    f"no source says why it does not parse; its cluster's is {case.show(status.source)}",
                 )
             await case.seeder.configmap(plane, "while-unparseable")
-            await case.reconciled("alpha", plane, "while-unparseable")
-            await driver.add("alpha", Target.of(plane))  # repaired: the same content as before
+            await case.reconciled("alpha", plane, "while-unparseable", GONE)
+            await driver.add("alpha", case.target(plane))  # repaired: the same content as before
             await driver.settle()
             count = case.recorder.count(name)
             expect(
@@ -420,29 +441,28 @@ class ProviderConformance:
         healthy, broken_plane = fleet["cluster-1"], fleet["cluster-2"]
         others = _supports(driver, Capability.MULTIPLE_CLUSTERS)
         broken_name = "beta" if others else "alpha"
-        broken = Target.of(broken_plane, breakage=breakage)
+        broken = case.target(broken_plane, breakage=breakage)
         if others:
             await case.seeder.configmap(healthy, "marker")
-            await driver.add("alpha", Target.of(healthy))
+            await driver.add("alpha", case.target(healthy))
         await driver.add(broken_name, broken)
         async with case.running() as (provider, manager):
-            status = await case.phase(broken_name, mcr.ClusterPhase.UNHEALTHY)
-            expect(status.error, ISOLATED, f"an unhealthy cluster must say why; its status is {status}")
-            assert_no_secret(status.error or "", broken, broken_plane.token_user)
-            cluster = await case.engaged(broken_name)  # unavailable is not gone
+            status = await case.phase(broken_name, mcr.ClusterPhase.UNHEALTHY, GONE)
+            expect(status.error, ISOLATED, f"an unhealthy cluster must say why: {case.show(status)}")
+            cluster = await case.engaged(broken_name, GONE)  # unavailable is not gone
             got = await provider.get(case.name(broken_name))
             expect(got is cluster, GONE, f"provider.get of the broken cluster returned {describe(got)}")
-            assert_no_secret(repr(cluster) + repr(cluster.config), broken, broken_plane.token_user)
+            case.assert_credentials_hidden(f"while the cluster is broken ({breakage.value})")
             if others:
-                await case.reconciled("alpha", healthy, "marker")
+                await case.reconciled("alpha", healthy, "marker", ISOLATED)
                 await case.seeder.configmap(healthy, "while-broken")
-                await case.reconciled("alpha", healthy, "while-broken")
-                await case.phase("alpha", mcr.ClusterPhase.READY)
+                await case.reconciled("alpha", healthy, "while-broken", ISOLATED)
+                await case.phase("alpha", mcr.ClusterPhase.READY, ISOLATED)
             still = driver.status(broken_name)
             expect(
                 still is not None and still.phase is mcr.ClusterPhase.UNHEALTHY,
                 GONE,
-                f"a broken cluster must stay reported unhealthy; its status is {still}",
+                f"a broken cluster must stay reported unhealthy; its status is {case.show(still)}",
             )
             expect(case.name(broken_name) in manager.clusters(), GONE, "the broken cluster was disengaged")
 
@@ -454,16 +474,17 @@ class ProviderConformance:
         others = await _alpha_and_beta(case, first, second)
         async with case.running() as (provider, _manager):
             await case.reconciled("alpha", first, "marker")
-            await driver.break_cluster("alpha", Target.of(first, breakage=Breakage.UNREACHABLE))
-            await case.phase("alpha", mcr.ClusterPhase.UNHEALTHY)
-            await case.engaged("alpha")
+            await driver.break_cluster("alpha", case.target(first, breakage=Breakage.UNREACHABLE))
+            await case.phase("alpha", mcr.ClusterPhase.UNHEALTHY, GONE)
+            await case.engaged("alpha", GONE)
             await provider.get(case.name("alpha"))
+            case.assert_credentials_hidden("while the cluster is broken")
             if others:
                 await case.seeder.configmap(second, "while-broken")
-                await case.reconciled("beta", second, "while-broken")
-            await driver.change("alpha", Target.of(first))
+                await case.reconciled("beta", second, "while-broken", ISOLATED)
+            await driver.change("alpha", case.target(first))
             await case.serving("alpha", first)
-            await case.phase("alpha", mcr.ClusterPhase.READY)
+            await case.phase("alpha", mcr.ClusterPhase.READY, GONE)
             await case.seeder.configmap(first, "after-repair")
             await case.reconciled("alpha", first, "after-repair")
 
@@ -474,10 +495,10 @@ class ProviderConformance:
         driver = case.driver
         first, second = fleet["cluster-1"], fleet["cluster-2"]
         await case.seeder.configmap(first, "indexed")
-        await driver.add("alpha", Target.of(first))
-        provider, manager = case.build()
+        await driver.add("alpha", case.target(first))
+        provider, _manager = case.build()
         await provider.index_field(CONFIGMAP, "conformance-early", seed_index)
-        async with running(manager, case.recorder):
+        async with case.run():
             alpha = await case.engaged("alpha")
             await provider.index_field(CONFIGMAP, "conformance-late", seed_index)
             await assert_indexed(alpha, case.seeder.token, ["indexed"])
@@ -487,7 +508,7 @@ class ProviderConformance:
             ):
                 return
             await case.seeder.configmap(second, "indexed")
-            await driver.add("beta", Target.of(second))
+            await driver.add("beta", case.target(second))
             await assert_indexed(await case.engaged("beta"), case.seeder.token, ["indexed"])
 
     # --- churn ---------------------------------------------------------------------------
@@ -499,39 +520,41 @@ class ProviderConformance:
         p1, p2, p3 = fleet["cluster-1"], fleet["cluster-2"], fleet["cluster-3"]
         for plane in (p1, p2, p3):
             await case.seeder.configmap(plane, "marker")
-        await driver.add("alpha", Target.of(p1))
-        await driver.add("beta", Target.of(p2))
+        await driver.add("alpha", case.target(p1))
+        await driver.add("beta", case.target(p2))
         async with case.running() as (provider, manager):
             await case.engaged("alpha")
             await case.engaged("beta")
 
             async def alpha() -> None:
-                await driver.change("alpha", Target.of(p2))
-                await driver.change("alpha", Target.of(p3))
+                await driver.change("alpha", case.target(p2))
+                await driver.change("alpha", case.target(p3))
 
             async def beta() -> None:
                 await driver.remove("beta")
-                await driver.add("beta", Target.of(p3))
+                await driver.add("beta", case.target(p3))
 
             async def gamma() -> None:
-                await driver.add("gamma", Target.of(p3))
+                await driver.add("gamma", case.target(p3))
                 await driver.remove("gamma")
-                await driver.add("gamma", Target.of(p1))
+                await driver.add("gamma", case.target(p1))
 
             async def delta() -> None:
-                await driver.add("delta", Target.of(p2))
+                await driver.add("delta", case.target(p2))
 
             async def epsilon() -> None:
-                await driver.add("epsilon", Target.of(p1))
-                await driver.change("epsilon", Target.of(p3))
+                await driver.add("epsilon", case.target(p1))
+                await driver.change("epsilon", case.target(p3))
                 await driver.remove("epsilon")
 
             await asyncio.gather(alpha(), beta(), gamma(), delta(), epsilon())
             await driver.settle()
             expected = {"alpha": p3, "beta": p3, "gamma": p1, "delta": p2}
-            await wait_until(
+            await case.eventually(
                 lambda: case.engaged_names() == {case.name(n) for n in expected},
-                what=f"the engaged set to become {sorted(case.name(n) for n in expected)}",
+                CONTENT,
+                f"the engaged set to become {sorted(case.name(n) for n in expected)} after churn",
+                seen=lambda: f"it is {sorted(case.engaged_names())}",
             )
             for source_name, plane in expected.items():
                 await case.serving(source_name, plane)
@@ -540,36 +563,16 @@ class ProviderConformance:
             with pytest.raises(mcr.ClusterNotFound):
                 await provider.get(case.name("epsilon"))
             status = driver.status("epsilon")
-            expect(status is None, DISENGAGE, f"a cluster removed during churn still has a status: {status}")
+            expect(status is None, DISENGAGE, f"removed in the churn, it has a status: {case.show(status)}")
             current = set(map(id, manager.clusters().values()))
 
-            def replaced_all_stopped() -> bool:
-                return all(c.stopped for _n, c in case.recorder.every_cluster() if id(c) not in current)
+            def running_still() -> list[str]:
+                gone = [c for _n, c in case.recorder.every_cluster() if id(c) not in current]
+                return [describe(c) for c in gone if not c.stopped]
 
-            await wait_until(replaced_all_stopped, what="every replaced or removed cluster stopped")
-
-
-def _expect_engagements(case: _Case, source_name: str, times: int, what: str) -> None:
-    """The name was engaged ``times`` times in all, as the recorder saw it and as the status counts it."""
-    count = case.recorder.count(case.name(source_name))
-    expect(count == times, CONTENT, f"{what} engaged the name {count} times (expected {times} in all)")
-    status = case.driver.status(source_name)
-    counted = status.engagements if status is not None else None
-    expect(counted == times, CONTENT, f"the status counts {counted} engagements, expected {times}")
-
-
-async def _alpha_and_beta(case: _Case, first: ControlPlane, second: ControlPlane) -> bool:
-    """Sources "alpha" on ``first`` and, if the provider holds several, "beta" on ``second``; whether it does.
-
-    Each plane gets a ``marker`` ConfigMap to reconcile.
-    """
-    others = _supports(case.driver, Capability.MULTIPLE_CLUSTERS)
-    for source_name, plane in [("alpha", first), ("beta", second)][: 2 if others else 1]:
-        await case.seeder.configmap(plane, "marker")
-        await case.driver.add(source_name, Target.of(plane))
-    return others
-
-
-def _expect_same(got: mcr.Cluster, engaged: mcr.Cluster, call: str) -> None:
-    """``call`` answered with the very cluster object the manager has engaged under that name."""
-    expect(got is engaged, CONTRACT, f"{call} returned {describe(got)}, the manager has {describe(engaged)}")
+            await case.eventually(
+                lambda: not running_still(),
+                DISENGAGE,
+                "every replaced or removed cluster stopped",
+                seen=lambda: f"still running: {running_still()}",
+            )
