@@ -8,14 +8,13 @@ enforces, and the message says what the suite saw instead.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
-import inspect
 from collections.abc import Awaitable, Callable, Sequence
 
 import mcruntime as mcr
 
 from ._harness import CONFIGMAP
+from ._running import wait_until
 
 GUIDE = "docs/guides/writing-a-provider.md"
 
@@ -65,18 +64,13 @@ async def eventually(
     author guessing which rule failed and why; ``seen`` says what was there
     instead (a cluster never engaged, the status it had), read at the deadline.
     """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = condition()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        if loop.time() >= deadline:
-            instead = f"; {seen()}" if seen is not None else ""
-            raise RuleBroken(f"{rule} (see {GUIDE}): not within {timeout:g}s: {what}{instead}")
-        await asyncio.sleep(0.05)
+    try:
+        await wait_until(condition, timeout=timeout, what=what)
+    except AssertionError as error:
+        if not str(error).startswith("not within "):
+            raise  # the condition's own assertion, not the deadline
+        instead = f"; {seen()}" if seen is not None else ""
+        raise RuleBroken(f"{rule} (see {GUIDE}): not within {timeout:g}s: {what}{instead}") from None
 
 
 async def assert_indexed(cluster: mcr.Cluster, token: str, names: Sequence[str]) -> None:
