@@ -169,10 +169,11 @@ class APIServer:
             process.stop()
             raise TestbedError(f"{error}; log {process.log_path}") from error
         tail = process.log_tail()
+        code = process.exit_code
         process.stop()
         raise TestbedError(
             f"{self._plane.name}: kube-apiserver ({self.role}, port {self.port}) "
-            f"{'exited' if process.exit_code not in (None, -15, -9) else 'was not ready'} "
+            f"{f'exited with code {code}' if code not in (None, -15, -9) else 'was not ready'} "
             f"within {timeout:.0f}s; log {process.log_path}:\n{tail}"
         )
 
@@ -292,15 +293,21 @@ class ControlPlane:
             self.apiserver.start(timeout)
             return
         # First start: pick a port, retrying if another process took it meanwhile.
+        tried: list[int] = []
+        last: TestbedError | None = None
         for _attempt in range(3):
             self.apiserver.port = free_port()
+            tried.append(self.apiserver.port)
             try:
                 self.apiserver.start(timeout)
                 return
             except TestbedError as error:
                 if "address already in use" not in str(error):
                     raise
-        raise TestbedError(f"{self.name}: could not bind a loopback port after 3 attempts")
+                last = error
+        raise TestbedError(
+            f"{self.name}: could not bind a loopback port after 3 attempts (ports {tried} were taken)"
+        ) from last
 
     async def start_async(self, timeout: float = START_TIMEOUT) -> None:
         if not self.apiserver.port or self.workloads is not None:

@@ -76,8 +76,13 @@ class Etcd:
             tail = process.log_tail()
             process.stop()
             if "address already in use" not in tail:
-                raise TestbedError(f"etcd did not become healthy within {timeout:.0f}s:\n{tail}")
-        raise TestbedError("etcd could not bind loopback ports after 3 attempts")
+                code = process.exit_code
+                how = f"exited with code {code}" if code not in (None, -15, -9) else "did not become healthy"
+                raise TestbedError(f"etcd {how} within {timeout:.0f}s; log {process.log_path}:\n{tail}")
+        raise TestbedError(
+            "etcd could not bind loopback ports after 3 attempts "
+            f"(the last: {self.client_port}, {peer_port}); log {self._workdir / 'logs' / 'etcd.log'}"
+        )
 
     def _gateway(self, path: str, body: dict[str, object]) -> dict[str, object]:
         connection = http.client.HTTPConnection(LOOPBACK, self.client_port, timeout=10)

@@ -20,6 +20,7 @@ from ._backend import Backend, Process, backend_named
 from ._controlplane import START_TIMEOUT, ControlPlane
 from ._errors import TestbedError
 from ._etcd import Etcd
+from ._leftovers import OWN_PREFIX, mark_owner, scrub, sweep_abandoned
 
 
 class Fleet:
@@ -58,10 +59,11 @@ class Fleet:
         )
         self._progress = progress
         self._own_workdir = workdir is None
-        self.workdir: Path = workdir or Path(tempfile.mkdtemp(prefix="mcruntime-testbed-"))
+        self.workdir: Path = workdir or Path(tempfile.mkdtemp(prefix=OWN_PREFIX))
         self._etcd = etcd
         self._own_etcd = etcd is None
         self._clusters: dict[str, ControlPlane] = {}
+        self._plane_directories: list[Path] = []  # every one this fleet wrote keys to
         self._counter = 0
         self.start_seconds: dict[str, float] = {}
 
@@ -93,6 +95,8 @@ class Fleet:
     def etcd(self) -> Etcd:
         """The shared etcd, started on first use."""
         if self._etcd is None:
+            sweep_abandoned()
+            mark_owner(self.workdir, plane=False)
             etcd = Etcd(self.assets.etcd, self.workdir, self.backend)
             started = time.monotonic()
             etcd.start()
@@ -135,22 +139,26 @@ class Fleet:
             raise TestbedError(f"the fleet already has a cluster named {name!r}")
         run_workloads = self.workloads if workloads is None else workloads
         workload_assets = self.workload_assets if run_workloads else None
+        etcd = self.etcd
+        directory = self.workdir / name
+        mark_owner(directory, plane=True)  # before the keys: a kill from here on is swept
+        self._plane_directories.append(directory)
         plane = ControlPlane(
             name,
-            etcd=self.etcd,
+            etcd=etcd,
             binary=self.assets.kube_apiserver,
-            directory=self.workdir / name,
+            directory=directory,
             extra_args=extra_args,
             backend=self.backend,
         )
         started = time.monotonic()
-        plane.start(timeout)
-        if workload_assets is not None:
-            try:
+        try:  # a start cut short (Ctrl-C, a failed workload) leaves no process behind
+            plane.start(timeout)
+            if workload_assets is not None:
                 plane.run_workloads(workload_assets, nodes=self.nodes, timeout=timeout)
-            except BaseException:
-                plane.remove()
-                raise
+        except BaseException:
+            plane.remove()
+            raise
         self.start_seconds[name] = time.monotonic() - started
         self._clusters[name] = plane
         return plane
@@ -191,7 +199,11 @@ class Fleet:
         return found
 
     def stop(self) -> None:
-        """Stop every cluster, then etcd; remove the working directory if we made it."""
+        """Stop every cluster, then etcd; remove the working directory if we made it.
+
+        In a directory it was given, the fleet deletes the keys, token files,
+        kubeconfigs and etcd data it wrote, and keeps the logs.
+        """
         for plane in list(self._clusters.values()):
             plane.stop()
         self._clusters.clear()
@@ -202,3 +214,9 @@ class Fleet:
             self.backend.close()
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+            return
+        for directory in self._plane_directories:
+            scrub(directory, plane=True)
+        self._plane_directories.clear()
+        if self._own_etcd:
+            scrub(self.workdir, plane=False)

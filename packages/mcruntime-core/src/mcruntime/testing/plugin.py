@@ -117,7 +117,13 @@ def testbed(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReq
     """The session's etcd and a place to start clusters with ``testbed.add()``."""
     _require_testing_extra()
     from mcruntime.testing import Fleet
+    from mcruntime.testing._leftovers import sweep_abandoned
 
+    # A killed session's keys: pytest keeps its last three roots (pytest-of-USER/pytest-N;
+    # under xdist each worker's is a popen-gwN inside it). A --basetemp pytest empties itself.
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent.parent if base.name.startswith("popen-gw") else base.parent
+    sweep_abandoned([root] if root.name.startswith("pytest-of-") else [])
     fleet = Fleet(workdir=tmp_path_factory.mktemp("testbed"), backend=_backend_name(request.config))
     try:
         yield fleet
