@@ -31,21 +31,46 @@ async def wait_until(
     The only way tests wait: a deadline on a condition, never a sleep that
     hopes something happened meanwhile.
 
+    An awaitable condition still running at the deadline is cancelled: a
+    check that hangs (a stopped API server) fails the wait on time instead of
+    outliving it.
+
     Raises:
         AssertionError: the condition still failed at the deadline; the message
-            says ``what`` was awaited.
+            says ``what`` was awaited (or names the condition) and what it last
+            returned.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
         result = condition()
         if inspect.isawaitable(result):
-            result = await result
+            try:
+                async with asyncio.timeout_at(deadline):
+                    result = await result
+            except TimeoutError:
+                awaited = _described(condition, what)
+                message = f"not within {timeout:g}s: {awaited} (its last check was still running)"
+                raise AssertionError(message) from None
         if result:
             return
         if loop.time() >= deadline:
-            raise AssertionError(f"not within {timeout:.0f}s: {what or condition}")
+            raise AssertionError(
+                f"not within {timeout:g}s: {_described(condition, what)} (it last returned {_shown(result)})"
+            )
         await asyncio.sleep(interval)
+
+
+def _described(condition: Callable[[], object], what: str | None) -> str:
+    if what:
+        return what
+    name = getattr(condition, "__qualname__", None)
+    return name if isinstance(name, str) else repr(condition)[:200]
+
+
+def _shown(result: object) -> str:
+    text = repr(result)
+    return text if len(text) <= 200 else f"{text[:200]}… ({len(text)} characters)"
 
 
 def admin_config(plane: ControlPlane, *, trust: mcr.TrustPolicy | None = None) -> mcr.ClusterConfig:
