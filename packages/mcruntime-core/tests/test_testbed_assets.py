@@ -88,3 +88,29 @@ def test_staging_version_follows_the_kubernetes_release() -> None:
     assert staging_version("1.36.4") == "v0.36.4"
     with pytest.raises(ValueError, match="unexpected Kubernetes version"):
         staging_version("2.0.0")
+
+
+def test_a_kubebuilder_assets_directory_without_the_binaries_is_named(
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = _assets.cache_dir()  # a cache that would otherwise be used in silence
+    _executable(cache / "kube-apiserver")
+    _executable(cache / "etcd")
+    empty = clean_env / "typo"
+    empty.mkdir()
+    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(empty))
+    with pytest.raises(
+        AssetsError, match=r"KUBEBUILDER_ASSETS=.*typo: kube-apiserver there is not an executable"
+    ):
+        _assets.find_assets()
+
+
+def test_kubebuilder_assets_need_not_hold_the_workload_binaries(
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assets_dir = clean_env / "envtest"  # what setup-envtest leaves: kube-apiserver and etcd only
+    _executable(assets_dir / "kube-apiserver")
+    _executable(assets_dir / "etcd")
+    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(assets_dir))
+    assert _assets.find_assets() is not None
+    assert _assets.find_workload_assets() is None

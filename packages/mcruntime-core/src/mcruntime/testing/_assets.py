@@ -107,6 +107,11 @@ def _find_one(binary: str) -> tuple[Path, str] | None:
         path = Path(assets_dir).expanduser() / binary
         if _is_executable(path):
             return path, "KUBEBUILDER_ASSETS"
+        if binary in (APISERVER, ETCD):
+            # Set but wrong (a typo, an empty directory): say so, as envtest does, rather than
+            # fall through to the cache or to a build of minutes. (envtest's directory holds
+            # no workload binaries: those are looked for further on.)
+            raise AssetsError(f"KUBEBUILDER_ASSETS={assets_dir}: {binary} there is not an executable file")
     cached = cache_dir() / binary
     if _is_executable(cached):
         return cached, f"cache {cache_dir()}"
