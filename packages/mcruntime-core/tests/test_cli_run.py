@@ -205,6 +205,10 @@ async def test_a_drain_that_hits_its_bound_exits_3(fleet: Fleet, tmp_path: Path)
         log = await op.stderr()
     assert code == 3, log
     assert "did not finish within 1s" in log
+    # What was cut is named, and the run's last line says how it ended.
+    assert f"cancelling 1 reconcile still running after 1s: (local):{namespace}/slow" in log, log
+    last = log.strip().splitlines()[-1]
+    assert "stopped; reconciles still running after the 1s drain were cancelled (exit code 3)" in last, log
 
 
 async def test_a_second_signal_stops_at_once_and_exits_3(fleet: Fleet, tmp_path: Path) -> None:

@@ -105,6 +105,11 @@ def _outcome(manager: Manager, runner: asyncio.Task[None], *, signalled: bool) -
         log.error("the manager failed: %s: %s", type(error).__name__, error, exc_info=error)
         return ExitCode.FAILED
     if signalled and manager.drained is False:
+        log.warning(
+            "stopped; reconciles still running after the %.0fs drain were cancelled (exit code %d)",
+            manager.graceful_shutdown_timeout,
+            ExitCode.DRAIN_TIMEOUT,
+        )
         return ExitCode.DRAIN_TIMEOUT
     log.info("stopped cleanly")
     return ExitCode.OK

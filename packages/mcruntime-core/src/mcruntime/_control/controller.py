@@ -419,6 +419,19 @@ class Controller:
         for reader in self._readers:
             reader.cancel()
         drained = await self.queue.shut_down_with_drain(grace)
+        if not drained and self._current:
+            cut = list(self._current.values())
+            shown = ", ".join(str(request) for request in cut[:10])
+            more = f" and {len(cut) - 10} more" if len(cut) > 10 else ""
+            log.warning(
+                "controller %s: cancelling %d reconcile%s still running after %.0fs: %s%s",
+                self.name,
+                len(cut),
+                "" if len(cut) == 1 else "s",
+                grace,
+                shown,
+                more,
+            )
         await self._cancel_all()
         return drained
 
