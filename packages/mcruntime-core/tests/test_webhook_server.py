@@ -87,8 +87,11 @@ async def test_bad_input_gets_a_clear_4xx_and_the_server_keeps_serving(fleet: Fl
             assert status == 415 and "content type 'text/plain' is not served" in text
             status, text = await post(url, b"{not json")
             assert status == 400 and "the body is not JSON" in text
-            status, text = await post(url.replace(f"/clusters/{plane.name}/", "/clusters/nowhere/"), b"{}")
-            assert status == 404 and "cluster 'nowhere' is not engaged" in text
+            elsewhere = url.replace(f"/clusters/{plane.name}/", "/clusters/nowhere/")
+            status, text = await post(elsewhere, json.dumps(review()).encode())
+            refused = json.loads(text)["response"]  # per on_error, so the API server shows why
+            assert status == 200 and refused["allowed"] is False, text
+            assert "cluster 'nowhere' is not engaged with this manager" in refused["status"]["message"]
             status, text = await post(url.replace("/Test", "/Other"), b"{}")
             assert status == 404 and "no mutating webhook is registered for Other.example.com/v1" in text
             import orjson

@@ -262,10 +262,16 @@ class Http2Connection(asyncio.Protocol):
         ):
             self._transport.close()
 
-    def cancel_calls(self) -> None:
-        """Stop the handlers still running (the server is closing and their answers have nowhere to go)."""
-        for task in list(self._tasks):
+    def cancel_calls(self) -> list[asyncio.Task[None]]:
+        """Cut the calls still running short (the server is closing); returns their tasks.
+
+        A call whose handler was running answers per its ``on_error`` (the
+        server's doing); one still reading its body is reset.
+        """
+        cut = list(self._tasks)
+        for task in cut:
             task.cancel()
+        return cut
 
     def _send(self) -> None:
         data = self._wire.data_to_send()

@@ -34,10 +34,10 @@ from aiohttp import web
 from .._base.kind import Kind
 from .._base.permissions import ROLES, Permission
 from .._fleet.cluster import Cluster
-from .._reconcile.context import enter_reconcile, leave_reconcile
-from .._reconcile.request import LOCAL_CLUSTER, Request
+from .._reconcile.request import LOCAL_CLUSTER
 from . import h2conn
 from .accept import Accepted, Open
+from .calling import as_json, cancelled_here, failed, in_context, resume, run_handler
 from .certs import CertificateFiles, CertificateSource, SelfSignedCertificates
 from .exchange import BodyLost, BodyTooLarge, Call, Reply, answer_limit, caller_timeout
 from .h2conn import Http2Connection
@@ -71,6 +71,7 @@ LOCAL_PATH = "_local"
 """How the manager's own cluster (named ``""``) appears in a webhook path."""
 CORE_GROUP = "core"
 """How the core (empty) API group appears in a webhook path."""
+_NAMED_AT_MOST = 1024  # clusters whose refused calls are remembered as logged
 
 
 def cluster_path(cluster: str) -> str:
@@ -128,6 +129,9 @@ class WebhookServer:
         self._listener: asyncio.Server | None = None
         self._open: Open = {}
         self._h2_open: set[Http2Connection] = set()
+        self._closing = False  # calls cut short from now on are answered, per their on_error
+        self._http1_calls: set[asyncio.Task[object]] = set()  # the tasks serving HTTP/1.1 calls now
+        self._unengaged_named: set[str] = set()  # clusters whose calls were refused, logged once each
         self.port: int | None = None
         self.registrar: Registrar = Registrar(self, field_manager=field_manager)
 
@@ -274,19 +278,30 @@ class WebhookServer:
             await self.certificates.refresh()
 
     async def close(self) -> None:
-        """Stop listening; calls in flight get a second to finish, then every connection is dropped."""
+        """Stop listening; calls in flight get a second to finish, then an answer per their ``on_error``.
+
+        A call cut short is answered (and logged), never dropped: a dropped call
+        is an API server error the client cannot read, or, under
+        ``failurePolicy: Ignore``, an object admitted unchecked.
+        """
+        self._closing = True
         runner, self._runner = self._runner, None
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.close()
         for connection in list(self._h2_open):
             connection.drain()  # GOAWAY: the client opens nothing more here; calls in flight finish
+        await self._settled(timeout=1.0)  # a second for the calls in flight
+        cut = [task for task in self._http1_calls if not task.done()]
+        for task in cut:
+            task.cancel()
+        cut += [task for connection in list(self._h2_open) for task in connection.cancel_calls()]
+        if cut:  # each answers per its on_error (see _answer), then its connection closes
+            await asyncio.wait(cut, timeout=1.0)
         if runner is not None:
-            await runner.cleanup()  # aiohttp's connections: a second for calls in flight
+            await runner.cleanup()  # aiohttp's connections, idle by now
         if self._h2_open:
             await self._h2_drained(timeout=1.0)
-        for connection in list(self._h2_open):
-            connection.cancel_calls()
         # What is left is waiting on a peer's TLS goodbye (or was accepted as we closed): drop it now.
         lingering = list(self._open.items())
         for transport, _gone in lingering:
@@ -296,6 +311,17 @@ class WebhookServer:
         self._open.clear()
         self._h2_open.clear()
         self.port = None
+        self._closing = False
+
+    async def _settled(self, timeout: float) -> None:
+        """Wait until no call is in flight, over either protocol (at most ``timeout``)."""
+        transports = [connection.transport for connection in self._h2_open]
+        waits: list[asyncio.Future[None] | asyncio.Task[object]] = [
+            self._open[transport] for transport in transports if transport in self._open
+        ]
+        waits += [task for task in self._http1_calls if task is not asyncio.current_task()]
+        if waits:
+            await asyncio.wait(waits, timeout=timeout)
 
     async def _h2_drained(self, timeout: float) -> None:
         """Wait until the HTTP/2 connections' calls in flight are answered (at most ``timeout``)."""
@@ -350,7 +376,13 @@ class WebhookServer:
 
         content_type = request.content_type if request.headers.get("Content-Type") else ""
         path, timeout = request.raw_path.partition("?")[0], caller_timeout(request.query_string)
-        reply = await self.serve(Call(request.method, path, content_type, read, timeout))
+        task = asyncio.current_task()  # aiohttp's connection task: close() cuts it short, if need be
+        if task is not None:
+            self._http1_calls.add(task)
+        try:
+            reply = await self.serve(Call(request.method, path, content_type, read, timeout))
+        finally:
+            self._http1_calls.discard(task)
         headers = {"Content-Type": reply.content_type}
         return web.Response(status=reply.status, body=reply.body, headers=headers)
 
@@ -375,15 +407,43 @@ class WebhookServer:
         if call.method != "POST":
             reply = Reply.text(405, f"{call.method} is not served: API servers call webhooks with POST")
             return webhook, _now(reply)
-        lane = self._lanes.get(cluster) if cluster in self._clusters() else None
-        if lane is None:
-            reply = Reply.text(404, f"cluster {cluster or '(local)'!r} is not engaged with this manager")
-            return webhook, _now(reply)
-        if isinstance(handler, Conversion):
-            return webhook, self._convert(call, cluster, lane, handler)
         if handler is None:
             return webhook, _now(Reply.text(404, f"no {what}"))
+        lane = self._lanes.get(cluster) if cluster in self._clusters() else None
+        if lane is None:  # answered as a review, so that the API server shows the client why
+            return webhook, self._unengaged(call, cluster, handler)
+        if isinstance(handler, Conversion):
+            return webhook, self._convert(call, cluster, lane, handler)
         return webhook, self._admit(call, cluster, lane, handler, mutating=verb == "mutate")
+
+    async def _unengaged(self, call: Call, name: str, handler: AdmissionHook | Conversion) -> Reply:
+        """A call for a cluster this manager does not serve (gone, not yet engaged, or never known).
+
+        Answered per the webhook's ``on_error`` (a conversion fails), with a
+        message the API server passes on: a bare 404 reached the client as
+        "the server could not find the requested resource".
+        """
+        message = f"cluster {name or '(local)'!r} is not engaged with this manager"
+        if name not in self._unengaged_named:
+            if len(self._unengaged_named) >= _NAMED_AT_MOST:
+                self._unengaged_named.clear()  # a caller inventing names costs a bounded set
+            self._unengaged_named.add(name)
+            log.warning("webhook call for %s refused: %s", name or "(local)", message)
+        data = await self._read(call)
+        if isinstance(data, Reply):
+            return data
+        if isinstance(handler, Conversion):
+            try:
+                review = parse_conversion(name, data)
+            except ReviewError as error:
+                return Reply.text(400, str(error))
+            return as_json(conversion_response(review.uid, None, message))
+        try:
+            admission = parse_admission(name, data)
+        except ReviewError as error:
+            return Reply.text(400, str(error))
+        answer = failed(handler, admission, message)
+        return answer if isinstance(answer, Reply) else as_json(answer)
 
     def _lookup(self, verb: str, rest: list[str]) -> tuple[AdmissionHook | Conversion | None, str]:
         """What is registered at ``/verb/...``, and what a 404 names when nothing is."""
@@ -446,17 +506,22 @@ class WebhookServer:
         try:
             original = snapshot(review.object) if mutating else None
         except TypeError as error:  # orjson reads deeper nesting than it writes (254 levels)
-            return self._failed(hook, review, f"the object cannot be copied for the {what}: {error}")
+            return failed(hook, review, f"the object cannot be copied for the {what}: {error}")
         limit = self.options.handler_timeout if limit is None else limit
         deadline = asyncio.timeout(limit)
         try:
             async with deadline, lane:
-                result = await _in_context(review, self._call(hook, review, mutating=mutating))
+                result = await in_context(review, run_handler(hook, review, mutating=mutating))
         except asyncio.CancelledError as error:
-            if _cancelled_here():
-                raise  # the server is closing: the call's answer has nowhere to go
+            if cancelled_here():
+                if not self._closing:
+                    raise
+                resume()
+                cut = "the webhook server is shutting down"
+                log.warning("webhook %s for %s cut short: %s", what, review, cut)
+                return failed(hook, review, f"the {what} was cut short: {cut}")
             log.error("webhook %s for %s raised", what, review, exc_info=error)
-            return self._failed(hook, review, f"the {what} failed: CancelledError")
+            return failed(hook, review, f"the {what} failed: CancelledError")
         except Denied as denial:
             return admission_response(
                 review, allowed=False, message=denial.message, code=denial.code, reason=denial.reason
@@ -464,47 +529,17 @@ class WebhookServer:
         except TimeoutError as error:
             if not deadline.expired():  # the handler's own timeout (a slow call it made): its error
                 log.error("webhook %s for %s raised", what, review, exc_info=error)
-                return self._failed(hook, review, f"the {what} failed: {type(error).__name__}")
+                return failed(hook, review, f"the {what} failed: {type(error).__name__}")
             log.error("webhook %s for %s took over %ss", what, review, limit)
-            return self._failed(hook, review, f"the {what} did not answer within {limit}s")
+            return failed(hook, review, f"the {what} did not answer within {limit}s")
         except Exception as error:
             log.error("webhook %s for %s raised", what, review, exc_info=error)
-            return self._failed(hook, review, f"the {what} failed: {type(error).__name__}")
+            return failed(hook, review, f"the {what} failed: {type(error).__name__}")
         try:
             return admission_response(review, allowed=True, original=original, defaulted=result)
         except TypeError as error:  # a value that is not JSON (a set, say), or nesting too deep
             log.error("webhook %s for %s: its object cannot be encoded as JSON: %s", what, review, error)
-            return self._failed(hook, review, f"the {what}'s object cannot be encoded as JSON: {error}")
-
-    @staticmethod
-    async def _call(hook: AdmissionHook, review: AdmissionRequest, *, mutating: bool) -> JSON | None:
-        if mutating:
-            assert hook.defaulter is not None
-            returned: object = await hook.defaulter(review)
-            if returned is not None and not isinstance(returned, dict):
-                raise TypeError(f"the defaulter returned a {type(returned).__name__}, not the object")
-            defaulted = returned if returned is not None else review.object
-            metadata = defaulted.get("metadata") if defaulted is not None else None
-            if metadata is not None and not isinstance(metadata, dict):
-                # The API server would refuse the patch with an unmarshal error the operator never sees.
-                raise TypeError(f"the defaulter's object has a {type(metadata).__name__} as its metadata")
-            return defaulted
-        assert hook.validator is not None
-        validate: Callable[[AdmissionRequest], Awaitable[object]] = hook.validator  # typed None; may not be
-        verdict = await validate(review)
-        if verdict is not None:
-            # A validator that returns False or {"allowed": False} would otherwise admit: fail closed.
-            raise TypeError(
-                f"the validator returned a {type(verdict).__name__}; "
-                "it returns None to admit and raises Denied to refuse"
-            )
-        return None
-
-    @staticmethod
-    def _failed(hook: AdmissionHook, review: AdmissionRequest, message: str) -> JSON | Reply:
-        if hook.on_error == "error":
-            return Reply.text(500, f"{review}: {message}")
-        return admission_response(review, allowed=False, message=f"{review}: {message}", code=500)
+            return failed(hook, review, f"the {what}'s object cannot be encoded as JSON: {error}")
 
     async def _convert(self, call: Call, name: str, lane: asyncio.Semaphore, conversion: Conversion) -> Reply:
         data = await self._read(call)
@@ -526,7 +561,7 @@ class WebhookServer:
                 log.error("cluster %r: %s", name, error, exc_info=error.__cause__)
             else:
                 log.warning("cluster %r: %s", name, error)  # a refusal: its message is for the client
-            return _json(conversion_response(review.uid, None, str(error)))
+            return as_json(conversion_response(review.uid, None, str(error)))
         except TimeoutError:
             message = (
                 f"converting {len(review.objects)} {conversion.kind}.{conversion.group} "
@@ -534,52 +569,36 @@ class WebhookServer:
                 f"took over {limit}s"
             )
             log.error("cluster %r: %s", name, message)
-            return _json(conversion_response(review.uid, None, message))
+            return as_json(conversion_response(review.uid, None, message))
         except asyncio.CancelledError as error:
-            if _cancelled_here():
-                raise
+            if cancelled_here():
+                if not self._closing:
+                    raise
+                resume()
+                message = (
+                    f"converting {conversion.kind}.{conversion.group} ({object_names(review.objects)}) "
+                    "was cut short: the webhook server is shutting down"
+                )
+                log.warning("cluster %r: %s", name, message)
+                return as_json(conversion_response(review.uid, None, message))
             message = f"converting {conversion.kind}.{conversion.group} failed: CancelledError"
             log.error("cluster %r: %s", name, message, exc_info=error)
-            return _json(conversion_response(review.uid, None, message))
+            return as_json(conversion_response(review.uid, None, message))
         try:
-            return _json(conversion_response(review.uid, converted))
+            return as_json(conversion_response(review.uid, converted))
         except TypeError as error:  # a value that is not JSON, or nesting too deep (orjson: 254)
             message = (
                 f"converting {conversion.kind}.{conversion.group} ({object_names(review.objects)}) gave "
                 f"objects that cannot be encoded as JSON: {error}"
             )
             log.error("cluster %r: %s", name, message)
-            return _json(conversion_response(review.uid, None, message))
+            return as_json(conversion_response(review.uid, None, message))
 
 
 async def _now(reply: Reply) -> Reply:
     return reply
 
 
-def _cancelled_here() -> bool:
-    """Whether a CancelledError is this task's own cancellation, to pass on, not a handler's mistake.
-
-    A handler that awaits a future something else cancelled raises
-    CancelledError without its task being cancelled: that is its failure,
-    answered like any other, or the call would get no answer at all.
-    """
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
-
-
-def _json(answer: JSON) -> Reply:
-    return Reply(200, encode(answer))
-
-
 def _not_served(call: Call) -> Reply:
     shown = call.path if len(call.path) <= 200 else call.path[:200] + "..."
     return Reply.text(404, f"no webhook is served at {shown!r}")
-
-
-async def _in_context(review: AdmissionRequest, call: Awaitable[JSON | None]) -> JSON | None:
-    """Run ``call`` as if reconciling ``review``'s object: ``mgr.client`` addresses its cluster."""
-    token = enter_reconcile("webhook", Request(review.cluster, review.namespace, review.name))
-    try:
-        return await call
-    finally:
-        leave_reconcile(token)

@@ -1,0 +1,81 @@
+"""Running one admission handler, and answering when it fails or is cut short.
+
+The handler runs as if reconciling the object (``mgr.client`` addresses the
+call's cluster); what it returns is checked so that a mistaken verdict fails
+closed; and every failure becomes the answer its ``on_error`` asks for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from .._reconcile.context import enter_reconcile, leave_reconcile
+from .._reconcile.request import Request
+from .exchange import Reply
+from .handlers import AdmissionHook
+from .review import JSON, AdmissionRequest, admission_response, encode
+
+
+async def run_handler(hook: AdmissionHook, review: AdmissionRequest, *, mutating: bool) -> JSON | None:
+    """The defaulter's object or the validator's ``None``; a verdict that would admit by mistake raises."""
+    if mutating:
+        assert hook.defaulter is not None
+        returned: object = await hook.defaulter(review)
+        if returned is not None and not isinstance(returned, dict):
+            raise TypeError(f"the defaulter returned a {type(returned).__name__}, not the object")
+        defaulted = returned if returned is not None else review.object
+        metadata = defaulted.get("metadata") if defaulted is not None else None
+        if metadata is not None and not isinstance(metadata, dict):
+            # The API server would refuse the patch with an unmarshal error the operator never sees.
+            raise TypeError(f"the defaulter's object has a {type(metadata).__name__} as its metadata")
+        return defaulted
+    assert hook.validator is not None
+    validate: Callable[[AdmissionRequest], Awaitable[object]] = hook.validator  # typed None; may not be
+    verdict = await validate(review)
+    if verdict is not None:
+        # A validator that returns False or {"allowed": False} would otherwise admit: fail closed.
+        raise TypeError(
+            f"the validator returned a {type(verdict).__name__}; "
+            "it returns None to admit and raises Denied to refuse"
+        )
+    return None
+
+
+def failed(hook: AdmissionHook, review: AdmissionRequest, message: str) -> JSON | Reply:
+    """The answer to a call whose handler failed, per its ``on_error``: a denial, or a 500."""
+    if hook.on_error == "error":
+        return Reply.text(500, f"{review}: {message}")
+    return admission_response(review, allowed=False, message=f"{review}: {message}", code=500)
+
+
+def resume() -> None:
+    """Take back this task's cancellation: the server closing asked for an answer now, not for silence."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+
+
+def cancelled_here() -> bool:
+    """Whether a CancelledError is this task's own cancellation, to pass on, not a handler's mistake.
+
+    A handler that awaits a future something else cancelled raises
+    CancelledError without its task being cancelled: that is its failure,
+    answered like any other, or the call would get no answer at all.
+    """
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def as_json(answer: JSON) -> Reply:
+    """A review's answer as the 200 that carries it."""
+    return Reply(200, encode(answer))
+
+
+async def in_context(review: AdmissionRequest, call: Awaitable[JSON | None]) -> JSON | None:
+    """Run ``call`` as if reconciling ``review``'s object: ``mgr.client`` addresses its cluster."""
+    token = enter_reconcile("webhook", Request(review.cluster, review.namespace, review.name))
+    try:
+        return await call
+    finally:
+        leave_reconcile(token)
