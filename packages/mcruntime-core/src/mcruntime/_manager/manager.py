@@ -11,12 +11,10 @@ reconcilers run single-cluster.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import logging
 import signal
-import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -42,6 +40,8 @@ from .gcfreeze import CacheFreezer
 from .metrics import ManagerMetrics
 from .readiness import cluster_not_ready, lifecycle_problem, readiness_lines
 from .serving import Check, CheckLine, Checks, Endpoints
+from .signals import install_signal_handlers
+from .starting import StartLatch
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -142,7 +142,8 @@ class Manager:
         self._loops = TaskSet("manager")
         self._loops.crash_listeners.append(self._count_crash)
         self._stop = asyncio.Event()
-        self._started = asyncio.Event()
+        self._latch = StartLatch()
+        self._started = self._latch.started
         self._running = False
         self.client: RoutedClient = RoutedClient(self.get_cluster)
         self.fleet: FleetClient = FleetClient(self.clusters)
@@ -465,8 +466,12 @@ class Manager:
         self._stop.set()
 
     async def wait_started(self) -> None:
-        """Wait until ``start`` has engaged the local cluster and started every component."""
-        await self._started.wait()
+        """Wait until ``start`` has engaged the local cluster and started every component.
+
+        Raises why ``start`` failed if it failed first (a port taken, a missing
+        extra), instead of waiting forever for a start that will not come.
+        """
+        await self._latch.wait()
 
     async def start(self) -> None:
         """Run everything until :meth:`stop`, SIGTERM or SIGINT; then shut down gracefully.
@@ -478,6 +483,7 @@ class Manager:
         if self._running:
             raise RuntimeError("the manager is already running")
         self._running = True
+        self._latch.begin()
         raise_open_files_limit()  # a fleet needs an fd per connection: soft -> hard, as Go does
         self.freezer.started()
         restore = self._install_signal_handlers()
@@ -508,10 +514,14 @@ class Manager:
                 provider_task = asyncio.create_task(runner.run(self), name="provider")
             self._started.set()
             await self._wait_for_stop(provider_task)
+        except BaseException as error:
+            self._latch.failed(error)  # before the shutdown: a waiter learns why at once
+            raise
         finally:
             await self._shutdown(provider_task)
             restore()
             self._running = False
+            self._latch.ended()
 
     async def _wait_for_stop(self, provider_task: asyncio.Task[None] | None) -> None:
         stop_waiter: asyncio.Task[object] = asyncio.create_task(self._stop.wait())
@@ -560,20 +570,7 @@ class Manager:
         await self.endpoints.stop()
 
     def _install_signal_handlers(self) -> Callable[[], None]:
-        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        loop = asyncio.get_running_loop()
-        installed = []
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(signum, self._on_signal, signum)
-                installed.append(signum)
-
-        def restore() -> None:
-            for signum in installed:
-                loop.remove_signal_handler(signum)
-
-        return restore
+        return install_signal_handlers(self._on_signal) if self.handle_signals else lambda: None
 
     def _on_signal(self, signum: int) -> None:
         log.info("received %s; shutting down gracefully", signal.Signals(signum).name)
