@@ -32,7 +32,7 @@ from .._reconcile.fence import WriteCheck, enter_write_check, leave_write_check
 from .._reconcile.request import ReconcileFunction, Request
 from .gates import LeaderGate, RequestGate
 from .longrun import LONG_RECONCILE_AFTER, watch_long_reconciles
-from .outcomes import ParkedRequests, ReconcileStats, apply_failure, apply_result
+from .outcomes import ParkedRequests, ReconcileStats, apply_failure, apply_result, log_cut_short
 from .predicate import ObjectEvent, Predicate, matches
 from .ratelimit import RateLimiter, default_rate_limiter
 from .source import Attachment, ChannelSource, KindSource
@@ -420,18 +420,7 @@ class Controller:
             reader.cancel()
         drained = await self.queue.shut_down_with_drain(grace)
         if not drained and self._current:
-            cut = list(self._current.values())
-            shown = ", ".join(str(request) for request in cut[:10])
-            more = f" and {len(cut) - 10} more" if len(cut) > 10 else ""
-            log.warning(
-                "controller %s: cancelling %d reconcile%s still running after %.0fs: %s%s",
-                self.name,
-                len(cut),
-                "" if len(cut) == 1 else "s",
-                grace,
-                shown,
-                more,
-            )
+            log_cut_short(self.name, list(self._current.values()), grace)
         await self._cancel_all()
         return drained
 

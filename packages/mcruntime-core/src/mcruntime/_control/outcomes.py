@@ -179,3 +179,14 @@ class ParkedRequests:
             parked.difference_update({request for request in parked if request.cluster == name})
             if not parked:
                 del self._parked[cluster]
+
+
+def log_cut_short(controller: str, requests: list[Request], grace: float) -> None:
+    """Name the reconciles a drain that ran out is about to cancel (the first ten of them)."""
+    shown = ", ".join(str(request) for request in requests[:10])
+    more = f" and {len(requests) - 10} more" if len(requests) > 10 else ""
+    plural = "" if len(requests) == 1 else "s"
+    log.warning(
+        "controller %s: cancelling %d reconcile%s still running after %.0fs: %s%s",
+        controller, len(requests), plural, grace, shown, more,
+    )

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from .._reconcile.context import enter_reconcile, leave_reconcile
 from .._reconcile.request import Request
-from .exchange import Reply
+from .exchange import Call, Reply
 from .handlers import AdmissionHook
 from .review import JSON, AdmissionRequest, admission_response, encode
 
@@ -79,3 +79,14 @@ async def in_context(review: AdmissionRequest, call: Awaitable[JSON | None]) -> 
         return await call
     finally:
         leave_reconcile(token)
+
+
+async def now(reply: Reply) -> Reply:
+    """An answer known at once, as the awaitable that routing hands out."""
+    return reply
+
+
+def not_served(call: Call) -> Reply:
+    """The answer for a path no webhook is registered at (the path cut to 200 characters)."""
+    shown = call.path if len(call.path) <= 200 else call.path[:200] + "..."
+    return Reply.text(404, f"no webhook is served at {shown!r}")

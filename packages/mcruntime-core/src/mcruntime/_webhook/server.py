@@ -37,7 +37,7 @@ from .._fleet.cluster import Cluster
 from .._reconcile.request import LOCAL_CLUSTER
 from . import h2conn
 from .accept import Accepted, Open
-from .calling import as_json, cancelled_here, failed, in_context, resume, run_handler
+from .calling import as_json, cancelled_here, failed, in_context, not_served, now, resume, run_handler
 from .certs import CertificateFiles, CertificateSource, SelfSignedCertificates
 from .exchange import BodyLost, BodyTooLarge, Call, Reply, answer_limit, caller_timeout
 from .h2conn import Http2Connection
@@ -397,18 +397,18 @@ class WebhookServer:
         """The call's webhook (its metrics label) and the coroutine that answers it."""
         parts = call.path.split("/")
         if len(parts) < 5 or parts[0] or parts[1] != "clusters":
-            return UNMATCHED, _now(_not_served(call))
+            return UNMATCHED, now(not_served(call))
         cluster, verb, rest = _cluster_from_path(parts[2]), parts[3], [unquote(part) for part in parts[4:]]
         shape = {"validate": 3, "mutate": 3, "convert": 2}.get(verb)
         if len(rest) != shape:
-            return UNMATCHED, _now(_not_served(call))
+            return UNMATCHED, now(not_served(call))
         handler, what = self._lookup(verb, rest)
         webhook = f"/{verb}/{'/'.join(rest)}" if handler is not None else UNMATCHED
         if call.method != "POST":
             reply = Reply.text(405, f"{call.method} is not served: API servers call webhooks with POST")
-            return webhook, _now(reply)
+            return webhook, now(reply)
         if handler is None:
-            return webhook, _now(Reply.text(404, f"no {what}"))
+            return webhook, now(Reply.text(404, f"no {what}"))
         lane = self._lanes.get(cluster) if cluster in self._clusters() else None
         if lane is None:  # answered as a review, so that the API server shows the client why
             return webhook, self._unengaged(call, cluster, handler)
@@ -593,12 +593,3 @@ class WebhookServer:
             )
             log.error("cluster %r: %s", name, message)
             return as_json(conversion_response(review.uid, None, message))
-
-
-async def _now(reply: Reply) -> Reply:
-    return reply
-
-
-def _not_served(call: Call) -> Reply:
-    shown = call.path if len(call.path) <= 200 else call.path[:200] + "..."
-    return Reply.text(404, f"no webhook is served at {shown!r}")
