@@ -10,13 +10,13 @@ from typing import Any, cast
 
 import aiohttp
 import pytest
-from kube_helpers import create_again, install_widget_crd, new_namespace, running_cluster, widget_crd
+from kube_helpers import create_again, hung, install_widget_crd, new_namespace, running_cluster, widget_crd
 
 import mcruntime as mcr
 from mcruntime._manager.metrics import _LiveCollector
 from mcruntime.cache import Informer
 from mcruntime.client import HealthState
-from mcruntime.testing import Fleet, admin_config, running, wait_until
+from mcruntime.testing import ControlPlane, Fleet, admin_config, running, wait_until
 
 CRD = mcr.Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 
@@ -56,8 +56,8 @@ def test_a_blip_is_not_failing_and_one_namespace_does_not_clear_another(
     assert _failing(informer) is boom
     informer._working("b")  # another namespace's events say nothing about this one
     assert _failing(informer) is boom
-    informer._failed("a", boom, 4)
-    assert [r.levelname for r in caplog.records] == ["INFO", "INFO", "WARNING", "INFO"]
+    informer._failed("a", boom, 4)  # already warned of: not repeated above DEBUG
+    assert [r.levelname for r in caplog.records] == ["INFO", "INFO", "WARNING"]
     informer._working("a")
     assert _failing(informer) is None
     assert "work again" in caplog.records[-1].getMessage()
@@ -113,6 +113,41 @@ async def test_a_kind_deleted_from_the_server_is_named_until_it_is_served_again(
             await wait_until(lambda: f"{namespace}/back" in informer.store.objects, what="the Widget heard")
             assert _failing(informer) is None
             assert any("work again" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
+        finally:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+
+
+async def test_a_quiet_cluster_answering_again_is_working_again_once_its_watch_is_accepted(
+    fresh_cluster: ControlPlane, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A quiet cluster sends no event until the API server's first bookmark, about a minute
+    # after a watch opens: waiting for an event kept /readyz failing that long after it was back.
+    caplog.set_level(logging.DEBUG, logger="mcruntime.informer")
+    async with running_cluster(fresh_cluster) as cluster:
+        namespace = await new_namespace(cluster)
+        informer = Informer(
+            cluster.client,
+            mcr.Kind("v1", "ConfigMap"),
+            namespace=namespace,
+            read_timeout=1.0,
+            backoff=mcr.Backoff(base=0.05, cap=0.2),
+        )
+        running = asyncio.create_task(informer.run())
+        try:
+            assert await informer.wait_for_sync(30)
+            with hung(fresh_cluster):
+                await wait_until(lambda: _failing(informer) is not None, what="the informer failing")
+                events = informer.stats.events
+            await wait_until(
+                lambda: _failing(informer) is None, timeout=30, what="the informer working again"
+            )
+            assert informer.stats.events == events, "an event cleared it, not the watch's acceptance"
+            # The hang was named by the cluster's health: its retries were not repeated at INFO.
+            retries = [r for r in caplog.records if "retrying with backoff" in r.getMessage()]
+            assert retries and all(r.levelno == logging.DEBUG for r in retries), [
+                (r.levelname, r.getMessage()) for r in retries
+            ]
         finally:
             running.cancel()
             await asyncio.gather(running, return_exceptions=True)

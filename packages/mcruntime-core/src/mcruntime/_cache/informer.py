@@ -440,6 +440,10 @@ class Informer:
                 streak,
                 error,
             )
+        elif named or type(error) is self._warned.get(scope):
+            # Its cluster's own line (health, permissions) or our warning above already names
+            # it: every retry at INFO would repeat it for as long as it lasts.
+            log.debug("%r: %s; retrying with backoff (failure %d)", self, error, streak)
         else:
             log.info("%r: %s; retrying with backoff (failure %d)", self, error, streak)
 
@@ -499,7 +503,14 @@ class Informer:
             read_timeout=self._read_timeout,
             metadata_only=self.metadata_only,
         )
-        await self.client._watch_each(request, lambda event: self._on_event(scope, event))
+        await self.client._watch_each(
+            request, lambda event: self._on_event(scope, event), lambda: self._opened(scope)
+        )
+
+    def _opened(self, scope: str | None) -> None:
+        """The server accepted the watch: what failed is answering again (a quiet cluster sends no event)."""
+        if self._failing or scope in self._warned:
+            self._working(scope)
 
     def _on_event(self, scope: str | None, event: WatchEvent) -> None:
         if self._failing:

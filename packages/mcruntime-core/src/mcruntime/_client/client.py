@@ -305,14 +305,22 @@ class Client:
             if (last := lines.rest()) is not None:
                 yield self._event(last, resource, metadata_only)
 
-    async def _watch_each(self, request: WatchRequest, handle: Callable[[WatchEvent], None]) -> None:
+    async def _watch_each(
+        self,
+        request: WatchRequest,
+        handle: Callable[[WatchEvent], None],
+        opened: Callable[[], None] | None = None,
+    ) -> None:
         """:meth:`watch`, with each event handed to ``handle`` as it is read: the informer's path.
 
         On an HTTP/2 stream the events are handled inside the connection's read,
         without waking a task per event. An exception from ``handle`` ends the
-        watch and is raised here. A subclass that overrides :meth:`watch` and
-        not this method (a user's wrapper) is served through its own
-        :meth:`watch`; the namespaced view overrides both.
+        watch and is raised here. ``opened`` is called once the server has
+        accepted the watch: a quiet cluster sends no event for a minute, and
+        an informer that had been failing is working again from that moment.
+        A subclass that overrides :meth:`watch` and not this method (a user's
+        wrapper) is served through its own :meth:`watch`; the namespaced view
+        overrides both.
         """
         metadata_only = request.metadata_only
         if type(self).watch is not Client.watch:
@@ -320,6 +328,8 @@ class Client:
                 handle(event)
             return
         async with self._watch_stream(request) as (response, resource):
+            if opened is not None:
+                opened()
             lines = Lines(resource, self.cluster)
             health = self.transport.health
             decode = self._event

@@ -119,10 +119,15 @@ class NamespacedClient(Client):
         async for event in self._host.watch(kind, namespace=pinned, **options):
             yield event
 
-    async def _watch_each(self, request: WatchRequest, handle: Callable[[WatchEvent], None]) -> None:
+    async def _watch_each(
+        self,
+        request: WatchRequest,
+        handle: Callable[[WatchEvent], None],
+        opened: Callable[[], None] | None = None,
+    ) -> None:
         """The informer's path, pinned as :meth:`watch` is."""
         pinned = await self._pinned(request.kind, request.namespace, None, write=False)
-        await self._host._watch_each(request._replace(namespace=pinned), handle)
+        await self._host._watch_each(request._replace(namespace=pinned), handle, opened)
 
     # --- writes: the view's namespace only; cluster-scoped kinds are refused --------------
 
