@@ -103,7 +103,10 @@ def apply_failure(
         stats.error += 1
         queue.add_rate_limited(request)
         what = "a conflict" if isinstance(error, Conflict) else "a missing permission"
-        log.info("controller %s: %s hit %s, retrying: %s", controller, request, what, error)
+        # DEBUG for a 403: the cluster's permission record warns once and /readyz names it, so
+        # a line per object per retry would only bury it.
+        level = logging.INFO if isinstance(error, Conflict) else logging.DEBUG
+        log.log(level, "controller %s: %s hit %s, retrying: %s", controller, request, what, error)
         return "error"
     if isinstance(error, Unreachable):
         stats.error += 1
@@ -188,5 +191,10 @@ def log_cut_short(controller: str, requests: list[Request], grace: float) -> Non
     plural = "" if len(requests) == 1 else "s"
     log.warning(
         "controller %s: cancelling %d reconcile%s still running after %.0fs: %s%s",
-        controller, len(requests), plural, grace, shown, more,
+        controller,
+        len(requests),
+        plural,
+        grace,
+        shown,
+        more,
     )

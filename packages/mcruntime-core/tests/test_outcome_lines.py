@@ -1,0 +1,33 @@
+"""What a failed reconcile logs: a 403 is named once by its cluster's record, not per object and retry."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import mcruntime as mcr
+from mcruntime._control.outcomes import ReconcileStats, apply_failure
+from mcruntime.workqueue import WorkQueue
+
+
+@pytest.mark.parametrize(
+    ("error", "level"),
+    [
+        (mcr.Forbidden("configmaps is forbidden", cluster="west", status=403), logging.DEBUG),
+        (mcr.Conflict("the object has been modified", cluster="west", status=409), logging.INFO),
+    ],
+    ids=["forbidden", "conflict"],
+)
+async def test_a_refusal_is_retried_quietly_and_a_conflict_visibly(
+    error: Exception, level: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="mcruntime.controller")
+    queue: WorkQueue[mcr.Request] = WorkQueue()
+    request = mcr.Request("west", "default", "w5")
+    outcome = apply_failure("widgets", queue, ReconcileStats(), request, error, lambda _r, _e: False)
+    assert outcome == "error"
+    [record] = [r for r in caplog.records if r.name == "mcruntime.controller"]
+    assert record.levelno == level and "west:default/w5" in record.getMessage()
+    assert queue.num_requeues(request) == 1  # retried all the same
+    queue.shut_down()
