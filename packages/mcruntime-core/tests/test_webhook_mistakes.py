@@ -263,6 +263,46 @@ async def test_a_leftover_this_identity_may_not_patch_is_named_and_costs_no_heal
         await _remove(plane, (MUTATING, configuration), (VALIDATING, configuration), *grants)
 
 
+async def test_a_configuration_kind_it_may_not_write_leaves_the_other_current(fleet: Fleet) -> None:
+    plane, group = fleet["cluster-2"], new_group()
+    kind = mcr.Kind(f"{group}/v1", "Test")
+    await install_crd(plane, kind_crd(group))
+    configuration = unique("mcruntime-test")
+    manager, subject = _limited(
+        plane, webhook_options(configuration_name=configuration, remove_on_disengage=False)
+    )
+
+    async def allow(_req: mcr.AdmissionRequest) -> None:
+        return None
+
+    async def default(req: mcr.AdmissionRequest) -> dict[str, Any] | None:
+        return req.object
+
+    mcr.webhook_managed_by(manager).for_(kind).with_validator(allow).with_defaulter(default).complete()
+    # The generated RBAC, less everything on validating configurations (a role edited by hand).
+    objects = _generated(manager, subject)
+    for obj in objects:
+        for rule in obj.get("rules", []):
+            rule["resources"] = [
+                r for r in rule.get("resources", []) if r != "validatingwebhookconfigurations"
+            ]
+        if "rules" in obj:
+            obj["rules"] = [rule for rule in obj["rules"] if rule.get("resources") != []]
+    grants = await _grant(plane, objects)
+    try:
+        registrar = manager.webhook.registrar
+        registrar.backoff = mcr.Backoff(base=0.05, cap=0.5)
+        async with running(manager):
+            await wait_for(lambda: plane.name in registrar.failing)
+            assert "validatingwebhookconfigurations" in registrar.failing[plane.name]
+            # The refused kind stopped nothing else: the mutating one carries this run's CA.
+            async with mcr.Cluster("check", config_of(plane)) as cluster:
+                current = await cluster.client.get(MUTATING, configuration)
+                assert current["webhooks"][0]["clientConfig"]["caBundle"] == _bundle(manager)
+    finally:
+        await _remove(plane, (MUTATING, configuration), (VALIDATING, configuration), *grants)
+
+
 def _limited(plane: ControlPlane, options: mcr.WebhookOptions) -> tuple[mcr.Manager, Subject]:
     """A manager whose identity is a token user with no permission yet, and that user as a subject."""
     user = plane.add_token_user(unique("limited"), cluster_admin=False)

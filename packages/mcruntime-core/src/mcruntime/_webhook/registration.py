@@ -43,6 +43,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mcruntime.webhook")
 
+
+class RegistrationFailed(Exception):
+    """Several of a cluster's configurations could not be written (each named, with its error)."""
+
+
 VALIDATING = Kind("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration")
 MUTATING = Kind("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration")
 CRD = Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
@@ -277,19 +282,31 @@ class Registrar:
             if not hooks and (problem := await self._clear(name, cluster, kind, configuration)) is not None:
                 blocked.append(problem)
         written: list[str] = []
+        failed: list[Exception] = []  # each object on its own: one refused must not leave another stale
         async for kind, object_name, body in self._wanted(name, cluster):
-            if kind != CRD:
-                await cluster.client.apply(body, field_manager=self.field_manager, force=True)
-            else:
-                try:
+            try:
+                if kind != CRD:
+                    await cluster.client.apply(body, field_manager=self.field_manager, force=True)
+                else:
                     await cluster.client.patch(CRD, object_name, body, field_manager=self.field_manager)
-                except NotFound:
-                    # A cluster without the CRD holds no objects to convert (a fleet's hub often has
-                    # CRDs its members lack); retrying would fill the log. The next check looks again.
-                    log.debug("cluster %r: no CRD %s to set the conversion of", name, object_name)
-                    continue
+            except NotFound:
+                if kind != CRD:
+                    raise
+                # A cluster without the CRD holds no objects to convert (a fleet's hub often has
+                # CRDs its members lack); retrying would fill the log. The next check looks again.
+                log.debug("cluster %r: no CRD %s to set the conversion of", name, object_name)
+                continue
+            except Exception as error:
+                failed.append(error)
+                continue
             written.append(f"{kind.kind}/{object_name}")
-        if blocked:  # after everything else was applied: the registration's line in /readyz, retried
+        # After everything else was applied: the registration's line in /readyz, retried.
+        if len(failed) == 1 and not blocked:
+            raise failed[0]
+        if failed:
+            problems = [f"{type(error).__name__}: {error}" for error in failed] + blocked
+            raise RegistrationFailed("; ".join(problems)) from failed[0]
+        if blocked:
             raise PermissionError("; ".join(blocked))
         return written
 
