@@ -38,6 +38,32 @@ __all__ = ["LEASE", "LeaderElectionConfig", "LeaderElector", "default_identity"]
 log = logging.getLogger("mcruntime.leaderelection")
 
 
+def lease_name_problem(part: str, value: object) -> str | None:
+    """Why ``value`` cannot be a Lease's ``name`` (a DNS subdomain) or ``namespace`` (a DNS label).
+
+    ``None`` if it can. The rule is RBAC's (``mcruntime rbac`` checks its
+    names with it), imported when first asked: ``_rbac`` is the top layer,
+    loaded only by a program that uses it.
+    """
+    from .._rbac.rbac import name_problem
+
+    if not isinstance(value, str):
+        return f"the Lease's {part} must be a string, not {type(value).__name__}"
+    problem = name_problem(value, subdomain=part == "name")
+    return None if problem is None else f"the Lease's {part} {problem}"
+
+
+def _refused(error: BaseException) -> bool:
+    """Whether the hub answered with a 4xx that the next attempt will get too.
+
+    A conflict (409) is the race a campaign expects, a throttle (429) and a
+    request timeout (408) pass; any other 4xx (422 Invalid, 400, 401...)
+    repeats until someone changes the Lease's name, the credentials or the
+    hub's admission rules.
+    """
+    return isinstance(error, APIError) and 400 <= error.status < 500 and error.status not in (408, 409, 429)
+
+
 @dataclass(frozen=True)
 class LeaderElectionConfig:
     """Where the Lease lives and how fast leadership moves (client-go's defaults)."""
@@ -50,6 +76,12 @@ class LeaderElectionConfig:
     retry_period: float = 2.0
 
     def __post_init__(self) -> None:
+        # The API server refuses such a Lease at every attempt (a 422, or a 500 for ".."), so a
+        # replica built with one would campaign forever and never lead: refuse it here instead.
+        for parameter, value in (("name", self.name), ("namespace", self.namespace)):
+            problem = lease_name_problem(parameter, value)
+            if problem is not None:
+                raise ValueError(f"LeaderElectionConfig {parameter}={value!r}: {problem}")
         if not self.lease_duration > self.renew_deadline > self.retry_period > 0:
             raise ValueError(
                 "leader election needs lease_duration > renew_deadline > retry_period > 0, got "
@@ -135,8 +167,9 @@ class LeaderElector:
         """Why this replica cannot campaign now, or ``None``; for ``/readyz``.
 
         A standby that waits for the leader is fine. One whose every attempt
-        is refused (no such namespace, no right to use Leases there) will never
-        lead, so it is named as not ready instead of passing in silence.
+        is refused (no such namespace, no right to use Leases there, a 4xx
+        such as a 422 from an admission rule) will never lead, so it is named
+        as not ready instead of passing in silence.
         """
         trouble = self._trouble
         if trouble is None:
@@ -201,7 +234,10 @@ class LeaderElector:
                 self._troubled(f"forbidden: {error}")
                 self.failures = 0
             except (APIError, OSError, TimeoutError) as error:
-                log.debug("leader election: %s", error)
+                if _refused(error):  # a 422 for the Lease, a 400, a 401: every retry gets it again
+                    self._troubled(f"the hub refuses the Lease: {error}")
+                else:  # a 5xx, a throttle, no answer: passing
+                    log.debug("leader election: %s", error)
                 self.failures = 0
             except Exception as error:  # KindNotFound, a garbled Lease: keep campaigning
                 self._failed(error)

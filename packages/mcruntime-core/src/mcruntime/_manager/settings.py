@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .._base.errors import MCRuntimeError
-from .._coordination.leaderelection import LeaderElectionConfig
+from .._coordination.leaderelection import LeaderElectionConfig, lease_name_problem
 from .._coordination.sharding import ShardedCoordinator, ShardingConfig
 from .serving import EVERY_INTERFACE, bind_key, parse_address
 
@@ -135,6 +135,21 @@ class ManagerSettings(BaseSettings):
                 # "0" turns an endpoint off in controller-runtime: say what does here.
                 off = "" if info.field_name == "webhook_bind_address" else "; empty disables"
                 raise ValueError(f"{error}{off}") from None
+        return value
+
+    @field_validator("leader_election_id", "leader_election_namespace")
+    @classmethod
+    def _lease_name(cls, value: str, info: ValidationInfo) -> str:
+        # Checked with the other settings, so a name the API server refuses is a bad setting at
+        # start (exit 2, naming the flag or variable), not a replica that campaigns forever and
+        # never leads. Only with leader election on, as the shard group only counts with sharding:
+        # unused, they harm nothing. leader_election is declared, so validated, before these two.
+        if info.data.get("leader_election"):
+            problem = lease_name_problem(
+                "name" if info.field_name == "leader_election_id" else "namespace", value
+            )
+            if problem is not None:
+                raise ValueError(problem)
         return value
 
     @field_validator("log_level", mode="before")
