@@ -21,4 +21,3 @@ async def test_a_start_that_fails_is_raised_by_wait_started() -> None:
             await asyncio.wait_for(manager.wait_started(), timeout=30)
         with pytest.raises(OSError, match="cannot serve /metrics"):
             await runner
-
