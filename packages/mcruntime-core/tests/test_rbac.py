@@ -277,12 +277,18 @@ def test_a_member_subject_of_its_own_is_bound_without_a_service_account() -> Non
             {"name": "ok", "namespace": "ops", "service_account": "a.-b"},
             "service_account 'a.-b' is not a DNS",
         ),
-        ({"name": "x" * 64 + ".ok", "namespace": "ops"}, "is not a DNS subdomain: dot-separated parts"),
+        ({"name": "x" * 251 + ".ok", "namespace": "ops"}, "is not a DNS subdomain: 1 to 253 characters"),
     ],
 )
 def test_bad_names_are_refused_naming_the_argument(options: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         mcr.rbac_for(_fanout_manager(), **options)  # type: ignore[arg-type]
+
+
+def test_a_subdomains_parts_may_be_longer_than_a_label_as_the_api_server_allows() -> None:
+    name = "w" * 70  # a ServiceAccount and a ClusterRole the API server accepts (IsDNS1123Subdomain)
+    rbac = mcr.rbac_for(_fanout_manager(), name=name, namespace="ops")
+    assert any(obj["metadata"]["name"] == f"{name}-member" for obj in rbac.objects("member"))
 
 
 def test_a_bad_declared_verb_is_a_builder_error_naming_it() -> None:

@@ -52,8 +52,9 @@ def name_problem(value: str, *, subdomain: bool) -> str | None:
     limit, what = (253, "a DNS subdomain") if subdomain else (63, "a DNS label")
     if not value or len(value) > limit:
         return f"is not {what}: 1 to {limit} characters"
+    # As the API server checks (IsDNS1123Subdomain): a subdomain's parts have no length of their own.
     segments = value.split(".") if subdomain else [value]
-    if not all(len(segment) <= 63 and _DNS_LABEL.match(segment) for segment in segments):
+    if not all(_DNS_LABEL.match(segment) for segment in segments):
         parts = "dot-separated parts" if subdomain else "characters"
         return (
             f"is not {what}: {parts} of lower-case letters, digits and '-', "
