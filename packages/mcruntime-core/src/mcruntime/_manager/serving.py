@@ -10,6 +10,7 @@ registry.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
@@ -18,12 +19,17 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from .connections import IDLE_TIMEOUT, MAX_CONNECTIONS, Connections
+
 if TYPE_CHECKING:
     # Imported where used: aiohttp's server side costs ~25 ms of CPU at start-up, and
     # a manager without a probe or metrics address never serves.
     from aiohttp import web
+    from aiohttp.typedefs import Handler
 
 log = logging.getLogger("mcruntime.serving")
+http_log = logging.getLogger("mcruntime.serving.http")
+"""The logger aiohttp's request handlers get, in place of ``aiohttp.server``."""
 
 CheckResult = str | None
 """``None`` when the check passes, otherwise why it fails."""
@@ -72,6 +78,31 @@ def bind_key(address: str) -> tuple[str, int]:
         return str(ipaddress.ip_address(host)), port
     except ValueError:
         return host.lower(), port  # a name: DNS names are case-insensitive
+
+
+def _quiet_bad_request(record: logging.LogRecord) -> bool:
+    """A malformed request is the client's fault: one DEBUG line, without the traceback.
+
+    aiohttp logs each at ERROR with a traceback (~600 bytes, the client's bytes
+    quoted), so whoever reaches the port chose how much went into the log. The
+    client gets its 4xx either way; aiohttp's other records keep their level.
+    """
+    from aiohttp.http_exceptions import HttpProcessingError  # loaded: only aiohttp logs here
+
+    error = record.exc_info[1] if record.exc_info else None
+    if not isinstance(error, HttpProcessingError):
+        return True
+    remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+    reason = str(error.message).splitlines()[0] if error.message else ""
+    record.msg = "answered a malformed request from %s with %s: %s %.100r"
+    record.args = (remote, error.code, type(error).__name__, reason)
+    record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+    record.exc_info = record.exc_text = None
+    # The logger let it through as an ERROR: as a DEBUG line it goes out only where DEBUG is on.
+    return http_log.isEnabledFor(logging.DEBUG)
+
+
+http_log.addFilter(_quiet_bad_request)
 
 
 @dataclass
@@ -135,13 +166,27 @@ def _respond(lines: list[CheckLine], verbose: bool, what: str) -> web.Response:
 
 
 class Endpoints:
-    """One aiohttp server per address; probes and metrics may share one."""
+    """One aiohttp server per address; probes and metrics may share one.
 
-    def __init__(self, healthz: Checks, readyz: Checks, registry: CollectorRegistry) -> None:
+    Each server closes a connection that sends no request for ``idle_timeout``
+    seconds and holds at most ``max_connections`` (see :mod:`.connections`).
+    """
+
+    def __init__(
+        self,
+        healthz: Checks,
+        readyz: Checks,
+        registry: CollectorRegistry,
+        *,
+        idle_timeout: float = IDLE_TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self.healthz = healthz
         self.readyz = readyz
         self._registry = registry
-        self._runners: list[web.AppRunner] = []
+        self._idle_timeout = idle_timeout
+        self._max_connections = max_connections
+        self._servers: list[tuple[web.AppRunner, asyncio.Server, Connections]] = []
         self.addresses: dict[str, tuple[str, int]] = {}
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -160,14 +205,14 @@ class Endpoints:
         """Listen on ``host:port`` addresses (port 0 picks a free one; see ``addresses``).
 
         Two addresses that name one socket (``:8080`` and ``0.0.0.0:8080``) get
-        one server: two would collide on the port.
+        one server: two would collide on the port. Port 0 names no socket yet:
+        each such address gets a port of its own, as asked.
         """
         if not probes and not metrics:
             return  # nothing to serve: aiohttp is not even imported
         from aiohttp import web
 
-        routes: dict[tuple[str, int], list[web.RouteDef]] = {}
-        spelled: dict[tuple[str, int], str] = {}
+        servers: list[tuple[tuple[str, int], str, list[web.RouteDef]]] = []
         wanted = [(probes, [web.get("/healthz", self._health), web.get("/readyz", self._ready)])]
         wanted.append((metrics, [web.get("/metrics", self._metrics)]))
         for address, address_routes in wanted:
@@ -177,33 +222,51 @@ class Endpoints:
                 except ValueError as error:  # a Manager built by hand; settings validate theirs
                     paths = ", ".join(route.path for route in address_routes)
                     raise ValueError(f"cannot serve {paths} on {address!r}: {error}") from None
-                spelled.setdefault(key, address)
-                routes.setdefault(key, []).extend(address_routes)
-        for (host, port), address_routes in routes.items():
-            address = spelled[host, port]
-            app = web.Application()
-            app.add_routes(address_routes)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            site = web.TCPSite(runner, host, port)
-            try:
-                await site.start()
-            except OSError as error:
-                await runner.cleanup()
-                paths = ", ".join(route.path for route in address_routes)
-                raise OSError(f"cannot serve {paths} on {address}: {error}") from error
-            self._runners.append(runner)
-            server = site._server
-            sockets = getattr(server, "sockets", None) or []
-            bound = sockets[0].getsockname() if sockets else (host, port)
-            for path in address_routes:
-                self.addresses[path.path] = (bound[0], bound[1])
-            log.info("serving %s on %s:%s", ", ".join(r.path for r in address_routes), bound[0], bound[1])
+                shared = next((server for server in servers if key[1] and server[0] == key), None)
+                if shared is not None:
+                    shared[2].extend(address_routes)
+                else:
+                    servers.append((key, address, list(address_routes)))
+        for (host, port), address, address_routes in servers:
+            await self._serve(host, port, address, address_routes)
+
+    async def _serve(self, host: str, port: int, address: str, routes: list[web.RouteDef]) -> None:
+        from aiohttp import web
+
+        connections = Connections(address, limit=self._max_connections, idle_timeout=self._idle_timeout)
+
+        @web.middleware  # on a function: a bound method takes no attribute
+        async def track(request: web.Request, handler: Handler) -> web.StreamResponse:
+            return await connections.track(request, handler)
+
+        app = web.Application(middlewares=[track])
+        app.add_routes(routes)
+        runner = web.AppRunner(app, access_log=None, keepalive_timeout=self._idle_timeout, logger=http_log)
+        await runner.setup()
+        handlers = runner.server
+        assert handlers is not None  # set by setup()
+        try:
+            # Not a TCPSite: the protocol factory is wrapped, to count and bound the connections.
+            listener = await asyncio.get_running_loop().create_server(
+                lambda: connections.accept(handlers), host, port, backlog=128
+            )
+        except OSError as error:
+            await runner.cleanup()
+            paths = ", ".join(route.path for route in routes)
+            raise OSError(f"cannot serve {paths} on {address}: {error}") from error
+        self._servers.append((runner, listener, connections))
+        bound = listener.sockets[0].getsockname() if listener.sockets else (host, port)
+        connections.address = f"[{bound[0]}]:{bound[1]}" if ":" in bound[0] else f"{bound[0]}:{bound[1]}"
+        for route in routes:
+            self.addresses[route.path] = (bound[0], bound[1])
+        log.info("serving %s on %s:%s", ", ".join(r.path for r in routes), bound[0], bound[1])
 
     async def stop(self) -> None:
-        for runner in self._runners:
+        for runner, listener, connections in self._servers:
+            listener.close()
             await runner.cleanup()
-        self._runners.clear()
+            connections.close()
+        self._servers.clear()
 
     def url(self, path: str) -> str:
         host, port = self.addresses[path]
