@@ -12,9 +12,10 @@ import asyncio
 import os
 import sys
 
+from .._base.names import name_problem
 from .._base.permissions import Role
 from .._manager.settings import ManagerSettings, misspelled_variables
-from .._rbac.rbac import name_problem, rbac_for
+from .._rbac.rbac import rbac_for
 from .check import ignored_flags
 from .commands import Command
 from .common import add_target_arguments, load_manager, prepare

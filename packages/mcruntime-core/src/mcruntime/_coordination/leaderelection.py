@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from .._base.backoff import DEFAULT_BACKOFF, Backoff
 from .._base.errors import AlreadyExists, APIError, Conflict, Forbidden, NotFound, Unreachable
+from .._base.names import name_problem
 from .heartbeat import Connect, Heartbeat, own_connection
 from .lease import LEASE, default_identity, lease_object, released, spec_of, take, transitions_of
 
@@ -41,12 +42,8 @@ log = logging.getLogger("mcruntime.leaderelection")
 def lease_name_problem(part: str, value: object) -> str | None:
     """Why ``value`` cannot be a Lease's ``name`` (a DNS subdomain) or ``namespace`` (a DNS label).
 
-    ``None`` if it can. The rule is RBAC's (``mcruntime rbac`` checks its
-    names with it), imported when first asked: ``_rbac`` is the top layer,
-    loaded only by a program that uses it.
+    ``None`` if it can. The rule is the one ``mcruntime rbac`` checks its names with.
     """
-    from .._rbac.rbac import name_problem
-
     if not isinstance(value, str):
         return f"the Lease's {part} must be a string, not {type(value).__name__}"
     problem = name_problem(value, subdomain=part == "name")

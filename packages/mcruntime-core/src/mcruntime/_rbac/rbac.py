@@ -17,13 +17,13 @@ same name and namespace, which the member YAML creates).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from .._base.names import name_problem
 from .._base.permissions import ROLES, Permission, Role
 from .._coordination.lease import LEASE
 from .._coordination.sharding import ShardedCoordinator
@@ -33,7 +33,6 @@ from .rules import PolicyRule, grants_of, policy_rules
 if TYPE_CHECKING:
     from .._manager.manager import Manager
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _SUBJECT_KINDS = ("ServiceAccount", "User", "Group")
 RBAC_GROUP = "rbac.authorization.k8s.io"
 
@@ -41,26 +40,6 @@ _HEADERS: Mapping[Role, str] = {
     "hub": "Apply to the hub (management) cluster the manager runs in.",
     "member": "Apply to every member cluster; bind the identity its credentials use.",
 }
-
-
-def name_problem(value: str, *, subdomain: bool) -> str | None:
-    """Why ``value`` cannot name a namespace (a DNS label) or a ServiceAccount or role (a DNS subdomain).
-
-    Checked before any YAML is written: the API server would refuse the
-    object, and only when the manifests are applied.
-    """
-    limit, what = (253, "a DNS subdomain") if subdomain else (63, "a DNS label")
-    if not value or len(value) > limit:
-        return f"is not {what}: 1 to {limit} characters"
-    # As the API server checks (IsDNS1123Subdomain): a subdomain's parts have no length of their own.
-    segments = value.split(".") if subdomain else [value]
-    if not all(_DNS_LABEL.match(segment) for segment in segments):
-        parts = "dot-separated parts" if subdomain else "characters"
-        return (
-            f"is not {what}: {parts} of lower-case letters, digits and '-', "
-            "each beginning and ending with a letter or digit"
-        )
-    return None
 
 
 def _check_name(label: str, value: str, *, subdomain: bool) -> None:
