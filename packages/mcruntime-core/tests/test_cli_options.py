@@ -101,8 +101,20 @@ def test_a_bad_variable_is_named_with_its_value(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_settings_that_contradict_each_other_are_explained() -> None:
-    with pytest.raises(UsageError, match="MCRUNTIME_LEADER_ELECTION and MCRUNTIME_SHARDING are alternatives"):
+    # Named as they were given: flags by their flags.
+    with pytest.raises(UsageError, match="--leader-election and --sharding are alternatives"):
         load_settings(flags_of("--leader-election", "--sharding"))
+
+
+def test_a_clash_of_a_flag_and_a_variable_names_each_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MCRUNTIME_HEALTH_PROBE_BIND_ADDRESS", ":8081")
+    with pytest.raises(UsageError) as raised:
+        load_settings(flags_of("--webhook-bind-address", ":8081"))
+    message = str(raised.value)
+    assert "--webhook-bind-address ':8081' and MCRUNTIME_HEALTH_PROBE_BIND_ADDRESS ':8081'" in message, (
+        message
+    )
+    assert "MCRUNTIME_WEBHOOK_BIND_ADDRESS" not in message
 
 
 def test_exported_flags_reach_settings_loaded_inside_a_factory(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Mapping
 from typing import Any, get_args
 
@@ -84,8 +85,15 @@ def load_settings(flags: Mapping[str, object]) -> ManagerSettings:
                 where = f"{flag_of(field)} {flags[field]!r}"
             else:
                 where = f"{variable_of(field)}={os.environ.get(variable_of(field), '')!r}"
-            problems.append(f"{where}: {detail['msg']}")
+            problems.append(f"{where}: {_as_given(detail['msg'], flags)}")
         raise UsageError("invalid settings: " + "; ".join(problems)) from None
+
+
+def _as_given(message: str, flags: Mapping[str, object]) -> str:
+    """A check of several settings names them as variables: name those given as flags by their flag."""
+    for field in flags:
+        message = re.sub(rf"\b{re.escape(variable_of(field))}\b", flag_of(field), message)
+    return message
 
 
 def export_flags(flags: Mapping[str, object]) -> None:
