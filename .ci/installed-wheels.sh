@@ -57,7 +57,7 @@ for wheel in wheels:
     }
     if meta["Name"] != "mcruntime-core":
         core = [r for r in meta.get_all("Requires-Dist") or [] if r.startswith("mcruntime-core")]
-        need["Requires-Dist mcruntime-core<2,>=1.0"] = core == ["mcruntime-core<2,>=1.0"]
+        need["Requires-Dist mcruntime-core<3,>=2.0"] = core == ["mcruntime-core<3,>=2.0"]
     problems += [f"{wheel.name}: no {what}" for what, ok in need.items() if not ok]
     sdist = dist / f"{wheel.name.split('-')[0]}-{meta['Version']}.tar.gz"
     with tarfile.open(sdist) as archive:
