@@ -72,6 +72,8 @@ def test_every_dependent_accepts_the_core_it_ships_with(package: Path) -> None:
     assert len(core) == 1, requirements
     assert core[0].specifier.contains(_core_version()), f"{package.name}: {core[0]}"
     next_major = f"{int(_core_version().split('.')[0]) + 1}.0.0"
-    assert not core[0].specifier.contains(next_major), f"{package.name}: {core[0]} admits the next major version"
+    assert not core[0].specifier.contains(next_major), (
+        f"{package.name}: {core[0]} admits the next major version"
+    )
     floor = f"{_core_version().split('.')[0]}.0"  # a dependent's floor is this major's first release
     assert f">={floor}" in str(core[0].specifier), f"{package.name}: {core[0]} admits an older major version"
