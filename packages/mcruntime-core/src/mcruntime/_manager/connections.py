@@ -15,6 +15,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
+from .._base.wrapping import Wrapping
+
 if TYPE_CHECKING:
     from aiohttp import web
     from aiohttp.typedefs import Handler
@@ -121,7 +123,7 @@ class Connections:
         self._shed = self._refused = 0
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(Wrapping):
     """One accepted connection: aiohttp's handler inside once admitted, and a deadline for its request."""
 
     def __init__(self, owner: Connections, handlers: Callable[[], asyncio.Protocol]) -> None:
@@ -161,18 +163,3 @@ class _Connection(asyncio.Protocol):
         self._owner.forget(self)
         if self._inner is not None:
             self._inner.connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        if self._inner is not None:
-            self._inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self._inner.eof_received() if self._inner is not None else None
-
-    def pause_writing(self) -> None:
-        if self._inner is not None:
-            self._inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self._inner is not None:
-            self._inner.resume_writing()

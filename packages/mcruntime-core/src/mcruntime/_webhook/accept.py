@@ -6,13 +6,14 @@ import asyncio
 from collections.abc import Callable
 from typing import cast
 
+from .._base.wrapping import Wrapping
 from .h2conn import Http2Connection
 
 Open = dict[asyncio.Transport, "asyncio.Future[None]"]
 """The connections a server holds, each with a future that is done when its socket is gone."""
 
 
-class Accepted(asyncio.Protocol):
+class Accepted(Wrapping):
     """Serves one connection with the protocol its TLS handshake chose, and records it until it is gone.
 
     ALPN decides: ``h2`` gets an :class:`Http2Connection`, anything else
@@ -58,18 +59,3 @@ class Accepted(asyncio.Protocol):
             if isinstance(self._inner, Http2Connection):
                 self._h2_open.discard(self._inner)
             self._inner.connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        assert self._inner is not None  # connection_made came first
-        self._inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self._inner.eof_received() if self._inner is not None else None
-
-    def pause_writing(self) -> None:
-        if self._inner is not None:
-            self._inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self._inner is not None:
-            self._inner.resume_writing()
