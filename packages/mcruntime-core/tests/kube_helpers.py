@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, config
 
 import mcruntime as mcr
@@ -219,3 +220,10 @@ def stop(pid: int, timeout: float = 10.0) -> None:
             return
         time.sleep(0.001)  # polling the kernel's view of the threads: a few ms at most
     raise AssertionError(f"process {pid} did not stop within {timeout:g}s of SIGSTOP")
+
+
+async def readyz(manager: mcr.Manager) -> tuple[int, str]:
+    """The manager's ``/readyz?verbose``: its status and every check's line."""
+    url = manager.endpoints.url("/readyz") + "?verbose"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status, await response.text()

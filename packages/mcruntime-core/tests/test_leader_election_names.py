@@ -23,14 +23,14 @@ from typing import Any
 
 import aiohttp
 import pytest
-from kube_helpers import unique
+from kube_helpers import readyz, unique
 from lease_helpers import FAST, LEASE
 
 import mcruntime as mcr
 from mcruntime._base.errors import error_from_status
 from mcruntime._cli.main import main
 from mcruntime.coordination import LeaderElector
-from mcruntime.testing import ControlPlane, Fleet, running, wait_until
+from mcruntime.testing import ControlPlane, Fleet, admin_config, running, wait_until
 
 NAMESPACE = mcr.Kind("v1", "Namespace")
 POLICY = mcr.Kind("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy")
@@ -240,18 +240,6 @@ async def test_another_refusal_is_logged_again_and_passing_errors_are_no_trouble
 # --- against a real API server -----------------------------------------------------------------
 
 
-def _config(plane: ControlPlane) -> mcr.ClusterConfig:
-    return mcr.kubeconfig_from_dict(plane.kubeconfig(), origin=plane.name)
-
-
-async def _readyz(manager: mcr.Manager) -> tuple[int, str]:
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(manager.endpoints.url("/readyz") + "?verbose") as response,
-    ):
-        return response.status, await response.text()
-
-
 async def _refusals(plane: ControlPlane, policy: str) -> float:
     """How many requests the API server denied by ``policy``, from its own /metrics."""
     connector = aiohttp.TCPConnector(ssl=plane.admin_ssl_context())
@@ -341,7 +329,7 @@ async def test_a_lease_the_api_server_refuses_fails_readyz_and_is_named_once_at_
     caplog.set_level(logging.INFO, "mcruntime")
     plane = fleet["cluster-1"]
     namespace, lease, policy = unique("le-refused"), unique("lease"), unique("refuse-lease")
-    async with mcr.Cluster("admin", _config(plane)) as admin:
+    async with mcr.Cluster("admin", admin_config(plane)) as admin:
         await admin.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         try:
             await admin.client.create(_policy(policy, lease))
@@ -351,7 +339,7 @@ async def test_a_lease_the_api_server_refuses_fails_readyz_and_is_named_once_at_
             )
             election = mcr.LeaderElectionConfig(name=lease, namespace=namespace, identity="refused", **FAST)
             manager = mcr.Manager(
-                local=_config(plane),
+                local=admin_config(plane),
                 leader_election=election,
                 health_probe_address="127.0.0.1:0",
                 handle_signals=False,
@@ -362,11 +350,11 @@ async def test_a_lease_the_api_server_refuses_fails_readyz_and_is_named_once_at_
                 refused_before = await _refusals(plane, policy)
 
                 async def named() -> bool:
-                    _status, body = await _readyz(manager)
+                    _status, body = await readyz(manager)
                     return "[-]coordination failed: " in body
 
                 await wait_until(named, what="the coordination line failing")
-                status, body = await _readyz(manager)
+                status, body = await readyz(manager)
                 assert status != 200, body
                 line = next(line for line in body.splitlines() if line.startswith("[-]coordination"))
                 assert f"leader election {namespace}/{lease}: the hub refuses the Lease: " in line, line
@@ -387,7 +375,7 @@ async def test_a_lease_the_api_server_refuses_fails_readyz_and_is_named_once_at_
                 await wait_until(elector.leading.is_set, what="leading once the policy is unbound")
 
                 async def ready() -> bool:
-                    status, _body = await _readyz(manager)
+                    status, _body = await readyz(manager)
                     return status == 200
 
                 await wait_until(ready, what="/readyz passing once the Lease is taken")

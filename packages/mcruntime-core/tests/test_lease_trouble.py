@@ -17,9 +17,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
-import aiohttp
 import pytest
-from kube_helpers import unique
+from kube_helpers import readyz, unique
 from lease_helpers import FAST, LEASE
 
 import mcruntime as mcr
@@ -33,16 +32,8 @@ def config_of(plane: ControlPlane) -> mcr.ClusterConfig:
     return mcr.kubeconfig_from_dict(plane.kubeconfig(), origin=plane.name)
 
 
-async def _readyz(manager: mcr.Manager) -> tuple[int, str]:
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(manager.endpoints.url("/readyz") + "?verbose") as response,
-    ):
-        return response.status, await response.text()
-
-
 async def _ready(manager: mcr.Manager) -> bool:
-    status, _body = await _readyz(manager)
+    status, _body = await readyz(manager)
     return status == 200
 
 
@@ -91,7 +82,7 @@ async def test_a_lease_namespace_that_does_not_exist_fails_readyz_until_it_is_cr
     try:
         async with running(manager):
             await wait_until(lambda: _line(manager, "does not exist"), what="the coordination line naming it")
-            _status, body = await _readyz(manager)
+            _status, body = await readyz(manager)
             assert "[-]coordination failed: " in body and namespace in body, body
             warnings = [
                 r for r in caplog.records if r.levelno == logging.WARNING and namespace in r.getMessage()
@@ -99,7 +90,7 @@ async def test_a_lease_namespace_that_does_not_exist_fails_readyz_until_it_is_cr
             assert len(warnings) == 1, [r.getMessage() for r in warnings]  # once, not at every retry
             await _create_namespace(plane, namespace)
             await wait_until(lambda: _ready(manager), timeout=30, what="ready once the namespace exists")
-            _status, body = await _readyz(manager)
+            _status, body = await readyz(manager)
             assert "[+]coordination ok" in body, body
     finally:
         await _delete_namespace(plane, namespace)
@@ -134,7 +125,7 @@ def _lease_rights(namespace: str, user: str) -> tuple[dict[str, Any], dict[str, 
 
 
 async def _line(manager: mcr.Manager, line: str) -> bool:
-    _status, body = await _readyz(manager)
+    _status, body = await readyz(manager)
     return line in body
 
 
@@ -194,7 +185,7 @@ async def test_a_sharded_replica_refused_its_peer_lease_mid_run_fails_readyz_and
                 await admin.client.delete(ROLEBINDING, "leases", namespace=namespace)
                 line = "[-]coordination failed: shard group 'grp': this replica"
                 await wait_until(lambda: _line(manager, line), timeout=30, what="named once renewals fail")
-                _status, body = await _readyz(manager)
+                _status, body = await readyz(manager)
                 assert "forbidden" in body.lower() and "leases" in body, body
                 await admin.client.create(binding)
                 await wait_until(lambda: _ready(manager), timeout=30, what="ready again once granted")

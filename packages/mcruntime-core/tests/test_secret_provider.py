@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 import yaml
-from kube_helpers import CONFIGMAP, CREDENTIAL_SHAPES, configmap, quotes_token, spoiled, unique
+from kube_helpers import CONFIGMAP, CREDENTIAL_SHAPES, configmap, quotes_token, readyz, spoiled, unique
 
 import mcruntime as mcr
 from mcruntime._fleet.secret_provider import KubeconfigSecretProvider
@@ -464,12 +464,6 @@ async def test_a_token_that_cannot_be_sent_is_refused_naming_the_secret(
         assert not quotes_token(exposed, token)
 
 
-async def _readyz(manager: mcr.Manager) -> tuple[int, str]:
-    url = manager.endpoints.url("/readyz") + "?verbose"
-    async with aiohttp.ClientSession() as session, session.get(url) as response:
-        return response.status, await response.text()
-
-
 async def test_a_hub_that_refuses_the_secrets_fails_readyz_while_nothing_is_engaged_and_is_shown_after(
     hub: Hub, fleet: Fleet
 ) -> None:
@@ -504,7 +498,7 @@ async def test_a_hub_that_refuses_the_secrets_fails_readyz_while_nothing_is_enga
             await wait_until(lambda: name in provider.statuses(), what="the refused hub reported")
             status = provider.statuses()[name]
             assert status.phase is mcr.ClusterPhase.UNHEALTHY and status.missing_permissions, status
-            code, body = await _readyz(manager)
+            code, body = await readyz(manager)
             assert code == 500, body
             assert f"[-]cluster:{name} failed: not engaged: the hub cannot be read: forbidden by RBAC" in body
             assert "cannot list Secret (secrets)" in body, body
@@ -521,7 +515,7 @@ async def test_a_hub_that_refuses_the_secrets_fails_readyz_while_nothing_is_enga
             await wait_until(lambda: name in provider.statuses(), timeout=60, what="the hub reported again")
             assert provider.statuses()[name].phase is mcr.ClusterPhase.FAILED
             assert "member" in manager.clusters()
-            code, body = await _readyz(manager)
+            code, body = await readyz(manager)
             assert f"[-]cluster:{name} failed: never engaged: the hub cannot be read: " in body, body
     finally:
         if account:
