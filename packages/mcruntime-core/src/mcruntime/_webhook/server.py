@@ -72,6 +72,7 @@ LOCAL_PATH = "_local"
 CORE_GROUP = "core"
 """How the core (empty) API group appears in a webhook path."""
 _NAMED_AT_MOST = 1024  # clusters whose refused calls are remembered as logged
+_WARNED_AT_MOST = 16  # of those, how many get a WARNING (a fleet's departed clusters, not a flood)
 
 
 def cluster_path(cluster: str) -> str:
@@ -428,7 +429,9 @@ class WebhookServer:
             if len(self._unengaged_named) >= _NAMED_AT_MOST:
                 self._unengaged_named.clear()  # a caller inventing names costs a bounded set
             self._unengaged_named.add(name)
-            log.warning("webhook call for %s refused: %s", name or "(local)", message)
+            # WARNING for the first few names: a caller inventing names must not flood the log.
+            level = logging.WARNING if len(self._unengaged_named) <= _WARNED_AT_MOST else logging.DEBUG
+            log.log(level, "webhook call refused: %s", message)
         data = await self._read(call)
         if isinstance(data, Reply):
             return data
