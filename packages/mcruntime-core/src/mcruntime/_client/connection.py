@@ -322,6 +322,13 @@ class Connection:
             self._closing.add(closing)
             closing.add_done_callback(self._closing.discard)
 
+    def redact(self, raw: bytes) -> bytes:
+        """``raw`` (an error answer's body) without the credential this connection sends."""
+        secret = self._credentials.sent_secret() if self._credentials is not None else None
+        if not secret or not raw:
+            return raw
+        return raw.replace(secret.encode(), b"[redacted]")
+
     async def authorization(self) -> str | None:
         """The current Authorization header value (for interop; never log it)."""
         assert self._credentials is not None

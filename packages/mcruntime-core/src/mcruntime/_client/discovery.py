@@ -179,7 +179,9 @@ class Discovery:
         if status == 404:
             return None
         if status >= 300:
-            raise error_from_status(status, _decode(body), cluster=self._transport.cluster)
+            raise error_from_status(
+                status, _decode(self._transport.redact(body)), cluster=self._transport.cluster
+            )
         return orjson.loads(body)
 
     async def _load(self) -> dict[Kind, Resource]:

@@ -124,6 +124,19 @@ class ClusterCredentials:
         """The exec plugin, if the user has one (tests count its runs)."""
         return self._plugin
 
+    def sent_secret(self) -> str | None:
+        """The secret part of the header last sent (a token, basic auth's pair), to scrub from answers.
+
+        A server may quote the request's credentials back in an error (a hostile one
+        does it on purpose): what it says goes into exceptions and logs, so the
+        client removes this string from every refusal's body first.
+        """
+        header = self._header
+        if not header:
+            return None
+        secret = header.split(" ", 1)[-1]
+        return secret if len(secret) >= 8 else None  # a shorter one would scrub ordinary words
+
     async def header(self) -> str | None:
         """The Authorization header value for the next request (``None``: no header)."""
         if self._prepare is not None:
