@@ -508,8 +508,13 @@ class Informer:
         )
 
     def _opened(self, scope: str | None) -> None:
-        """The server accepted the watch: what failed is answering again (a quiet cluster sends no event)."""
-        if self._failing or scope in self._warned:
+        """The server accepted the watch: a silence or a refusal is over (a quiet cluster sends no event).
+
+        Only those: a server that accepts every watch and then breaks it (a line
+        it never ends, garbage) would otherwise flap between failing and working
+        at every reconnect; its failure clears with the first good event.
+        """
+        if isinstance(self._failing.get(scope), (Unreachable, Forbidden, Unauthorized)):
             self._working(scope)
 
     def _on_event(self, scope: str | None, event: WatchEvent) -> None:

@@ -18,6 +18,7 @@ import orjson
 from .._base.errors import NotFound, Unreachable, error_from_status
 from .._base.kind import Kind, Resource
 from .._base.objects import JSON, to_json_shape
+from .answers import json_answer, list_page, next_page, watch_event
 from .discovery import Discovery
 from .permissions import refused_by_authorization, verb_of
 from .transport import Transport
@@ -131,9 +132,13 @@ class Client:
             idempotent=idempotent,
             accept=accept,
         )
+        if status >= 300:  # what a refusal says goes into errors and logs: never the credential
+            raw = self.transport.redact(raw)
         decoded = _decode(raw)
         self._note_permission(status, decoded, verb_of(method, name), resource, namespace, subresource)
-        if status >= 300:
+        if status < 300:
+            json_answer(decoded, self.cluster, resource.kind, f"{method} {resource.plural}")
+        else:
             retry_after = headers.get("Retry-After")
             raise error_from_status(
                 status,
@@ -212,6 +217,8 @@ class Client:
             params["fieldSelector"] = field_selector
         if page_size:
             params["limit"] = str(page_size)
+        token: str | None = None
+        pages = 0
         while True:
             page = await self._call(
                 "GET",
@@ -220,8 +227,7 @@ class Client:
                 params=params,
                 accept=_METADATA_LIST if metadata_only else "application/json",
             )
-            meta = page.get("metadata") or {}
-            items = page.get("items") or []
+            meta, items = list_page(page, self.cluster, resource.kind)
             item_kind = resource.kind
             for item in items:
                 # List items omit apiVersion and kind; put them back so each stands alone
@@ -237,8 +243,9 @@ class Client:
                 api_version=str(page.get("apiVersion", "")),
                 metadata=meta,
             )
-            token = meta.get("continue")
-            if not token:
+            pages += 1
+            token = next_page(meta.get("continue"), token, pages, self.cluster, resource.kind)
+            if token is None:
                 return
             params["continue"] = token
 
@@ -360,7 +367,9 @@ class Client:
             async with self.transport.stream(
                 path, params=request.params(), read_timeout=read_timeout, accept=accept
             ) as response:
-                body = _decode(await response.read()) if response.status >= 300 else None
+                body = (
+                    _decode(self.transport.redact(await response.read())) if response.status >= 300 else None
+                )
                 self._note_permission(response.status, body, "watch", resource, request.namespace, None)
                 if response.status >= 300:
                     raise error_from_status(response.status, body, cluster=self.cluster, kind=resource.kind)
@@ -381,12 +390,11 @@ class Client:
             raise Unreachable(f"watch of {resource.plural} interrupted", cluster=self.cluster) from None
 
     def _event(self, line: bytes, resource: Resource, metadata_only: bool = False) -> WatchEvent:
-        event = orjson.loads(line)
-        kind = event.get("type", "")
-        obj = event.get("object") or {}
+        kind, obj = watch_event(line, self.cluster, resource.kind)
         if kind == "ERROR":
-            code = int(obj.get("code") or 500)
-            raise error_from_status(code, obj, cluster=self.cluster, kind=resource.kind)
+            status = orjson.loads(self.transport.redact(orjson.dumps(obj)))  # never quote the credential
+            code = int(status.get("code") or 500) if isinstance(status, dict) else 500
+            raise error_from_status(code, status, cluster=self.cluster, kind=resource.kind)
         if metadata_only and kind != "BOOKMARK":
             obj["apiVersion"], obj["kind"] = resource.api_version, resource.kind
         return WatchEvent(kind, obj)
