@@ -35,8 +35,23 @@ from .wording import os_reason, plain_word
 
 MAX_HEADER_BYTES = 256 * 1024
 """The most header bytes (names and values) an answer may carry."""
-MAX_BODY_BYTES = 1 << 30
-"""The most body bytes an answer may carry, decoded or not: a list page of large objects fits."""
+HEAD_FRAMING_BYTES = 16 * 1024
+"""Bytes of an answer's head allowed beyond :data:`MAX_HEADER_BYTES`: its status line, colons and line ends.
+
+The head is counted as it arrives, not only header by header: the parser
+hands over a header only once its value ends, and grows an unfinished value
+by copying it, so a value that never ends would cost time quadratic in its
+length and never reach the per-header count.
+"""
+MAX_BODY_BYTES = 128 * 1024 * 1024
+"""The most body bytes an answer may carry, decoded or not.
+
+A list page is 500 objects, most of a few KiB (etcd refuses any over 1.5
+MiB): a page is rarely over a few tens of MiB, and this holds 500 of 256 KiB
+each. It is also what a server whose body never ends costs in memory, once
+(an answer refused for its size is not asked for again): kept well under the
+200 MB a hostile server may cost us.
+"""
 
 _PATH_SAFE = "/%:@!$&'()*+,;=-._~"  # RFC 3986 pchar and "/"; "%" keeps escapes already made
 
@@ -56,6 +71,13 @@ class RequestFailed(Exception):
         self.never_sent = never_sent
         self.tls = tls
         self.timed_out = timed_out
+
+
+class AnswerTooLarge(RequestFailed):
+    """The server answered, with more than a bound allows: asking again would get the same answer."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, never_sent=False)
 
 
 class Headers(Mapping[str, str]):
@@ -109,6 +131,7 @@ class _Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[Answer] | None = None
         self._headers: list[tuple[bytes, bytes]] = []
         self._header_bytes = 0
+        self._head_room: int | None = None  # bytes the head may still take; None once it ended
         self._body: list[bytes] = []
         self._body_bytes = 0
         self._status = 0
@@ -127,13 +150,33 @@ class _Connection(asyncio.Protocol):
         if self._waiter is None:  # bytes nobody asked for: the connection cannot be trusted
             self.abort()
             return
+        room = self._head_room
+        if room is not None:  # counted before the parser sees them: it would not tell us in time
+            if len(data) > room:
+                head, data = data[:room], data[room:]
+                self._head_room = 0
+                if head and not self._feed(head):
+                    return
+                if self._head_room is not None:
+                    self._fail(_too_many_headers(), too_large=True)
+                    return
+            else:
+                self._head_room = room - len(data)
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> bool:
+        """Parse ``data``; ``False`` when the answer failed (and the connection was dropped)."""
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError as error:  # a bound of ours, raised in a callback
             cause = error.__context__
-            self._fail(str(cause) if isinstance(cause, _Refused) else "the server's answer could not be read")
+            if isinstance(cause, _Refused):
+                self._fail(str(cause), too_large=isinstance(cause, _TooLarge))
+            else:
+                self._fail("the server's answer could not be read")
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as error:
             self._fail(f"the server's answer is not valid HTTP/1.1 ({type(error).__name__})")
+        return not self.closed
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
@@ -160,18 +203,19 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value)
         if self._header_bytes > MAX_HEADER_BYTES:
-            raise _Refused(f"the server's answer has over {MAX_HEADER_BYTES // 1024} KiB of headers")
+            raise _TooLarge(_too_many_headers())
         self._headers.append((name, value))
         if len(name) == 16 and name.lower() == b"content-encoding":
             self._encoding = value.decode("latin-1").strip().lower()
 
     def on_headers_complete(self) -> None:
+        self._head_room = None
         self._status = self._parser.get_status_code()
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
         if self._body_bytes > MAX_BODY_BYTES:
-            raise _Refused(f"the server's answer is over {MAX_BODY_BYTES >> 20} MiB")
+            raise _TooLarge(f"the server's answer is over {MAX_BODY_BYTES >> 20} MiB")
         self._body.append(body)
 
     def on_message_complete(self) -> None:
@@ -187,10 +231,13 @@ class _Connection(asyncio.Protocol):
         if encoding == "gzip":
             try:
                 body = _gunzip(body)
-            except (zlib.error, _Refused) as error:
+            except _TooLarge as error:
                 self.reusable = False
-                message = str(error) if isinstance(error, _Refused) else "the server's gzip body is corrupt"
-                waiter.set_exception(RequestFailed(message, never_sent=False))
+                waiter.set_exception(AnswerTooLarge(str(error)))
+                return
+            except zlib.error:
+                self.reusable = False
+                waiter.set_exception(RequestFailed("the server's gzip body is corrupt", never_sent=False))
                 return
         elif encoding != "identity":
             self.reusable = False
@@ -209,32 +256,44 @@ class _Connection(asyncio.Protocol):
         self.reusable = False
         waiter: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._waiter = waiter
+        self._head_room = MAX_HEADER_BYTES + HEAD_FRAMING_BYTES
         transport.write(request)
         return await waiter
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str, *, too_large: bool = False) -> None:
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
-            waiter.set_exception(RequestFailed(message, never_sent=False))
+            waiter.set_exception(
+                AnswerTooLarge(message) if too_large else RequestFailed(message, never_sent=False)
+            )
         self.abort()
 
     def abort(self) -> None:
         self.closed = True
         self.reusable = False
+        self._body, self._headers = [], []  # what a refused answer read: not kept past its refusal
         self._pool.forget(self)
         if self._transport is not None:
             self._transport.abort()
 
 
 class _Refused(Exception):
-    """An answer over a bound; raised out of a parser callback, which stops the parse."""
+    """An answer not to be read further; raised out of a parser callback, which stops the parse."""
+
+
+class _TooLarge(_Refused):
+    """An answer over a bound of size: the server's own answer, which asking again would repeat."""
+
+
+def _too_many_headers() -> str:
+    return f"the server's answer has over {MAX_HEADER_BYTES // 1024} KiB of headers"
 
 
 def _gunzip(body: bytes) -> bytes:
     decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
     plain = decoder.decompress(body, MAX_BODY_BYTES + 1)
     if len(plain) > MAX_BODY_BYTES or decoder.unconsumed_tail:
-        raise _Refused(f"the server's answer is over {MAX_BODY_BYTES >> 20} MiB once decompressed")
+        raise _TooLarge(f"the server's answer is over {MAX_BODY_BYTES >> 20} MiB once decompressed")
     if not decoder.eof:
         raise zlib.error("truncated")
     return plain

@@ -15,12 +15,13 @@ import ssl
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
+from urllib.parse import urljoin, urlsplit
 
-from .._base.errors import Fenced, Unreachable
+from .._base.errors import APIError, Fenced, Unreachable
 from .._reconcile.fence import write_refusal
 from .connection import Connection
 from .health import ProbeInconclusive, ProbeResult
-from .http1 import RequestFailed
+from .http1 import AnswerTooLarge, RequestFailed
 from .pool import NoTurn, Turns
 from .retry import RETRY_STATUSES, retry_after_seconds
 from .retry import RetryPolicy as RetryPolicy  # a transport option, importable here too
@@ -172,6 +173,8 @@ class Transport(Connection):
                 return error.message, False
             except Unreachable as error:  # unusable TLS material, or the cluster was stopped
                 return error.message, True
+            except APIError as error:  # an answer refused for its size or a redirect: the server is up
+                return error.message, False
             if status == 200:
                 return None
             if status == 401 and attempt == 0:
@@ -269,6 +272,11 @@ class Transport(Connection):
                     interrupted = waiting.expired()
         except (NoAnswer, Unreachable, Fenced):
             raise
+        except AnswerTooLarge as refused:
+            # The server's answer, not a lost connection: asked again, it would send the same.
+            message = f"{method} {path}: {refused.message}; not asked again"
+            self.health.failure(message, suspect=False)
+            raise APIError(message, cluster=self.cluster, reason="AnswerTooLarge") from None
         except RequestFailed as refused:
             if interrupted:
                 raise NoAnswer(f"{self.interrupted_by}; the request was interrupted", False, False) from None
@@ -297,7 +305,22 @@ class Transport(Connection):
                 failure.late = max(0.0, loop.time() - deadline)
             raise failure from None
         self.health.contact(status)
+        if 300 <= status < 400:
+            raise self._redirected(method, path, status, response_headers)
         return status, response_headers, payload
+
+    def _redirected(self, method: str, path: str, status: int, headers: Mapping[str, str]) -> APIError:
+        """The error for a redirect, which is never followed.
+
+        An API server does not redirect its API; an answer that does comes
+        from a proxy or an impostor sending the client somewhere else, whose
+        answer it would then trust. The error names where to, as an origin
+        only: the Location's path and query may carry anything.
+        """
+        origin = _origin(self.server, headers.get("location"))
+        message = f"{method} {path} answered {status}, a redirect to {origin}; redirects are not followed"
+        self.health.failure(message, suspect=False)
+        return APIError(message, cluster=self.cluster, status=status, reason="Redirect")
 
     async def _send_by_aiohttp(
         self,
@@ -320,6 +343,7 @@ class Transport(Connection):
             data=body,
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=total, connect=connect, sock_connect=connect),
+            allow_redirects=False,  # a redirect is refused by _send, with where it pointed
             **session.http_options(),
         ) as response:
             return response.status, response.headers, await response.read()
@@ -367,7 +391,7 @@ class Transport(Connection):
                 raise Unreachable(message, cluster=self.cluster) from None
             if stream is not None:
                 try:
-                    async with self._watching(stream) as response:
+                    async with self._watching(stream, path) as response:
                         yield response
                 finally:
                     stream.close()
@@ -390,9 +414,10 @@ class Transport(Connection):
                     params=params,
                     headers=headers,
                     timeout=timeout,
+                    allow_redirects=False,  # refused by _watching: a watch goes to its own server only
                     **session.http_options(),
                 ) as response,
-                self._watching(response) as watched,
+                self._watching(response, path) as watched,
             ):
                 yield watched
         except (aiohttp.ClientConnectorError, ssl.SSLError) as error:
@@ -401,9 +426,12 @@ class Transport(Connection):
             raise Unreachable(message, cluster=self.cluster) from None
 
     @asynccontextmanager
-    async def _watching(self, response: WatchResponse) -> AsyncIterator[WatchResponse]:
-        """An open watch's response: counted as contact, and closed when the circuit opens."""
+    async def _watching(self, response: WatchResponse, path: str) -> AsyncIterator[WatchResponse]:
+        """An open watch's response: counted as contact, refused if a redirect, closed with the circuit."""
         self.health.contact(response.status)
+        if 300 <= response.status < 400:
+            headers: Mapping[str, str] = getattr(response, "headers", None) or {}
+            raise self._redirected("GET", path, response.status, headers)
         if response.status == 401:
             assert self._credentials is not None
             self._credentials.invalidate()
@@ -412,3 +440,21 @@ class Transport(Connection):
             yield response
         finally:
             self._streams.discard(response)
+
+
+def _origin(server: str, location: str | None) -> str:
+    """``scheme://host:port`` of a redirect's target (relative to ``server``), or why it is not told."""
+    if not location:
+        return "nowhere (no Location)"
+    try:
+        target = urlsplit(urljoin(server, location.strip()))
+        host, port = target.hostname, target.port
+    except ValueError:
+        return "an unreadable Location"
+    scheme = target.scheme.lower()
+    if not host or scheme not in ("http", "https"):
+        return "a Location that is no http(s) URL"
+    if len(host) > 253 or not host.isascii() or not host.isprintable():
+        return f"{scheme}://(a host name that is not printable)"
+    literal = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{literal}:{port or (443 if scheme == 'https' else 80)}"
