@@ -46,6 +46,19 @@ SELF_DEPENDENT = 0x100
 """Not a wire flag: set on a HEADERS whose priority names its own stream (a fault the reader may punish)."""
 MAX_CONTINUATIONS = 64
 """CONTINUATION frames one header block may take (empty ones would otherwise cost nothing to send)."""
+MAX_ACK_BACKLOG = 1 << 20
+"""Bytes of ours the peer has left unread above which its PINGs and SETTINGS count towards a flood.
+
+Each PING and SETTINGS must be acknowledged; a peer that sends them and never
+reads would have our acknowledgements pile up without end (CVE-2019-9512,
+CVE-2019-9515). Read at each frame, so a test may lower it.
+"""
+MAX_ACKS_BACKLOGGED = 1000
+"""PINGs and SETTINGS to acknowledge while over :data:`MAX_ACK_BACKLOG` before the connection is refused.
+
+A few may come while a burst of our own (many watches opening at once) waits
+to be sent; thousands are a flood.
+"""
 
 
 class FrameReader:
@@ -53,11 +66,23 @@ class FrameReader:
 
     ``error(message, code)`` builds the exception a fault raises (the owner
     closes the connection with GOAWAY ``code``); ``peer`` names the other side
-    in messages.
+    in messages. ``backlog`` tells how many bytes the owner has written and
+    the peer not yet read (its transport's write buffer): the acknowledgements
+    queued here are only what one read brings, the pile-up of a peer that
+    never reads is there.
     """
 
-    def __init__(self, *, error: Callable[[str, int], Exception], peer: str, max_header_block: int) -> None:
+    def __init__(
+        self,
+        *,
+        error: Callable[[str, int], Exception],
+        peer: str,
+        max_header_block: int,
+        backlog: Callable[[], int] | None = None,
+    ) -> None:
         self._error = error
+        self._backlog = backlog
+        self._acks_backlogged = 0
         self._peer = peer
         self._max_header_block = max_header_block
         self._out = bytearray()
@@ -189,6 +214,7 @@ class FrameReader:
             elif ident == ENABLE_PUSH and value > 1:
                 raise self._fault(f"SETTINGS_ENABLE_PUSH {value}")
             self._setting(ident, value)
+        self._owe_ack("SETTINGS")
         self._out += frame(SETTINGS, ACK, 0)
         self._settings_applied()
 
@@ -198,7 +224,26 @@ class FrameReader:
         if flags & ACK:
             self._ping_acknowledged()
         else:
+            self._owe_ack("PING")
             self._out += frame(PING, ACK, 0, payload)
+
+    def _owe_ack(self, what: str) -> None:
+        """Refuse a peer whose frames to acknowledge keep coming while it leaves our bytes unread.
+
+        Counted only while our unsent bytes are over the bound, and from zero
+        each time they fall below it: a peer that reads may ping as it likes.
+        """
+        waiting = len(self._out) + (self._backlog() if self._backlog is not None else 0)
+        if waiting <= MAX_ACK_BACKLOG:
+            self._acks_backlogged = 0
+            return
+        self._acks_backlogged += 1
+        if self._acks_backlogged > MAX_ACKS_BACKLOGGED:
+            raise self._fault(
+                f"a {what} flood: over {MAX_ACKS_BACKLOGGED} PING or SETTINGS frames to acknowledge "
+                f"while {waiting} bytes of ours waited for the {self._peer} to read them",
+                ENHANCE_YOUR_CALM,
+            )
 
     def _goaway(self, payload: bytes) -> None:
         if len(payload) < 8:

@@ -17,6 +17,11 @@ asks the connection for a PING. An answered PING says
 the server is alive and only that watch is quiet; an unanswered one closes
 the connection, and every stream on it fails as a dropped HTTP/1.1 watch
 does, for its informer to reopen.
+
+A server that breaks the protocol or floods the connection (PINGs or SETTINGS
+it never reads the answers of, endless CONTINUATION frames) gets a GOAWAY
+naming the fault, and every stream on the connection fails at once with
+words saying what the server did, for the watch's error and health to carry.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import cast
 from urllib.parse import urlencode, urlsplit
 
+from .._base.http2 import ENHANCE_YOUR_CALM
 from .silence import Sweep
 from .stream import Stream as Stream  # importable from here as before
 from .stream import WatchResponse as WatchResponse
@@ -83,7 +89,9 @@ class _Channel(asyncio.Protocol):
 
     def __init__(self, owner: Multiplexer) -> None:
         self._owner = owner
-        self._wire = Wire(self, stream_window=STREAM_WINDOW, connection_window=_CONNECTION_WINDOW)
+        self._wire = Wire(
+            self, stream_window=STREAM_WINDOW, connection_window=_CONNECTION_WINDOW, backlog=self._unsent
+        )
         self._transport: asyncio.Transport | None = None
         self.streams: dict[int, Stream] = {}
         self.lost: str | None = None
@@ -92,6 +100,9 @@ class _Channel(asyncio.Protocol):
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._ping: asyncio.TimerHandle | None = None
         self._idle: asyncio.TimerHandle | None = None
+        self._grace: asyncio.TimerHandle | None = None
+        self._goaway: tuple[int, str] | None = None
+        """The server's GOAWAY, once one came: the lowest last stream id it gave, and its words."""
         self.sweep = Sweep(lambda: [stream._silent for stream in self.streams.values()])
         """The read-timeout timer of every stream on this connection."""
 
@@ -121,14 +132,47 @@ class _Channel(asyncio.Protocol):
         return stream
 
     def data_received(self, data: bytes) -> None:
+        if self.lost is not None:
+            return  # refused, closed or dropped: what the server still sends changes nothing
         try:
             self._wire.receive(data)
         except WireError as error:
-            self._wire.goaway(error.code)
-            self._flush()
-            self.abort(f"HTTP/2 protocol error from the server: {error}")
+            self._refuse(error)
             return
         self._flush()
+
+    def _unsent(self) -> int:
+        """Bytes written and not yet taken by the server: where a flood's acknowledgements pile up."""
+        transport = self._transport
+        return transport.get_write_buffer_size() if transport is not None else 0
+
+    def _refuse(self, error: WireError) -> None:
+        """The server broke HTTP/2: GOAWAY naming the fault, and every stream fails now with its words.
+
+        The streams fail here, not when the socket is gone: a server that
+        never reads would keep our GOAWAY (behind the acknowledgements it left
+        unread) and the connection open, and their watches waiting. The socket
+        is left open, what arrives read and dropped, until the server closes
+        it or the connect timeout passes: closed at once with the server's
+        bytes unread, the kernel would reset it and the server lose the GOAWAY
+        that says why.
+        """
+        code = error_name(error.code)
+        if error.code == ENHANCE_YOUR_CALM:
+            reason = f"the server {self._owner.name} flooded the HTTP/2 connection: {error} (GOAWAY {code})"
+        else:
+            reason = f"HTTP/2 protocol error from the server {self._owner.name}: {error} (GOAWAY {code})"
+        if self.lost is None:
+            self.lost = reason
+        log.warning("%s; %d watch stream(s) on the connection reopen", reason, len(self.streams))
+        self._wire.goaway(error.code)
+        self._flush()
+        streams, self.streams = self.streams, {}
+        for stream in streams.values():
+            stream._fail(StreamClosed(reason))
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            self._grace = asyncio.get_running_loop().call_later(self._owner.connect_timeout, transport.abort)
 
     # --- what the server sent, from the wire ------------------------------------------
 
@@ -156,7 +200,8 @@ class _Channel(asyncio.Protocol):
     def on_reset(self, stream_id: int, code: int) -> None:
         stream = self._forget(stream_id)
         if stream is not None:
-            stream._fail(StreamClosed(f"the server reset the watch stream ({error_name(code)})"))
+            reason = f"the server {self._owner.name} reset the watch stream ({error_name(code)})"
+            stream._fail(StreamClosed(reason))
 
     def on_ping_ack(self) -> None:
         if self._ping is not None:
@@ -167,21 +212,39 @@ class _Channel(asyncio.Protocol):
         self._terminated(last_stream_id, code)
 
     def _terminated(self, last: int, error_code: int) -> None:
-        """GOAWAY: streams the server kept run on; no new ones open here."""
+        """GOAWAY: streams the server kept run on; no new ones open here.
+
+        Acted on and logged once per connection. A later GOAWAY may only
+        lower the last stream id (RFC 9113 6.8: a server warns with the
+        highest, then names the last it took): that fails the streams above
+        it, without a log line, so a server repeating GOAWAY costs no more than
+        its frames. One raising it is ignored, as it may not.
+        """
+        if self._goaway is not None:
+            lowest, reason = self._goaway
+            if last >= lowest:
+                return
+            self._goaway = (last, reason)
+            self._refuse_above(last, reason)
+            return
         self.draining = True
         code = error_name(error_code)
-        reason = f"the server closed the connection (GOAWAY {code})"
-        refused = [stream_id for stream_id in self.streams if stream_id > last]
+        reason = f"the server {self._owner.name} sent GOAWAY ({code})"
+        self._goaway = (last, reason)
+        refused = sum(1 for stream_id in self.streams if stream_id > last)
         self._owner.goaways += 1
         log.info(
             "%s sent GOAWAY (%s): %d watch stream(s) on the connection run until the server ends them, "
             "%d reopen on a new connection",
             self._owner.name,
             code,
-            len(self.streams) - len(refused),
-            len(refused),
+            len(self.streams) - refused,
+            refused,
         )
-        for stream_id in refused:
+        self._refuse_above(last, reason)
+
+    def _refuse_above(self, last: int, reason: str) -> None:
+        for stream_id in [stream_id for stream_id in self.streams if stream_id > last]:
             stream = self._forget(stream_id)
             if stream is not None:
                 stream._fail(StreamClosed(reason))
@@ -251,10 +314,12 @@ class _Channel(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.lost is None:
             self.lost = f"connection lost: {exc}" if exc is not None else "the server closed the connection"
-        for timer in (self._ping, self._idle):
+            if self._goaway is not None:  # the streams it kept: say why the server ended them
+                self.lost = f"{self._goaway[1]}, then {self.lost}"
+        for timer in (self._ping, self._idle, self._grace):
             if timer is not None:
                 timer.cancel()
-        self._ping = self._idle = None
+        self._ping = self._idle = self._grace = None
         self.sweep.stop()
         streams, self.streams = self.streams, {}
         for stream in streams.values():

@@ -16,7 +16,10 @@ server's cost bounded:
 - a push promise (disabled in our SETTINGS), a frame on stream 0 that belongs
   to a stream (or the other way round), a CONTINUATION out of place, a
   malformed SETTINGS, PING, RST_STREAM or GOAWAY: each is a :class:`WireError`
-  that names it, and the caller closes the connection.
+  that names it, and the caller closes the connection;
+- PINGs and SETTINGS that keep coming while the server leaves our bytes
+  unread (its acknowledgements piling up in ``backlog``) are a flood, refused
+  with ``ENHANCE_YOUR_CALM``.
 
 Header blocks are coded by ``_base/headerblock``: requests without the
 dynamic table (nothing to keep in step), credentials never indexed; every
@@ -28,6 +31,7 @@ tracked.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from .._base.h2frames import FrameReader
@@ -120,8 +124,15 @@ class Wire(FrameReader):
     collects what to send in :meth:`data_to_send`; it never touches a socket.
     """
 
-    def __init__(self, listener: Listener, *, stream_window: int, connection_window: int) -> None:
-        super().__init__(error=WireError, peer="server", max_header_block=MAX_HEADER_BLOCK)
+    def __init__(
+        self,
+        listener: Listener,
+        *,
+        stream_window: int,
+        connection_window: int,
+        backlog: Callable[[], int] | None = None,
+    ) -> None:
+        super().__init__(error=WireError, peer="server", max_header_block=MAX_HEADER_BLOCK, backlog=backlog)
         self._listener = listener
         self._stream_window = stream_window
         self._connection_window = connection_window
