@@ -240,3 +240,30 @@ async def test_a_watch_accepted_then_broken_keeps_the_informer_failing_without_f
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
     assert not [line for line in lines if "work again" in line], lines  # no flapping at each reconnect
     assert len([line for line in lines if "fails" in line]) == 1, lines  # one warning for the outage
+
+
+async def test_a_watch_the_server_broke_says_what_the_server_did(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mcruntime._client.multiplex import StreamClosed
+
+    async def unused(_method: str, _target: str) -> tuple[int, bytes]:
+        return 404, b"{}"
+
+    async with fake_cluster(tmp_path, unused) as cluster:
+
+        @contextlib.asynccontextmanager
+        async def reset(*_args: object, **_kwargs: object) -> AsyncIterator[object]:
+            # An async generator, as the transport's stream is, that fails as it opens.
+            error = StreamClosed("the server reset the watch stream (INTERNAL_ERROR)")
+            if error.args:
+                raise error
+            yield None
+
+        monkeypatch.setattr(cluster.client.transport, "stream", reset)
+        with pytest.raises(
+            mcr.Unreachable, match=r"interrupted: the server reset the watch stream \(INTERNAL_ERROR\)"
+        ):
+            async for _event in cluster.client.watch(CONFIGMAP, namespace="default"):
+                pass
+        assert "INTERNAL_ERROR" in (cluster.client.transport.health.last_error or "")

@@ -386,8 +386,11 @@ class Client:
             if health.unreachable:
                 message = f"watch of {resource.plural} closed: {health.reason}"
                 raise Unreachable(message, cluster=self.cluster) from None
-            health.failure(f"watch of {resource.kind} interrupted: {type(error).__name__}")
-            raise Unreachable(f"watch of {resource.plural} interrupted", cluster=self.cluster) from None
+            # What the server did (a reset's code, a protocol violation), not only the error's class.
+            said = (str(error) or type(error).__name__)[:300]
+            health.failure(f"watch of {resource.kind} interrupted: {said}")
+            message = f"watch of {resource.plural} interrupted: {said}"
+            raise Unreachable(message, cluster=self.cluster) from None
 
     def _event(self, line: bytes, resource: Resource, metadata_only: bool = False) -> WatchEvent:
         kind, obj = watch_event(line, self.cluster, resource.kind)
