@@ -10,10 +10,14 @@ Conversion goes through a hub, as in controller-runtime: for every other
 version ``v`` the user gives ``to_hub[v]`` and ``from_hub[v]``, so n versions
 need 2(n-1) functions, not n(n-1). The functions take and return one object;
 the runtime sets ``apiVersion`` on the result, so a function only moves fields.
+A plain (not ``async``) function runs in a thread of its own: it may block (a
+synchronous lookup, say) without stalling every cluster's webhooks, and the
+call's timeout still answers on time. An ``async`` function runs on the loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +35,16 @@ Defaulter = Callable[[AdmissionRequest], Awaitable[JSON | None]]
 
 ConversionFunction = Callable[[JSON], JSON | Awaitable[JSON]]
 """Converts one object between a version and the hub (plain or ``async`` function)."""
+
+PlainRunner = Callable[[Callable[[JSON], Any], JSON, str], Awaitable[Any]]
+"""Runs a plain conversion function off the event loop: ``run(function, obj, what)``.
+
+The server bounds each cluster's threads (see ``converting.PlainThreads``);
+``what`` names the object and direction for its log line.
+"""
+
+IDENTITY = ("kind", "metadata.name", "metadata.namespace", "metadata.uid")
+"""What a conversion must keep: the API server matches each result to its object by them."""
 
 OnError = Literal["deny", "error"]
 """What a handler that raises (anything but :class:`Denied`) answers.
@@ -90,8 +104,14 @@ class Conversion:
         """Every version this conversion knows, the hub included."""
         return {self.hub, *self.to_hub, *self.from_hub}
 
-    async def convert(self, obj: JSON, desired_api_version: str) -> JSON:
-        """``obj`` in ``desired_api_version``; raises :class:`ConversionFailed` naming what failed."""
+    async def convert(
+        self, obj: JSON, desired_api_version: str, *, run_plain: PlainRunner | None = None
+    ) -> JSON:
+        """``obj`` in ``desired_api_version``; raises :class:`ConversionFailed` naming what failed.
+
+        ``run_plain`` runs a plain function (by default in a thread of the
+        default executor; the server passes its cluster's bounded threads).
+        """
         api_version = obj.get("apiVersion")
         if not isinstance(api_version, str) or "/" not in api_version:
             raise ConversionFailed(f"{_describe(obj)} has no apiVersion group/version")
@@ -107,11 +127,11 @@ class Conversion:
                 )
         hub = obj
         if source != self.hub:
-            hub = await _call(self.to_hub[source], obj, f"{source} to {self.hub}")
+            hub = await _call(self.to_hub[source], obj, f"{source} to {self.hub}", run_plain)
             hub["apiVersion"] = f"{self.group}/{self.hub}"
         converted = hub
         if target != self.hub:
-            converted = await _call(self.from_hub[target], hub, f"{self.hub} to {target}")
+            converted = await _call(self.from_hub[target], hub, f"{self.hub} to {target}", run_plain)
         converted["apiVersion"] = desired_api_version
         return converted
 
@@ -123,21 +143,59 @@ def _describe(obj: JSON) -> str:
     return f"{obj.get('kind', 'object')} {namespace + '/' if namespace else ''}{name}"
 
 
-async def _call(function: ConversionFunction, obj: JSON, direction: str) -> JSON:
+async def _in_thread(function: Callable[[JSON], Any], obj: JSON, what: str) -> Any:
+    return await asyncio.to_thread(function, obj)
+
+
+def _is_async(function: object) -> bool:
+    # A callable object's async __call__ counts too; partials of async functions are unwrapped by inspect.
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
+        getattr(function, "__call__", None)  # noqa: B004
+    )
+
+
+def _identity(obj: object, part: str) -> object:
+    """``obj``'s ``kind`` or one of its ``metadata`` fields (``None`` when absent)."""
+    if not isinstance(obj, dict):
+        return None
+    if part == "kind":
+        return obj.get("kind")
+    metadata = obj.get("metadata")
+    return metadata.get(part.partition(".")[2]) if isinstance(metadata, dict) else None
+
+
+async def _call(
+    function: ConversionFunction, obj: JSON, direction: str, run_plain: PlainRunner | None = None
+) -> JSON:
+    # Taken first: the function may change obj in place.
+    before, described = {part: _identity(obj, part) for part in IDENTITY}, _describe(obj)
     try:
-        result: Any = function(obj)
+        if _is_async(function):
+            result: Any = function(obj)
+        else:  # in a thread: a blocking call must not stall every cluster's webhooks
+            run = run_plain or _in_thread
+            result = await run(function, obj, f"converting {described} from {direction}")
         if inspect.isawaitable(result):
             result = await result
     except ConversionFailed as error:
-        raise ConversionFailed(f"converting {_describe(obj)} from {direction}: {error}") from error
+        raise ConversionFailed(f"converting {described} from {direction}: {error}") from error
     except Exception as error:
         # The type only: an exception's text may hold anything (a field's value, a secret), and
-        # this message goes to the client. The server logs the traceback (see its _convert).
+        # this message goes to the client. The server logs the traceback (see converting.py).
         raise ConversionFailed(
-            f"converting {_describe(obj)} from {direction} failed: {type(error).__name__}"
+            f"converting {described} from {direction} failed: {type(error).__name__}"
         ) from error
     if not isinstance(result, dict):
         raise ConversionFailed(
-            f"converting {_describe(obj)} from {direction} returned a {type(result).__name__}, not an object"
+            f"converting {described} from {direction} returned a {type(result).__name__}, not an object"
         )
+    for part in IDENTITY:
+        # Checked here, not left to the API server: its error names no object and the operator's
+        # log would have nothing.
+        after = _identity(result, part)
+        if after != before[part]:
+            raise ConversionFailed(
+                f"converting {described} from {direction} changed {part} from {before[part]!r} "
+                f"to {after!r}; a conversion must keep kind, name, namespace and uid"
+            )
     return result

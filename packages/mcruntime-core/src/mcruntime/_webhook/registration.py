@@ -17,8 +17,11 @@ version) is emptied, not left to refuse writes with a CA nobody holds.
 
 On disengage the configurations stay unless ``remove_on_disengage`` is set:
 removing a validating webhook silently is a security decision, not a cleanup.
-A CRD's conversion settings always stay: without them a CRD served in several
-versions cannot be read at all.
+A CRD's conversion settings always stay: removed, the CRD falls back to the
+``None`` strategy, under which a write in a version other than the storage
+one silently loses the fields the storage schema lacks. A converted CRD a
+cluster does not serve is skipped (the next check looks again), never allowed
+to stop the others from being written.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from .._base.backoff import DEFAULT_BACKOFF, Backoff
-from .._base.errors import NotFound
+from .._base.errors import KindNotFound, NotFound
 from .._base.kind import Kind
 from .._fleet.cluster import Cluster
 from .review import JSON
@@ -246,14 +249,17 @@ class Registrar:
                 ]
                 yield kind, configuration, _configuration(kind, configuration, webhooks)
         for conversion in list(server.conversions.values()):
-            plural = (
-                conversion.resource
-                or (
-                    await cluster.client.resource(
-                        Kind(f"{conversion.group}/{conversion.hub}", conversion.kind)
-                    )
-                ).plural
-            )
+            plural = conversion.resource
+            if plural is None:
+                hub = Kind(f"{conversion.group}/{conversion.hub}", conversion.kind)
+                try:
+                    plural = (await cluster.client.resource(hub)).plural
+                except KindNotFound:
+                    # As a missing CRD when the plural is given (see apply): it holds nothing to
+                    # convert, and raising here would leave every later CRD with a stale CA bundle.
+                    # The next check looks again.
+                    log.debug("cluster %r: no CRD serves %s; not setting its conversion", name, hub)
+                    continue
             patch = {
                 "spec": {
                     "conversion": {

@@ -39,9 +39,10 @@ from . import h2conn
 from .accept import Accepted, Open
 from .calling import as_json, cancelled_here, failed, in_context, not_served, now, resume, run_handler
 from .certs import CertificateFiles, CertificateSource, SelfSignedCertificates
+from .converting import Converting
 from .exchange import BodyLost, BodyTooLarge, Call, Reply, answer_limit, caller_timeout
 from .h2conn import Http2Connection
-from .handlers import AdmissionHook, Conversion, ConversionFailed
+from .handlers import AdmissionHook, Conversion
 from .metrics import UNMATCHED, WebhookMetrics
 from .options import WebhookOptions
 from .registration import CRD, MUTATING, VALIDATING, Registrar
@@ -54,7 +55,6 @@ from .review import (
     conversion_response,
     decode,
     encode,
-    object_names,
     parse_admission,
     parse_conversion,
     snapshot,
@@ -135,6 +135,7 @@ class WebhookServer:
         self._unengaged_named: set[str] = set()  # clusters whose calls were refused, logged once each
         self.port: int | None = None
         self.registrar: Registrar = Registrar(self, field_manager=field_manager)
+        self._converting = Converting(self.options.max_concurrent_per_cluster)
 
     def __repr__(self) -> str:
         where = f"port {self.port}" if self.port is not None else "not listening"
@@ -553,46 +554,6 @@ class WebhookServer:
         except ReviewError as error:
             return Reply.text(400, str(error))
         limit = answer_limit(call, self.options.handler_timeout)
-        try:
-            async with asyncio.timeout(limit), lane:
-                converted = [
-                    await conversion.convert(obj, review.desired_api_version) for obj in review.objects
-                ]
-        except ConversionFailed as error:
-            if error.__cause__ is not None and not isinstance(error.__cause__, ConversionFailed):
-                # A function that raised: its traceback in the log, only its type in the answer.
-                log.error("cluster %r: %s", name, error, exc_info=error.__cause__)
-            else:
-                log.warning("cluster %r: %s", name, error)  # a refusal: its message is for the client
-            return as_json(conversion_response(review.uid, None, str(error)))
-        except TimeoutError:
-            message = (
-                f"converting {len(review.objects)} {conversion.kind}.{conversion.group} "
-                f"({object_names(review.objects)}) to {review.desired_api_version} "
-                f"took over {limit}s"
-            )
-            log.error("cluster %r: %s", name, message)
-            return as_json(conversion_response(review.uid, None, message))
-        except asyncio.CancelledError as error:
-            if cancelled_here():
-                if not self._closing:
-                    raise
-                resume()
-                message = (
-                    f"converting {conversion.kind}.{conversion.group} ({object_names(review.objects)}) "
-                    "was cut short: the webhook server is shutting down"
-                )
-                log.warning("cluster %r: %s", name, message)
-                return as_json(conversion_response(review.uid, None, message))
-            message = f"converting {conversion.kind}.{conversion.group} failed: CancelledError"
-            log.error("cluster %r: %s", name, message, exc_info=error)
-            return as_json(conversion_response(review.uid, None, message))
-        try:
-            return as_json(conversion_response(review.uid, converted))
-        except TypeError as error:  # a value that is not JSON, or nesting too deep (orjson: 254)
-            message = (
-                f"converting {conversion.kind}.{conversion.group} ({object_names(review.objects)}) gave "
-                f"objects that cannot be encoded as JSON: {error}"
-            )
-            log.error("cluster %r: %s", name, message)
-            return as_json(conversion_response(review.uid, None, message))
+        return await self._converting.answer(
+            name, review, conversion, lane, limit=limit, closing=lambda: self._closing
+        )
