@@ -227,3 +227,23 @@ async def readyz(manager: mcr.Manager) -> tuple[int, str]:
     url = manager.endpoints.url("/readyz") + "?verbose"
     async with aiohttp.ClientSession() as session, session.get(url) as response:
         return response.status, await response.text()
+
+
+FAKE_DISCOVERY: dict[str, object] = {
+    "/version": {"major": "1", "minor": "36", "gitVersion": "v1.36.4"},
+    "/api": {"kind": "APIVersions", "versions": ["v1"]},
+    "/apis": {"kind": "APIGroupList", "groups": []},
+    "/api/v1": {
+        "kind": "APIResourceList",
+        "groupVersion": "v1",
+        "resources": [
+            {
+                "name": "configmaps",
+                "kind": "ConfigMap",
+                "namespaced": True,
+                "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+            }
+        ],
+    },
+}
+"""What a fake API server answers to discovery: enough for a Cluster to engage and use ConfigMaps."""

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from kube_helpers import FAKE_DISCOVERY
 
 import mcruntime as mcr
 from mcruntime._client import answers
@@ -27,18 +28,6 @@ from mcruntime.testing._pki import CertificateAuthority
 
 TOKEN = "hostile-test-token-6f1c2b9a8d7e4c3b2a19"
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
-_DISCOVERY: dict[str, object] = {
-    "/version": {"major": "1", "minor": "36", "gitVersion": "v1.36.4"},
-    "/api": {"kind": "APIVersions", "versions": ["v1"]},
-    "/apis": {"kind": "APIGroupList", "groups": []},
-    "/api/v1": {
-        "kind": "APIResourceList",
-        "groupVersion": "v1",
-        "resources": [
-            {"name": "configmaps", "kind": "ConfigMap", "namespaced": True, "verbs": ["get", "list", "watch"]}
-        ],
-    },
-}
 
 # The test's answer to one request: (status, body) or, for a watch, the lines of its stream.
 Answer = Callable[[str, str], Awaitable[tuple[int, bytes] | list[bytes]]]
@@ -50,8 +39,8 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ans
             head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
             method, target, _version = head.split("\r\n", 1)[0].split(" ", 2)
             path = target.split("?", 1)[0]
-            if path in _DISCOVERY:
-                got: tuple[int, bytes] | list[bytes] = (200, orjson.dumps(_DISCOVERY[path]))
+            if path in FAKE_DISCOVERY:
+                got: tuple[int, bytes] | list[bytes] = (200, orjson.dumps(FAKE_DISCOVERY[path]))
             else:
                 got = await answer(method, target)
             if isinstance(got, list):  # a watch: chunked lines, then the end of the stream

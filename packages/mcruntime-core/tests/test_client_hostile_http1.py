@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from kube_helpers import FAKE_DISCOVERY
 
 import mcruntime as mcr
 from mcruntime._client import http1, transport
@@ -38,23 +39,6 @@ SENT = 4 << 20
 OPTIONS = mcr.ClusterOptions(retry=mcr.RetryPolicy(attempts=3, base_delay=0.01))
 """Retries that would show (and quickly) if an answer refused for its size were asked for again."""
 
-DISCOVERY: dict[str, object] = {
-    "/version": {"major": "1", "minor": "31", "gitVersion": "v1.31.0"},
-    "/api": {"kind": "APIVersions", "versions": ["v1"]},
-    "/apis": {"kind": "APIGroupList", "groups": []},
-    "/api/v1": {
-        "kind": "APIResourceList",
-        "groupVersion": "v1",
-        "resources": [
-            {
-                "name": "configmaps",
-                "kind": "ConfigMap",
-                "namespaced": True,
-                "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
-            }
-        ],
-    },
-}
 
 Route = Callable[[str, str, asyncio.StreamWriter], Awaitable[bool]]
 """Given a request's method and target (discovery aside), write an answer; ``False`` closes the connection."""
@@ -76,7 +60,7 @@ class Hostile:
                 head = await reader.readuntil(b"\r\n\r\n")
                 method, target, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
                 self.requests.append((method, target))
-                known = DISCOVERY.get(target.split("?")[0])
+                known = FAKE_DISCOVERY.get(target.split("?")[0])
                 if known is not None:
                     body = json.dumps(known).encode()
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
