@@ -109,6 +109,10 @@ class DirectoryWatcher:
                 halt.set()
                 stopping.cancel()
                 await asyncio.wait((ended,))
+                # ``ended`` is the thread's last act, but the thread is still alive while it
+                # returns: joining takes no longer than that return, and afterwards no
+                # watch thread of this owner is left for anyone to see.
+                watching.join()
             error = ended.exception()
             if error is None:
                 return
