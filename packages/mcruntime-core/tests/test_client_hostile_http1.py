@@ -26,7 +26,7 @@ import pytest
 from kube_helpers import FAKE_DISCOVERY
 
 import mcruntime as mcr
-from mcruntime._client import http1, transport
+from mcruntime._client import http1, tls_socket, transport
 from mcruntime._client.http1 import AnswerTooLarge, RequestPool
 from mcruntime.testing import wait_until
 from mcruntime.testing._pki import CertificateAuthority
@@ -168,6 +168,59 @@ async def test_a_head_that_never_ends_is_refused_at_the_bound_before_the_parser_
             pool.close()
     # The parser copies an unfinished value on each read: it must never hold more than the bound.
     assert sum(fed) <= http1.MAX_HEADER_BYTES + http1.HEAD_FRAMING_BYTES
+
+
+CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "start",
+    [CHUNKED + chunk(b"{}") + b"0\r\nX-Trailer: ", CHUNKED + b"2;ext="],
+    ids=["trailer-value", "chunk-extension"],
+)
+@pytest.mark.usefixtures("small_bounds")
+async def test_bytes_after_the_head_that_never_make_progress_are_refused_within_a_read_of_the_bound(
+    start: bytes, ca: CertificateAuthority, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by a review: after the head nothing was counted, and a trailer whose value never
+    # ended cost the loop time quadratic in its length (18 MiB: 1.6 s) and memory without end.
+    fed: list[int] = []
+    feed = http1._Connection._feed
+
+    def counted(self: http1._Connection, data: bytes) -> bool:
+        fed.append(len(data))
+        return feed(self, data)
+
+    monkeypatch.setattr(http1._Connection, "_feed", counted)
+    async with hostile(endless(start, b"a" * 4096), ca, tmp_path) as server:
+        pool = RequestPool(server.url, ssl.create_default_context(cadata=ca.cert_pem.decode()))
+        try:
+            with pytest.raises(AnswerTooLarge, match="over 17 KiB after its head that are neither body"):
+                await pool.request("GET", LIST_PATH, None, {}, None, 5.0)
+        finally:
+            pool.close()
+    bound = http1.MAX_HEADER_BYTES + http1.HEAD_FRAMING_BYTES
+    assert sum(fed) <= len(start) + bound + tls_socket._READ_SIZE, fed
+
+
+@pytest.mark.usefixtures("small_bounds")
+async def test_a_chunked_answer_with_trailers_and_tiny_chunks_is_answered(
+    ca: CertificateAuthority, tmp_path: Path
+) -> None:
+    body = b"0123456789" * 4_000  # 40,000 chunks of one byte: framing far past the bound, body all along
+
+    async def route(_method: str, _target: str, writer: asyncio.StreamWriter) -> bool:
+        writer.write(CHUNKED + b"".join(chunk(body[i : i + 1]) for i in range(len(body))))
+        writer.write(b"0\r\nX-Trailer: " + b"t" * 8_000 + b"\r\n\r\n")
+        return True
+
+    async with hostile(route, ca, tmp_path) as server:
+        pool = RequestPool(server.url, ssl.create_default_context(cadata=ca.cert_pem.decode()))
+        try:
+            status, _headers, answer = await pool.request("GET", LIST_PATH, None, {}, None, 5.0)
+        finally:
+            pool.close()
+    assert (status, answer) == (200, body)
 
 
 @pytest.mark.usefixtures("small_bounds")

@@ -132,6 +132,8 @@ class _Connection(asyncio.Protocol):
         self._headers: list[tuple[bytes, bytes]] = []
         self._header_bytes = 0
         self._head_room: int | None = None  # bytes the head may still take; None once it ended
+        self._quiet = 0  # bytes after the head since the last body bytes or trailer
+        self._moved = False  # the last read brought body bytes or a trailer
         self._body: list[bytes] = []
         self._body_bytes = 0
         self._status = 0
@@ -152,17 +154,38 @@ class _Connection(asyncio.Protocol):
             return
         room = self._head_room
         if room is not None:  # counted before the parser sees them: it would not tell us in time
-            if len(data) > room:
-                head, data = data[:room], data[room:]
-                self._head_room = 0
-                if head and not self._feed(head):
-                    return
-                if self._head_room is not None:
-                    self._fail(_too_many_headers(), too_large=True)
-                    return
-            else:
+            if len(data) <= room:
                 self._head_room = room - len(data)
-        self._feed(data)
+                self._feed(data)
+                return
+            head, data = data[:room], data[room:]
+            self._head_room = 0
+            if head and not self._feed(head):
+                return
+            if not self._head_ended():
+                self._fail(_too_many_headers(), too_large=True)
+                return
+            if not data:
+                return
+        # After the head, bytes that bring neither body nor a whole trailer (chunk extensions, a
+        # trailer whose value never ends) are bounded as a head is: the parser copies an
+        # unfinished value on every read. A read that moved the answer on may hide up to its
+        # own length of such bytes, so the stretch is bounded within one read of the limit.
+        quiet = self._quiet + len(data)
+        self._moved = False
+        if not self._feed(data):
+            return
+        self._quiet = 0 if self._moved else quiet
+        if self._quiet > MAX_HEADER_BYTES + HEAD_FRAMING_BYTES and self._waiter is not None:
+            self._fail(
+                f"the server's answer has over {(MAX_HEADER_BYTES + HEAD_FRAMING_BYTES) // 1024} KiB "
+                "after its head that are neither body nor a whole trailer",
+                too_large=True,
+            )
+
+    def _head_ended(self) -> bool:
+        """Whether the parser has seen the whole head (a method: the parse moves it, behind mypy's back)."""
+        return self._head_room is None
 
     def _feed(self, data: bytes) -> bool:
         """Parse ``data``; ``False`` when the answer failed (and the connection was dropped)."""
@@ -201,6 +224,7 @@ class _Connection(asyncio.Protocol):
             raise _Refused("the server sent an answer to no request")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._moved = True  # a trailer, after the head
         self._header_bytes += len(name) + len(value)
         if self._header_bytes > MAX_HEADER_BYTES:
             raise _TooLarge(_too_many_headers())
@@ -213,6 +237,7 @@ class _Connection(asyncio.Protocol):
         self._status = self._parser.get_status_code()
 
     def on_body(self, body: bytes) -> None:
+        self._moved = True
         self._body_bytes += len(body)
         if self._body_bytes > MAX_BODY_BYTES:
             raise _TooLarge(f"the server's answer is over {MAX_BODY_BYTES >> 20} MiB")
@@ -257,6 +282,7 @@ class _Connection(asyncio.Protocol):
         waiter: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._waiter = waiter
         self._head_room = MAX_HEADER_BYTES + HEAD_FRAMING_BYTES
+        self._quiet = 0
         transport.write(request)
         return await waiter
 
