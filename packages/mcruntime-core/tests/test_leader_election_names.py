@@ -35,6 +35,7 @@ from mcruntime.testing import ControlPlane, Fleet, admin_config, running, wait_u
 NAMESPACE = mcr.Kind("v1", "Namespace")
 POLICY = mcr.Kind("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy")
 BINDING = mcr.Kind("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding")
+WEBHOOKS = mcr.Kind("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration")
 LOG = "mcruntime.leaderelection"
 
 LONGEST_NAME = ".".join(["a" * 63] * 3 + ["b" * 61])
@@ -136,6 +137,33 @@ def test_mcruntime_run_refuses_the_flag_before_importing_the_target(
     assert "is not a DNS" in err, err
 
 
+@pytest.mark.parametrize("namespace", BAD_NAMESPACES)
+def test_a_shard_namespace_that_is_no_dns_label_is_refused_by_the_settings_the_flag_and_the_config(
+    namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Found by a review: the shard Leases' namespace was not checked, so replicas campaigned
+    # forever for Leases the API server refused.
+    with pytest.raises(mcr.SettingsError) as refused:
+        mcr.ManagerSettings.load(sharding=True, shard_namespace=namespace)
+    message = str(refused.value)
+    assert (
+        f"MCRUNTIME_SHARD_NAMESPACE={namespace!r}: the shard Leases' namespace is not a DNS label" in message
+    )
+    argv = ["run", "no_such_module_anywhere:build", "--sharding", f"--shard-namespace={namespace}", "--check"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"mcruntime run: error: invalid settings: --shard-namespace {namespace!r}: "), err
+    with pytest.raises(
+        ValueError, match=re.escape(f"sharding namespace {namespace!r}: the Leases' namespace")
+    ):
+        mcr.ShardingConfig(namespace=namespace)
+
+
+def test_the_shard_namespace_is_not_checked_while_sharding_is_off() -> None:
+    assert mcr.ManagerSettings.load(shard_namespace="..").sharded_coordinator() is None
+    assert mcr.ShardingConfig(namespace=LONGEST_NAMESPACE).namespace == LONGEST_NAMESPACE
+
+
 @pytest.mark.parametrize("name", BAD_NAMES)
 def test_a_config_built_in_code_refuses_a_name_naming_the_parameter(name: str) -> None:
     with pytest.raises(ValueError, match=re.escape(f"LeaderElectionConfig name={name!r}: the Lease's name")):
@@ -235,6 +263,31 @@ async def test_another_refusal_is_logged_again_and_passing_errors_are_no_trouble
         assert len(_warnings(caplog, "first refusal")) == 1
         assert len(_warnings(caplog, "second refusal")) == 1
         assert "second refusal" in (elector.problem() or "")
+
+
+async def test_a_5xx_that_outlasts_a_lease_is_named_once_at_warning_and_by_problem(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Found by a review: a 500 at every attempt (a broken admission webhook on Leases) was
+    # logged at DEBUG only, and the standby that would never lead said ready forever.
+    caplog.set_level(logging.DEBUG, LOG)
+    elector = LeaderElector(mcr.LeaderElectionConfig(name="leader", namespace="ns", **QUICK))
+    hub = _Answers((500, "InternalError", "failed calling webhook"))
+    async with _campaigning(elector, hub):
+        await wait_until(lambda: elector.problem() is not None, what="the lasting 500 named")
+        calls = hub.calls
+        assert calls > 2, calls  # the first attempts were passing: none of them was named
+        await wait_until(lambda: hub.calls >= calls + 5, what="five more attempts")
+        problem = elector.problem()
+        assert problem is not None
+        assert problem.startswith(
+            "leader election ns/leader: every attempt for over 0.3s failed; the last: "
+        ), problem
+        assert "500 InternalError" in problem and "failed calling webhook" in problem, problem
+        assert len(_warnings(caplog, "failed calling webhook")) == 1, _warnings(
+            caplog, "failed calling webhook"
+        )
+        assert not elector.leading.is_set()
 
 
 # --- against a real API server -----------------------------------------------------------------
@@ -387,5 +440,102 @@ async def test_a_lease_the_api_server_refuses_fails_readyz_and_is_named_once_at_
             for kind, name in ((BINDING, policy), (POLICY, policy)):
                 with suppress(mcr.NotFound):
                     await admin.client.delete(kind, name)
+            with suppress(mcr.NotFound):
+                await admin.client.delete(NAMESPACE, namespace)
+
+
+def _unreachable_webhook(name: str, namespace: str) -> dict[str, Any]:
+    """A webhook on Leases in ``namespace`` that nobody serves, failing closed: the API server answers 500."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": f"{name}.mcruntime.test",
+                "clientConfig": {"url": "https://127.0.0.1:1/validate"},  # loopback, nothing listens
+                "rules": [
+                    {
+                        "apiGroups": ["coordination.k8s.io"],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["leases"],
+                    }
+                ],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 1,
+            }
+        ],
+    }
+
+
+async def _webhook_in_force(admin: mcr.Cluster, lease: str, namespace: str) -> bool:
+    probe = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": lease, "namespace": namespace},
+    }
+    try:
+        await admin.client.create(probe)
+    except mcr.APIError as error:
+        return error.status == 500
+    await admin.client.delete(LEASE, lease, namespace=namespace)
+    return False
+
+
+async def test_a_broken_webhook_on_leases_fails_readyz_once_it_outlasts_a_lease_and_recovers(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The API server's own 500 ("failed calling webhook") at every attempt: named, not passing forever."""
+    caplog.set_level(logging.INFO, "mcruntime")
+    plane = fleet["cluster-1"]
+    namespace, lease, hook = unique("le-broken"), unique("lease"), unique("broken-hook")
+    async with mcr.Cluster("admin", admin_config(plane)) as admin:
+        await admin.client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        try:
+            await admin.client.create(_unreachable_webhook(hook, namespace))
+            await wait_until(
+                lambda: _webhook_in_force(admin, lease, namespace), what="the broken webhook in force"
+            )
+            election = mcr.LeaderElectionConfig(name=lease, namespace=namespace, identity="blocked", **FAST)
+            manager = mcr.Manager(
+                local=admin_config(plane),
+                leader_election=election,
+                health_probe_address="127.0.0.1:0",
+                handle_signals=False,
+            )
+            elector = manager.elector
+            assert elector is not None
+            async with running(manager):
+
+                async def named() -> bool:
+                    _status, body = await readyz(manager)
+                    return "[-]coordination failed: " in body
+
+                await wait_until(named, what="the coordination line failing")
+                status, body = await readyz(manager)
+                assert status != 200, body
+                line = next(line for line in body.splitlines() if line.startswith("[-]coordination"))
+                assert f"leader election {namespace}/{lease}: every attempt for over 3s failed" in line, line
+                assert "failed calling webhook" in line, line
+                warnings = _warnings(caplog, f"{namespace}/{lease}")
+                assert len(warnings) == 1 and "cannot campaign: every attempt" in warnings[0], warnings
+                assert not elector.leading.is_set()
+
+                await admin.client.delete(WEBHOOKS, hook)
+                await wait_until(elector.leading.is_set, what="leading once the webhook is gone")
+
+                async def ready() -> bool:
+                    status, _body = await readyz(manager)
+                    return status == 200
+
+                await wait_until(ready, what="/readyz passing once the Lease is taken")
+                assert len(_warnings(caplog, "cannot campaign")) == 1
+        finally:
+            with suppress(mcr.NotFound):
+                await admin.client.delete(WEBHOOKS, hook)
             with suppress(mcr.NotFound):
                 await admin.client.delete(NAMESPACE, namespace)

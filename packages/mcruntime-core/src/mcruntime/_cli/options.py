@@ -24,7 +24,7 @@ from typing import Any, get_args
 
 from pydantic import ValidationError
 
-from .._manager.settings import ENV_PREFIX, ManagerSettings
+from .._manager.settings import ENV_PREFIX, ManagerSettings, problem_of
 from .errors import UsageError
 
 _DEST_PREFIX = "setting_"
@@ -85,7 +85,7 @@ def load_settings(flags: Mapping[str, object]) -> ManagerSettings:
                 where = f"{flag_of(field)} {flags[field]!r}"
             else:
                 where = f"{variable_of(field)}={os.environ.get(variable_of(field), '')!r}"
-            problems.append(f"{where}: {_as_given(detail['msg'], flags)}")
+            problems.append(f"{where}: {_as_given(problem_of(detail), flags)}")
         raise UsageError("invalid settings: " + "; ".join(problems)) from None
 
 

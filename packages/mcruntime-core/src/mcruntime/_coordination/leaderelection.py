@@ -61,6 +61,14 @@ def _refused(error: BaseException) -> bool:
     return isinstance(error, APIError) and 400 <= error.status < 500 and error.status not in (408, 409, 429)
 
 
+def _described(error: BaseException) -> str:
+    """An error as a line: its text, or its type where it has none (a bare ``TimeoutError``)."""
+    text = str(error)
+    if isinstance(error, APIError) or not text:
+        return text or type(error).__name__
+    return f"{type(error).__name__}: {text}"
+
+
 @dataclass(frozen=True)
 class LeaderElectionConfig:
     """Where the Lease lives and how fast leadership moves (client-go's defaults)."""
@@ -124,6 +132,7 @@ class LeaderElector:
         # Why the campaign cannot run (the Lease's namespace is missing, the identity may
         # not use Leases there); None while the hub answers the campaign. Shown by /readyz.
         self._trouble: str | None = None
+        self._trouble_key: str | None = None  # see _troubled
         # Another holder this replica read on the Lease while it led (it was deleted and
         # taken, or edited): the term is over at once. Written by the heartbeat's thread.
         self._taken_by: str | None = None
@@ -165,8 +174,10 @@ class LeaderElector:
 
         A standby that waits for the leader is fine. One whose every attempt
         is refused (no such namespace, no right to use Leases there, a 4xx
-        such as a 422 from an admission rule) will never lead, so it is named
-        as not ready instead of passing in silence.
+        such as a 422 from an admission rule), or fails for longer than a
+        Lease lasts (a 500 from a broken admission webhook, a hub that does not
+        answer), will never lead, so it is named as not ready instead of
+        passing in silence.
         """
         trouble = self._trouble
         if trouble is None:
@@ -220,28 +231,38 @@ class LeaderElector:
         )
 
     async def _acquire(self) -> None:
+        passing_since: float | None = None  # when the passing failures in a row began
         while True:
             try:
                 assert self._cluster is not None
                 won, _holder = await self._try_acquire_or_renew(self._cluster.client)
             except NotFound as error:  # the create's: there is no such namespace
                 self._troubled(f"its namespace does not exist ({error})")
-                self.failures = 0
+                self.failures, passing_since = 0, None
             except Forbidden as error:
                 self._troubled(f"forbidden: {error}")
-                self.failures = 0
+                self.failures, passing_since = 0, None
             except (APIError, OSError, TimeoutError) as error:
+                self.failures = 0
                 if _refused(error):  # a 422 for the Lease, a 400, a 401: every retry gets it again
                     self._troubled(f"the hub refuses the Lease: {error}")
-                else:  # a 5xx, a throttle, no answer: passing
-                    log.debug("leader election: %s", error)
-                self.failures = 0
+                    passing_since = None
+                else:  # a 5xx, a throttle, no answer: passing, unless it outlasts a Lease
+                    now = time.monotonic()
+                    passing_since = now if passing_since is None else passing_since
+                    if now - passing_since < self.config.lease_duration:
+                        log.debug("leader election: %s", error)
+                    else:
+                        # A 500 from a broken admission webhook on Leases never passes, and a
+                        # standby that silently never leads would look ready forever.
+                        lasted = f"every attempt for over {self.config.lease_duration:g}s failed"
+                        self._troubled(f"{lasted}; the last: {_described(error)}", key=lasted)
             except Exception as error:  # KindNotFound, a garbled Lease: keep campaigning
                 self._failed(error)
                 await self.backoff.sleep(self.failures)
                 continue
             else:
-                self.failures = 0
+                self.failures, passing_since = 0, None
                 self._untroubled()
                 if won:
                     self.leading.set()
@@ -255,9 +276,15 @@ class LeaderElector:
                     return
             await asyncio.sleep(self.config.retry_period)
 
-    def _troubled(self, reason: str) -> None:
-        """Record why the campaign is refused; logged when the reason changes, not every retry."""
-        if reason != self._trouble:
+    def _troubled(self, reason: str, *, key: str | None = None) -> None:
+        """Record why the campaign is refused; logged when the reason changes, not every retry.
+
+        ``key``: what counts as the same reason when its text varies from one
+        attempt to the next (a lasting failure, whose last error changes).
+        """
+        same = key is not None and self._trouble_key == key
+        self._trouble_key = key
+        if reason != self._trouble and not same:
             log.warning(
                 "leader election %s/%s: cannot campaign: %s; retrying every %gs",
                 self.config.namespace,
@@ -271,6 +298,7 @@ class LeaderElector:
         if self._trouble is not None:
             log.info("leader election %s/%s: campaigning again", self.config.namespace, self.config.name)
             self._trouble = None
+            self._trouble_key = None
 
     async def _lead(self, cluster: Cluster) -> None:
         """Renew from the heartbeat's thread while leading; step down when renewals stop landing.

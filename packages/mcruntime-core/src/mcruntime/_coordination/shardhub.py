@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._base.errors import APIError, Conflict, NotFound, Unreachable
 from .._base.metric import Metrics
+from .._base.names import name_problem
 from .._base.objects import JSON
 from .lease import LEASE, default_identity
 
@@ -88,6 +89,14 @@ class ShardingConfig:
             raise ValueError(
                 f"sharding group name {self.name!r} must be a lowercase DNS label of at most 40 characters"
             )
+        # The Leases' namespace: one the API server refuses (a 422, or a 500 for "..") would
+        # leave every replica campaigning forever for fences it can never write.
+        namespace: object = self.namespace
+        problem: str | None = "must be a string"
+        if isinstance(namespace, str):
+            problem = name_problem(namespace, subdomain=False)
+        if problem is not None:
+            raise ValueError(f"sharding namespace {self.namespace!r}: the Leases' namespace {problem}")
         if not self.weight > 0:
             raise ValueError(f"sharding weight must be positive, not {self.weight}")
         if not self.identity:

@@ -23,6 +23,8 @@ from .._coordination.sharding import ShardedCoordinator, ShardingConfig
 from .serving import EVERY_INTERFACE, bind_key, parse_address
 
 if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
+
     from .._webhook.options import WebhookOptions
 
 ENV_PREFIX = "MCRUNTIME_"
@@ -152,6 +154,17 @@ class ManagerSettings(BaseSettings):
                 raise ValueError(problem)
         return value
 
+    @field_validator("shard_namespace")
+    @classmethod
+    def _shard_namespace(cls, value: str, info: ValidationInfo) -> str:
+        # As the leader election's names: a namespace the API server refuses is a bad setting at
+        # start, not replicas that campaign forever. Only with sharding on (declared before this).
+        if info.data.get("sharding"):
+            problem = lease_name_problem("namespace", value)
+            if problem is not None:
+                raise ValueError(problem.replace("the Lease's", "the shard Leases'"))
+        return value
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _any_case(cls, value: object) -> object:
@@ -264,8 +277,16 @@ class ManagerSettings(BaseSettings):
                 # The value too, as `mcruntime run` shows it: a variable set by a
                 # template may not hold what its author thinks.
                 where = f"{ENV_PREFIX}{field.upper()}={detail['input']!r}" if field else "settings"
-                problems.append(f"{where}: {detail['msg']}")
+                problems.append(f"{where}: {problem_of(detail)}")
             raise SettingsError("invalid manager settings: " + "; ".join(problems)) from None
+
+
+def problem_of(detail: ErrorDetails) -> str:
+    """What pydantic found wrong, in our words: a check of ours says it without pydantic's "Value error, "."""
+    error = detail.get("ctx", {}).get("error")
+    if detail["type"] == "value_error" and isinstance(error, ValueError):
+        return str(error)
+    return detail["msg"]
 
 
 def misspelled_variables(environment: Mapping[str, str]) -> list[str]:
