@@ -33,6 +33,43 @@ def test_a_webhook_needs_a_kind_and_something_to_serve() -> None:
         mcr.webhook_managed_by(manager()).for_(KIND).complete()
 
 
+def plain_validator(_req: mcr.AdmissionRequest) -> None:
+    return None
+
+
+def plain_defaulter(req: mcr.AdmissionRequest) -> dict[str, Any] | None:
+    return req.object
+
+
+class AsyncCallable:
+    async def __call__(self, _req: mcr.AdmissionRequest) -> None:
+        return None
+
+
+def test_a_plain_function_as_validator_or_defaulter_is_refused_at_complete() -> None:
+    # Found by a review: a plain `def` passed complete(), then ran on the event loop at every
+    # call (blocking every cluster's webhooks) and failed with "object NoneType can't be used
+    # in 'await' expression".
+    with pytest.raises(mcr.BuilderError) as raised:
+        mcr.webhook_managed_by(manager()).for_(KIND).with_validator(
+            plain_validator,  # type: ignore[arg-type]  # the mistake under test
+        ).with_defaulter(
+            plain_defaulter,  # type: ignore[arg-type]  # the mistake under test
+        ).complete()
+    message = str(raised.value)
+    assert "the validator 'plain_validator' is a plain function: a validator is an `async def`" in message
+    assert "the defaulter 'plain_defaulter' is a plain function" in message
+    # What can be awaited passes: async functions, partials of them, async callables, and lambdas
+    # returning a coroutine (a lambda cannot be told from a plain function: it gets the benefit).
+    import functools
+
+    async def checks(_req: mcr.AdmissionRequest, strict: bool) -> None:
+        return None
+
+    for validator in (allow, functools.partial(checks, strict=True), AsyncCallable(), lambda req: allow(req)):
+        mcr.webhook_managed_by(manager()).for_(KIND).with_validator(validator).complete()
+
+
 def test_a_conversion_missing_a_direction_is_refused() -> None:
     with pytest.raises(mcr.BuilderError, match=r"need both to_hub and from_hub"):
         mcr.webhook_managed_by(manager()).for_(KIND).with_conversion(

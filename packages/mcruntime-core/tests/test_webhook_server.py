@@ -271,6 +271,140 @@ async def test_certificate_files_rotated_on_disk_are_picked_up(fleet: Fleet, tmp
         assert await served_certificate(server.port, context) == der(second)
 
 
+def expired_pair(directory: Path) -> bytes:
+    """A self-signed certificate that expired a day ago, and its key, written as the cert dir's pair."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "expired webhook")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=30))
+        .not_valid_after(now - datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    (directory / "tls.key").write_bytes(key_pem)
+    (directory / "tls.crt").write_bytes(cert_pem)
+    return cert_pem
+
+
+async def test_certificate_files_rotated_to_an_expired_pair_keep_the_good_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Found by a review: a pair that loads but has expired replaced the valid one, logged at
+    # INFO, and every new connection from every API server then failed its handshake.
+    from mcruntime._webhook.certs import CertificateFiles
+
+    authority = CertificateAuthority("user CA")
+    write_pair(tmp_path, authority)
+    files = CertificateFiles(tmp_path / "tls.crt", tmp_path / "tls.key")
+    await files.load()
+    good = files.not_after()
+    assert good is not None
+    expired_pair(tmp_path)
+    with caplog.at_level(logging.INFO, logger="mcruntime.webhook"):
+        assert await files.refresh() is False
+        assert await files.refresh() is False  # said once, not at every look
+    assert files.not_after() == good
+    said = [r for r in caplog.records if r.name == "mcruntime.webhook"]
+    assert [r.levelno for r in said] == [logging.WARNING], [r.getMessage() for r in said]
+    assert (
+        "changed to one that expired at" in said[0].getMessage()
+        and "serving the loaded one" in said[0].getMessage()
+    )
+    write_pair(tmp_path, authority)  # renewed: loaded again
+    assert await files.refresh() is True
+
+
+async def test_an_expired_pair_at_start_is_loaded_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from mcruntime._webhook.certs import CertificateFiles
+
+    expired_pair(tmp_path)
+    files = CertificateFiles(tmp_path / "tls.crt", tmp_path / "tls.key")
+    with caplog.at_level(logging.WARNING, logger="mcruntime.webhook"):
+        await files.load()  # nothing better to serve: /readyz names the expiry
+    assert any("expired at" in r.getMessage() for r in caplog.records if r.name == "mcruntime.webhook")
+
+
+async def test_a_call_that_waits_out_its_time_for_the_clusters_lane_says_so(fleet: Fleet) -> None:
+    # Found by a review: a call timed out waiting for its cluster's lane was answered "the
+    # validator did not answer within 9.0s" (and logged as a slow validator) although the
+    # validator never ran: a flood from one cluster read as a slow handler.
+    plane = fleet["cluster-1"]
+    manager = mcr.Manager(
+        mcr.StaticProvider({plane.name: config_of(plane)}),
+        handle_signals=False,
+        webhook=webhook_options(register=False, max_concurrent_per_cluster=1),
+    )
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def holds(req: mcr.AdmissionRequest) -> None:
+        if req.name == "holder":
+            entered.set()
+            await release.wait()
+
+    mcr.webhook_managed_by(manager).for_(KIND).with_validator(holds).complete()
+    async with running(manager):
+        await wait_for(lambda: plane.name in manager.clusters())
+        server = manager.webhook
+        bundle = server.ca_bundle()
+        assert bundle is not None
+        url = server.admission_url(plane.name, KIND, mutating=False)
+        connector = aiohttp.TCPConnector(ssl=client_context(bundle))
+        async with aiohttp.ClientSession(connector=connector) as session:
+
+            async def post(name: str, timeout: str) -> dict[str, Any]:
+                body = review()
+                body["request"]["object"]["metadata"]["name"] = name
+                body["request"]["name"] = name
+                async with session.post(f"{url}?timeout={timeout}", json=body) as response:
+                    answer: dict[str, Any] = await response.json()
+                    return answer
+
+            holder = asyncio.create_task(post("holder", "30s"))
+            await asyncio.wait_for(entered.wait(), timeout=20)
+            waited = await post("waiter", "1s")  # nine tenths of it: 0.9 s, all in the lane's queue
+            release.set()
+            held = await holder
+    message = waited["response"]["status"]["message"]
+    assert waited["response"]["allowed"] is False
+    assert (
+        f"the validator never ran: the lane of cluster '{plane.name}' was full (1 calls at once)" in message
+    ), message
+    assert held["response"]["allowed"] is True
+
+
+def test_a_timed_out_call_names_the_lane_when_the_wait_took_its_time() -> None:
+    from mcruntime._webhook.calling import lane_timeout
+
+    assert (
+        lane_timeout("validator", "east", 16, 9.0, 0.0, 0.001) == "the validator did not answer within 9.0s"
+    )
+    assert lane_timeout("defaulter", "east", 16, 9.0, 0.0, 6.5) == (
+        "the defaulter did not answer within 9.0s, 6.5s of them spent waiting for the lane of cluster 'east' "
+        "(16 calls at once)"
+    )
+    assert lane_timeout("validator", "", 4, 2.0, 0.0, None).startswith(
+        "the validator never ran: the lane of cluster '(local)' was full (4 calls at once)"
+    )
+
+
 async def test_a_self_made_certificate_is_renewed_before_it_expires() -> None:
     import contextlib
     import datetime

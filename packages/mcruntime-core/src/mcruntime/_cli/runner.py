@@ -104,12 +104,17 @@ def _outcome(manager: Manager, runner: asyncio.Task[None], *, signalled: bool) -
     if error is not None:
         log.error("the manager failed: %s: %s", type(error).__name__, error, exc_info=error)
         return ExitCode.FAILED
-    if signalled and manager.drained is False:
-        log.warning(
-            "stopped; reconciles still running after the %.0fs drain were cancelled (exit code %d)",
-            manager.graceful_shutdown_timeout,
-            ExitCode.DRAIN_TIMEOUT,
-        )
+    if signalled and (manager.drained is False or manager.webhook_calls_cut):
+        grace = f"{manager.graceful_shutdown_timeout:.0f}s"
+        cut = []
+        if manager.drained is False:
+            cut.append(f"reconciles still running after the {grace} drain were cancelled")
+        if manager.webhook_calls_cut:  # each is logged, with its object, as it is answered
+            cut.append(
+                f"{manager.webhook_calls_cut} webhook call(s) still running after the {grace} drain were "
+                "cut short and answered per their on_error"
+            )
+        log.warning("stopped; %s (exit code %d)", "; ".join(cut), ExitCode.DRAIN_TIMEOUT)
         return ExitCode.DRAIN_TIMEOUT
     log.info("stopped cleanly")
     return ExitCode.OK

@@ -130,6 +130,9 @@ class Manager:
         self.graceful_shutdown_timeout = graceful_shutdown_timeout
         self.handle_signals = handle_signals
         """Whether :meth:`start` stops on SIGTERM/SIGINT itself; a runner owning the signals turns it off."""
+        self.webhook_calls_cut: int = 0
+        """After :meth:`start` returns: webhook calls still running when the webhook server closed
+        (each answered per its ``on_error``, and logged)."""
         self.drained: bool | None = None
         """After :meth:`start` returns: whether every in-flight reconcile finished within the grace period."""
         self.local: Cluster | None = None
@@ -477,8 +480,10 @@ class Manager:
         """Run everything until :meth:`stop`, SIGTERM or SIGINT; then shut down gracefully.
 
         Shutdown stops intake, lets in-flight reconciles finish within
-        ``graceful_shutdown_timeout``, stops the provider (which stops its
-        clusters) and the local cluster, and leaves nothing running.
+        ``graceful_shutdown_timeout`` (the webhook server serves meanwhile, as
+        the pod leaves its Service), then closes the webhook server (its calls
+        in flight get what is left of the timeout), stops the provider (which
+        stops its clusters) and the local cluster, and leaves nothing running.
         """
         if self._running:
             raise RuntimeError("the manager is already running")
@@ -547,12 +552,22 @@ class Manager:
 
     async def _shutdown(self, provider_task: asyncio.Task[None] | None) -> None:
         grace = self.graceful_shutdown_timeout
+        began = time.monotonic()
         drained = await asyncio.gather(
             *(controller.shutdown(grace) for controller in self.controllers.values()), return_exceptions=True
         )
         self.drained = all(result is True for result in drained)
         if not self.drained:
             log.warning("some reconciles did not finish within %.0fs and were cancelled", grace)
+        if self._webhook is not None:
+            # Before the clusters stop: a call in flight may use the calling cluster's client
+            # (it would fail with ClusterNotFound), and one arriving now is told the server is
+            # shutting down, not that its cluster left the fleet. The calls get what is left of
+            # the grace, at least a second; each is bounded by its own timeout anyway.
+            left = max(1.0, grace - (time.monotonic() - began))
+            if self._webhook in self._awares:
+                self._awares.remove(self._webhook)
+            self.webhook_calls_cut = await self._webhook.close(grace=left)
         for task in [*self._tasks.values(), *([provider_task] if provider_task else [])]:
             task.cancel()
         await asyncio.gather(
@@ -563,10 +578,6 @@ class Manager:
         await self._loops.close()
         if self.local is not None:
             await self.local.stop()
-        if self._webhook is not None:
-            if self._webhook in self._awares:
-                self._awares.remove(self._webhook)
-            await self._webhook.close()
         await self.endpoints.stop()
 
     def _install_signal_handlers(self) -> Callable[[], None]:

@@ -3,13 +3,16 @@
 ``webhook_managed_by(mgr).for_(KIND).with_validator(v).with_defaulter(d).complete()``
 reads like controller-runtime's ``NewWebhookManagedBy``. The handlers run in
 the manager's webhook server for every engaged cluster, and each call names
-the cluster that made it. Mistakes (no ``for_``, nothing to serve, a conversion
-without a function for some version) are :class:`BuilderError` errors from
+the cluster that made it. Mistakes (no ``for_``, nothing to serve, a plain
+``def`` validator or defaulter, a conversion without a function for some
+version) are :class:`BuilderError` errors from
 ``complete``, not surprises when the first API server calls.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -146,6 +149,12 @@ class WebhookBuilder:
             problems.append("call for_(kind) first: a webhook admits one kind")
         if self._validator is None and self._defaulter is None and self._conversion is None:
             problems.append("nothing to serve: call with_validator, with_defaulter or with_conversion")
+        for role, handler in (("validator", self._validator), ("defaulter", self._defaulter)):
+            if handler is not None and not _asynchronous(handler):
+                problems.append(
+                    f"the {role} {_named(handler)} is a plain function: a {role} is an `async def`, as it "
+                    "runs on the event loop (a plain one would block every cluster's webhooks, then fail)"
+                )
         conversion: Conversion | None = None
         if kind is not None and self._conversion is not None:
             hub, to_hub, from_hub = self._conversion
@@ -189,6 +198,30 @@ class WebhookBuilder:
         return Webhooks(
             kind, self._validator is not None, self._defaulter is not None, conversion is not None
         )
+
+
+def _asynchronous(handler: object) -> bool:
+    """Whether calling ``handler`` gives an awaitable, as far as can be told without calling it.
+
+    ``async def`` functions, methods and partials of them are; so is an object
+    whose ``__call__`` is one. A plain ``def`` is not. A ``lambda`` gets the
+    benefit of the doubt: it cannot await, so returning a coroutine
+    (``lambda req: check(req)``) is what one is written for; if it returns
+    anything else, the call fails naming it.
+    """
+    if inspect.iscoroutinefunction(handler):
+        return True
+    if inspect.isfunction(handler) and handler.__name__ == "<lambda>":
+        return True
+    call = getattr(handler, "__call__", None)  # noqa: B004 -- an instance's async __call__, not callable()
+    plain = inspect.isfunction(handler) or inspect.ismethod(handler) or isinstance(handler, functools.partial)
+    if not plain:
+        return inspect.iscoroutinefunction(call)
+    return False
+
+
+def _named(handler: object) -> str:
+    return repr(getattr(handler, "__qualname__", None) or type(handler).__name__)
 
 
 def webhook_managed_by(manager: Manager) -> WebhookBuilder:

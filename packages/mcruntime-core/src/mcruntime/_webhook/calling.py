@@ -8,6 +8,7 @@ closed; and every failure becomes the answer its ``on_error`` asks for.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable
 
 from .._reconcile.context import enter_reconcile, leave_reconcile
@@ -21,7 +22,7 @@ async def run_handler(hook: AdmissionHook, review: AdmissionRequest, *, mutating
     """The defaulter's object or the validator's ``None``; a verdict that would admit by mistake raises."""
     if mutating:
         assert hook.defaulter is not None
-        returned: object = await hook.defaulter(review)
+        returned: object = await _awaited("defaulter", hook.defaulter(review))
         if returned is not None and not isinstance(returned, dict):
             raise TypeError(f"the defaulter returned a {type(returned).__name__}, not the object")
         defaulted = returned if returned is not None else review.object
@@ -32,7 +33,7 @@ async def run_handler(hook: AdmissionHook, review: AdmissionRequest, *, mutating
         return defaulted
     assert hook.validator is not None
     validate: Callable[[AdmissionRequest], Awaitable[object]] = hook.validator  # typed None; may not be
-    verdict = await validate(review)
+    verdict = await _awaited("validator", validate(review))
     if verdict is not None:
         # A validator that returns False or {"allowed": False} would otherwise admit: fail closed.
         raise TypeError(
@@ -40,6 +41,13 @@ async def run_handler(hook: AdmissionHook, review: AdmissionRequest, *, mutating
             "it returns None to admit and raises Denied to refuse"
         )
     return None
+
+
+def _awaited(what: str, called: object) -> Awaitable[object]:
+    """What a handler's call gave, if it can be awaited; the builder refuses plain functions it can tell."""
+    if not inspect.isawaitable(called):
+        raise TypeError(f"the {what} is not async: it returned a {type(called).__name__}, not an awaitable")
+    return called
 
 
 def failed(hook: AdmissionHook, review: AdmissionRequest, message: str) -> JSON | Reply:
@@ -90,3 +98,24 @@ def not_served(call: Call) -> Reply:
     """The answer for a path no webhook is registered at (the path cut to 200 characters)."""
     shown = call.path if len(call.path) <= 200 else call.path[:200] + "..."
     return Reply.text(404, f"no webhook is served at {shown!r}")
+
+
+def lane_timeout(what: str, cluster: str, width: int, limit: float, began: float, ran: float | None) -> str:
+    """Why a call ran out of time: its handler, or the wait for its cluster's lane (all of it, or part).
+
+    A call's time limit covers the wait for a place in its cluster's lane, so
+    a flood from one cluster times out calls whose handler is fast, or never ran.
+    """
+    where = f"the lane of cluster {cluster or '(local)'!r}"
+    if ran is None:
+        return (
+            f"the {what} never ran: {where} was full ({width} calls at once) for all of the {limit}s "
+            "this call had"
+        )
+    waited = ran - began
+    if waited >= 0.1 * limit:  # a wait worth naming: it took the handler's time
+        return (
+            f"the {what} did not answer within {limit}s, {waited:.1f}s of them spent waiting "
+            f"for {where} ({width} calls at once)"
+        )
+    return f"the {what} did not answer within {limit}s"

@@ -155,6 +155,12 @@ class CertificateFiles:
             ) from None
         self._digest = hashlib.sha256(cert_pem + key_pem).digest()
         self._not_after = _expiry(cert_pem)
+        if self._not_after is not None and self._not_after <= datetime.datetime.now(datetime.UTC):
+            log.warning(
+                "webhook certificate %s expired at %s: API servers will refuse it until it is renewed",
+                self.cert_file,
+                self._not_after.isoformat(),
+            )
 
     async def refresh(self) -> bool:
         try:
@@ -165,6 +171,14 @@ class CertificateFiles:
         digest = hashlib.sha256(cert_pem + key_pem).digest()
         if digest == self._digest:
             self._report(None)
+            return False
+        expires, now = _expiry(cert_pem), datetime.datetime.now(datetime.UTC)
+        if expires is not None and expires <= now and self._not_after is not None and self._not_after > now:
+            # Every new connection from every API server would fail its handshake: keep the good pair.
+            self._report(
+                f"webhook certificate {self.cert_file} changed to one that expired at {expires.isoformat()}; "
+                f"serving the loaded one (expires {self._not_after.isoformat()})"
+            )
             return False
         try:
             _load_pem(self.context, cert_pem, key_pem)

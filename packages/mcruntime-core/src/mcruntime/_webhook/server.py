@@ -37,7 +37,17 @@ from .._fleet.cluster import Cluster
 from .._reconcile.request import LOCAL_CLUSTER
 from . import h2conn
 from .accept import Accepted, Open
-from .calling import as_json, cancelled_here, failed, in_context, not_served, now, resume, run_handler
+from .calling import (
+    as_json,
+    cancelled_here,
+    failed,
+    in_context,
+    lane_timeout,
+    not_served,
+    now,
+    resume,
+    run_handler,
+)
 from .certs import CertificateFiles, CertificateSource, SelfSignedCertificates
 from .converting import Converting
 from .exchange import BodyLost, BodyTooLarge, Call, Reply, answer_limit, caller_timeout
@@ -279,12 +289,14 @@ class WebhookServer:
         else:
             await self.certificates.refresh()
 
-    async def close(self) -> None:
-        """Stop listening; calls in flight get a second to finish, then an answer per their ``on_error``.
+    async def close(self, *, grace: float = 1.0) -> int:
+        """Stop listening; calls in flight get ``grace`` seconds, then answers per their ``on_error``.
 
         A call cut short is answered (and logged), never dropped: a dropped call
         is an API server error the client cannot read, or, under
-        ``failurePolicy: Ignore``, an object admitted unchecked.
+        ``failurePolicy: Ignore``, an object admitted unchecked. The manager
+        gives what is left of its graceful shutdown timeout (each call ends by
+        its own deadline in any case). Returns how many calls were cut short.
         """
         self._closing = True
         runner, self._runner = self._runner, None
@@ -293,7 +305,7 @@ class WebhookServer:
             listener.close()
         for connection in list(self._h2_open):
             connection.drain()  # GOAWAY: the client opens nothing more here; calls in flight finish
-        await self._settled(timeout=1.0)  # a second for the calls in flight
+        await self._settled(timeout=min(grace, self.options.handler_timeout + 1.0))
         cut = [task for task in self._http1_calls if not task.done()]
         for task in cut:
             task.cancel()
@@ -314,6 +326,7 @@ class WebhookServer:
         self._h2_open.clear()
         self.port = None
         self._closing = False
+        return len(cut)
 
     async def _settled(self, timeout: float) -> None:
         """Wait until no call is in flight, over either protocol (at most ``timeout``)."""
@@ -337,10 +350,12 @@ class WebhookServer:
     async def engage(self, name: str, cluster: Cluster) -> None:
         """Open ``name``'s lane and keep its configurations current (when registering)."""
         self._lanes[name] = asyncio.Semaphore(self.options.max_concurrent_per_cluster)
+        self._unengaged_named.discard(name)  # refused again after it leaves: logged again
 
         def forget() -> None:
             if self._clusters().get(name) in (None, cluster):
                 self._lanes.pop(name, None)
+                self._unengaged_named.discard(name)
 
         cluster.on_stop(forget)
         if self.options.registers:
@@ -433,6 +448,8 @@ class WebhookServer:
             # WARNING for the first few names: a caller inventing names must not flood the log.
             level = logging.WARNING if len(self._unengaged_named) <= _WARNED_AT_MOST else logging.DEBUG
             log.log(level, "webhook call refused: %s", message)
+        else:
+            log.debug("webhook call refused: %s", message)
         data = await self._read(call)
         if isinstance(data, Reply):
             return data
@@ -513,8 +530,11 @@ class WebhookServer:
             return failed(hook, review, f"the object cannot be copied for the {what}: {error}")
         limit = self.options.handler_timeout if limit is None else limit
         deadline = asyncio.timeout(limit)
+        loop = asyncio.get_running_loop()
+        began, ran = loop.time(), None  # ran: when the call got its lane, and the handler began
         try:
             async with deadline, lane:
+                ran = loop.time()
                 result = await in_context(review, run_handler(hook, review, mutating=mutating))
         except asyncio.CancelledError as error:
             if cancelled_here():
@@ -534,8 +554,12 @@ class WebhookServer:
             if not deadline.expired():  # the handler's own timeout (a slow call it made): its error
                 log.error("webhook %s for %s raised", what, review, exc_info=error)
                 return failed(hook, review, f"the {what} failed: {type(error).__name__}")
-            log.error("webhook %s for %s took over %ss", what, review, limit)
-            return failed(hook, review, f"the {what} did not answer within {limit}s")
+            # The lane's wait counts against the limit: say which of the two took the time, or a
+            # flood from one cluster would read as a slow handler.
+            width = self.options.max_concurrent_per_cluster
+            message = lane_timeout(what, review.cluster, width, limit, began, ran)
+            log.error("webhook %s for %s: %s", what, review, message)
+            return failed(hook, review, message)
         except Exception as error:
             log.error("webhook %s for %s raised", what, review, exc_info=error)
             return failed(hook, review, f"the {what} failed: {type(error).__name__}")
