@@ -26,6 +26,36 @@ async def test_a_condition_that_hangs_fails_at_the_deadline_and_is_cancelled() -
     assert cancelled.is_set()
 
 
+async def test_a_quick_awaitable_condition_that_misses_says_what_it_last_returned() -> None:
+    # Found by a review: the last check began after the deadline, under a timeout already
+    # expired, and was cancelled at once: every miss read "its last check was still running".
+    async def quick() -> list[str]:
+        await asyncio.sleep(0.001)  # a GET that answers in a millisecond
+        return []
+
+    for _ in range(5):
+        with pytest.raises(AssertionError) as raised:
+            await wait_until(quick, timeout=0.3, interval=0.05, what="colors")
+        assert str(raised.value) == "not within 0.3s: colors (it last returned [])"
+
+
+async def test_a_check_that_hangs_after_answering_names_the_answer_before() -> None:
+    calls = 0
+
+    async def answers_then_hangs() -> bool:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            await asyncio.Event().wait()
+        return False
+
+    with pytest.raises(AssertionError) as raised:
+        await wait_until(answers_then_hangs, timeout=0.2, interval=0.01, what="ready")
+    assert str(raised.value) == (
+        "not within 0.2s: ready (its last check was still running; the one before returned False)"
+    )
+
+
 async def test_a_miss_names_the_condition_and_what_it_last_returned() -> None:
     def nothing_yet() -> list[str]:
         return []

@@ -261,8 +261,7 @@ async def test_purge_drops_a_group_and_forgets_its_backoff(timers: list[asyncio.
     assert not retry_timers[1].cancelled()
     assert queue.num_requeues(Request("gone", "retrying")) == 0
     assert queue.num_requeues(Request("stays", "retrying")) == 1
-    queue.add(held)  # still held: ignored
-    queue.add_rate_limited(held)
+    queue.add_rate_limited(held)  # the old engagement's retry of a held key: dropped
     assert queue.num_requeues(held) == 0
     queue.done(held)
     assert len(queue) == 1  # the held key did not come back
@@ -271,6 +270,24 @@ async def test_purge_drops_a_group_and_forgets_its_backoff(timers: list[asyncio.
     queue.add(held)  # once done, the key is an ordinary key again
     queue.add(Request("gone", "new"))
     assert queue.depth_by_group() == {"gone": 2}
+    queue.shut_down()
+
+
+async def test_a_held_key_added_after_its_group_was_purged_is_handed_out_once_done() -> None:
+    # Found by a review: a cluster replaced (or gone and back) while a reconcile of one of its
+    # keys ran lost that key: the new engagement's add was ignored as the old one's retry, and
+    # the object waited for its next change.
+    queue = WorkQueue[Request](rate_limiter=ExponentialBackoff(base=30.0, cap=60.0))
+    held = Request("back", "held")
+    queue.add(held)
+    assert await queue.get() == held
+    queue.purge("back")
+    queue.add(held)  # the new engagement's informer lists it
+    queue.add_rate_limited(held)  # the old reconcile's error: its backoff is not the new one's
+    assert len(queue) == 0 and queue.delayed_count == 0
+    queue.done(held)
+    assert await take(queue) == held  # taken and done: once
+    assert len(queue) == 0
     queue.shut_down()
 
 

@@ -56,10 +56,10 @@ class QueueModel(RuleBasedStateMachine):
             self.served_since_turn[key.cluster] = set()
         self.ready[key.cluster].append(key)
 
-    def _model_add(self, key: Request) -> None:
-        if self.shut or key in self.purged_while_held:
-            return
-        if key in self.held:
+    def _model_add(self, key: Request, *, retry: bool = False) -> None:
+        if self.shut or (retry and key in self.purged_while_held):
+            return  # a held key's retry after its group was purged: the old engagement's
+        if key in self.held:  # purged or not: a plain add is the group's (new) work
             self.added_while_held.add(key)
         elif key not in self.ready.get(key.cluster, []):
             self._becomes_ready(key)
@@ -72,7 +72,7 @@ class QueueModel(RuleBasedStateMachine):
     @rule(key=requests)
     def add_rate_limited(self, key: Request) -> None:
         self.queue.add_rate_limited(key)  # the limiter answers 0 s: added at once
-        self._model_add(key)
+        self._model_add(key, retry=True)
 
     @precondition(lambda self: bool(self.ready))
     @rule()
@@ -100,9 +100,8 @@ class QueueModel(RuleBasedStateMachine):
         key = data.draw(st.sampled_from(sorted(self.held)))
         self.queue.done(key)
         self.held.remove(key)
-        if key in self.purged_while_held:
-            self.purged_while_held.remove(key)
-        elif key in self.added_while_held:
+        self.purged_while_held.discard(key)
+        if key in self.added_while_held:
             self.added_while_held.remove(key)
             self._becomes_ready(key)
 

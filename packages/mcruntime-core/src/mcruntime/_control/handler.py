@@ -8,6 +8,7 @@ controller watches members and reconciles a hub object, or the reverse.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
@@ -37,7 +38,11 @@ class EventHandler(Protocol):
         ...
 
     def bind_cluster(self, name: str, cluster: Cluster) -> None:
-        """The controller attaches this handler to ``cluster`` (called again when the cluster is replaced)."""
+        """The controller attaches this handler to ``cluster`` (called again when the cluster is replaced).
+
+        A handler that keeps the cluster must let go of it when it stops
+        (``cluster.on_stop``): holding it keeps its client and caches alive.
+        """
         ...
 
     def requests(self, event: ObjectEvent) -> Iterable[Request]:
@@ -85,6 +90,14 @@ class _ForOwner(HandlerDefaults):
         """Called by the controller when it attaches this handler to a cluster (for scope lookups)."""
         if self._clusters.get(name) is not cluster:
             self._clusters[name] = cluster
+            self._scope.pop(name, None)
+            cluster.on_stop(functools.partial(self._unbind, name, cluster))
+
+    def _unbind(self, name: str, cluster: Cluster) -> None:
+        # A stopped cluster, its client and its caches must not outlive their engagement here
+        # (a fleet that replaces clusters would keep every old instance otherwise).
+        if self._clusters.get(name) is cluster:
+            del self._clusters[name]
             self._scope.pop(name, None)
 
     def _owner_namespaced(self, cluster: str) -> bool | None:

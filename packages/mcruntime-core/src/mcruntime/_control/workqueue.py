@@ -169,7 +169,7 @@ class WorkQueue(Generic[K]):
         self._needs_processing: set[K] = set()
         # Keys workers hold, with when they were taken and their group; oldest first.
         self._processing: dict[K, tuple[float, Hashable]] = {}
-        # Processing keys whose group was purged: adds are ignored until they are done.
+        # Processing keys whose group was purged: their retries are dropped until they are done.
         self._purged_processing: set[K] = set()
         # Keys waiting for a delay: when they are due (loop time) and their timer.
         self._delayed: dict[K, tuple[float, asyncio.TimerHandle]] = {}
@@ -189,7 +189,11 @@ class WorkQueue(Generic[K]):
         A key no worker holds becomes ready at the back of its group's line. A
         key a worker holds becomes ready when that worker calls ``done``.
         """
-        if self._shutting_down or key in self._needs_processing or key in self._purged_processing:
+        # A held key of a purged group may be added again: its group came back (a cluster
+        # re-engaged, or was replaced) while the old engagement's reconcile still runs. The new
+        # engagement sees the key once that reconcile is done; only the old one's retries
+        # (add_after, add_rate_limited) are dropped.
+        if self._shutting_down or key in self._needs_processing:
             return
         group = self._group_of(key)
         self._needs_processing.add(key)
@@ -301,9 +305,8 @@ class WorkQueue(Generic[K]):
         else:
             del self._busy[group]
         self._metrics.on_done(key, group, self._clock() - started)
-        if key in self._purged_processing:
-            self._purged_processing.discard(key)
-        elif key in self._needs_processing:
+        self._purged_processing.discard(key)
+        if key in self._needs_processing:  # added again, since the purge if its group was purged
             self._make_ready(key, group)
         if group in self._parked and not self._at_limit(group):
             self._parked.discard(group)
@@ -325,9 +328,10 @@ class WorkQueue(Generic[K]):
 
         For a cluster that left the fleet: its requests must not be retried
         forever. Keys of ``group`` that workers hold stay theirs until ``done``,
-        but are not queued again, even if added again before then (adds of
-        those keys are ignored until they are done). Keys of ``group`` added
-        after the purge are accepted as usual.
+        and their retries (``add_after``, ``add_rate_limited``: the old
+        engagement's) are dropped. A plain ``add`` after the purge is the group's
+        new work (the cluster came back, or was replaced): it is accepted as
+        usual, and a key still held then is handed out again once it is done.
 
         Returns:
             How many distinct keys were dropped from the ready lines and delays.

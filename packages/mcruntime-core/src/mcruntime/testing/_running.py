@@ -33,7 +33,8 @@ async def wait_until(
 
     An awaitable condition still running at the deadline is cancelled: a
     check that hangs (a stopped API server) fails the wait on time instead of
-    outliving it.
+    outliving it (the last check, begun at the deadline, gets up to half a
+    second to answer).
 
     Raises:
         AssertionError: the condition still failed at the deadline; the message
@@ -42,23 +43,35 @@ async def wait_until(
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    answered: list[object] = []  # the last check that finished, if one did
     while True:
         result = condition()
         if inspect.isawaitable(result):
+            # The last check begins at the deadline (the last sleep ends there): it still gets a
+            # moment to answer. Cancelled at once, it would read as a hung check every time.
+            now = loop.time()
+            until = deadline if now < deadline else now + min(LAST_CHECK_GRACE, timeout)
             try:
-                async with asyncio.timeout_at(deadline):
+                async with asyncio.timeout_at(until):
                     result = await result
             except TimeoutError:
                 awaited = _described(condition, what)
-                message = f"not within {timeout:g}s: {awaited} (its last check was still running)"
+                before = f"; the one before returned {_shown(answered[-1])}" if answered else ""
+                message = f"not within {timeout:g}s: {awaited} (its last check was still running{before})"
                 raise AssertionError(message) from None
         if result:
             return
+        answered[:] = [result]
         if loop.time() >= deadline:
             raise AssertionError(
                 f"not within {timeout:g}s: {_described(condition, what)} (it last returned {_shown(result)})"
             )
-        await asyncio.sleep(interval)
+        await asyncio.sleep(min(interval, deadline - loop.time()))
+
+
+LAST_CHECK_GRACE = 0.5
+"""Seconds an awaitable check begun at the deadline may take before it counts as hung (at most the
+timeout)."""
 
 
 def _described(condition: Callable[[], object], what: str | None) -> str:
