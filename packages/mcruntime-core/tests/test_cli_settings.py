@@ -172,3 +172,45 @@ def test_the_log_level_variable_takes_any_case_as_the_flag_does(monkeypatch: pyt
     monkeypatch.setenv("MCRUNTIME_LOG_LEVEL", "loud")
     with pytest.raises(mcr.SettingsError, match="MCRUNTIME_LOG_LEVEL='loud'"):
         mcr.ManagerSettings.load()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["run", "--check"], ["rbac", "--name", "op", "--namespace", "ops"]],
+    ids=["run-check", "rbac"],
+)
+async def test_variables_a_factory_without_settings_ignores_are_refused(
+    command: list[str], tmp_path: Path
+) -> None:
+    # Found by a review: a Deployment's MCRUNTIME_LEADER_ELECTION=true reached no manager whose
+    # factory ignored settings; --check passed, rbac left out the Lease rules, and two replicas
+    # were both active. Only flags were checked.
+    (tmp_path / "good.py").write_text(NO_SETTINGS)
+    env = {name: value for name, value in os.environ.items() if not name.startswith("MCRUNTIME_")}
+    env |= {
+        "MCRUNTIME_LEADER_ELECTION": "true",
+        "MCRUNTIME_METRICS_BIND_ADDRESS": ":8080",  # the default: ignoring it changes nothing
+        "MCRUNTIME_LOG_LEVEL": "warning",  # the command's own
+    }
+    subcommand, *rest = command
+    code, _out, err = await mcruntime(subcommand, f"{tmp_path / 'good.py'}:nosettings", *rest, env=env)
+    assert code == 2, err
+    assert (
+        "MCRUNTIME_LEADER_ELECTION='true' given, but the factory built its Manager without settings: "
+        "use Manager.from_settings() or take a 'settings' parameter"
+    ) in err, err
+    assert "METRICS_BIND_ADDRESS" not in err and "LOG_LEVEL" not in err, err
+
+
+def test_a_variable_and_a_flag_ignored_together_are_named_each_as_given() -> None:
+    manager = mcr.Manager(mcr.StaticProvider())
+    mcr.controller_managed_by(manager).for_(CONFIGMAP).complete(_noop)
+    environment = {"MCRUNTIME_SHARDING": "true", "MCRUNTIME_SHARD_NAMESPACE": "ops"}
+    settings = mcr.ManagerSettings.load(
+        sharding=True, shard_namespace="ops", health_probe_bind_address=":9000"
+    )
+    found = problems(manager, {"health_probe_bind_address": ":9000"}, settings, environment)
+    assert found == [
+        "--health-probe-bind-address, MCRUNTIME_SHARDING='true', MCRUNTIME_SHARD_NAMESPACE='ops' given, but the "
+        "factory built its Manager without settings: use Manager.from_settings() or take a 'settings' parameter"
+    ]

@@ -9,11 +9,13 @@ building does so before the check, as it would in ``run``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from .._control.source import KindSource
 from .._manager.manager import Manager
-from .options import flag_of
+from .._manager.settings import ManagerSettings
+from .options import flag_of, variable_of
 
 
 def describe(manager: Manager) -> list[str]:
@@ -62,7 +64,12 @@ def _source(source: KindSource, has_provider: bool) -> str:
     return f"{source.kind.kind} ({source.kind.api_version}) in {scope}{filtered}"
 
 
-def problems(manager: Manager, flags: Mapping[str, object]) -> list[str]:
+def problems(
+    manager: Manager,
+    flags: Mapping[str, object],
+    settings: ManagerSettings | None = None,
+    environment: Mapping[str, str] = os.environ,
+) -> list[str]:
     """What makes this manager unfit to run; empty when it passes."""
     found = []
     if not manager.controllers and not manager.provider:
@@ -73,7 +80,7 @@ def problems(manager: Manager, flags: Mapping[str, object]) -> list[str]:
         for source in controller.sources:
             if _source(source, manager.has_provider).endswith("in no cluster"):
                 found.append(f"controller {name!r} watches {source.kind.kind} in no cluster")
-    ignored = ignored_flags(manager, flags)
+    ignored = ignored_flags(manager, flags, settings, environment)
     if ignored is not None:
         found.append(ignored)
     return found
@@ -83,17 +90,33 @@ APPLIED_BY_THE_COMMAND = frozenset({"log_level", "log_format", "event_loop"})
 """Settings the command applies itself (logging, the loop), whatever the factory does with the rest."""
 
 
-def ignored_flags(manager: Manager, flags: Mapping[str, object]) -> str | None:
-    """Why the flags given never reached ``manager`` (its factory ignored settings); ``None`` if they did.
+def ignored_flags(
+    manager: Manager,
+    flags: Mapping[str, object],
+    settings: ManagerSettings | None = None,
+    environment: Mapping[str, str] = os.environ,
+) -> str | None:
+    """Why the settings given never reached ``manager`` (its factory ignored settings); ``None`` if they did.
 
-    Flags in :data:`APPLIED_BY_THE_COMMAND` took effect before the factory ran,
-    so a factory without settings does not lose them.
+    Flags, and ``MCRUNTIME_*`` variables whose value is not the default (what
+    a Deployment sets: ``MCRUNTIME_LEADER_ELECTION=true`` ignored would leave
+    two active replicas, in silence). Settings in :data:`APPLIED_BY_THE_COMMAND`
+    took effect before the factory ran, so a factory without settings does
+    not lose them.
     """
-    ignored = [name for name in flags if name not in APPLIED_BY_THE_COMMAND]
-    if not ignored or manager.settings is not None:
+    if manager.settings is not None:
         return None
-    given = ", ".join(flag_of(name) for name in ignored)
+    given = [flag_of(name) for name in flags if name not in APPLIED_BY_THE_COMMAND]
+    if settings is not None:
+        for name, field in ManagerSettings.model_fields.items():
+            variable = variable_of(name)
+            if name in flags or name in APPLIED_BY_THE_COMMAND or variable not in environment:
+                continue
+            if getattr(settings, name) != field.get_default(call_default_factory=True):
+                given.append(f"{variable}={environment[variable]!r}")
+    if not given:
+        return None
     return (
-        f"{given} given, but the factory built its Manager without settings: "
+        f"{', '.join(given)} given, but the factory built its Manager without settings: "
         "use Manager.from_settings() or take a 'settings' parameter"
     )

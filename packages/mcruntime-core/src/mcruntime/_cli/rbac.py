@@ -63,7 +63,7 @@ async def _render(
     manager = await load_manager(arguments, settings)
     # RBAC generated for a manager the flags never reached would lack what they ask for
     # (a --leader-election without its Lease rules): refuse, as run --check does.
-    ignored = [found for found in (ignored_flags(manager, flags),) if found is not None]
+    ignored = [found for found in (ignored_flags(manager, flags, settings),) if found is not None]
     misspelled = misspelled_variables(os.environ)  # a setting never read: its rules would be missing
     if ignored or misspelled:
         raise UsageError("; ".join([*ignored, *misspelled]))

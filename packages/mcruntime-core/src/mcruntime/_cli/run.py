@@ -62,7 +62,7 @@ async def _run(
 ) -> ExitCode:
     log.debug("event loop: %s", type(asyncio.get_running_loop()).__module__)
     manager = await load_manager(arguments, settings)
-    found = problems(manager, flags) + misspelled_variables(os.environ)
+    found = problems(manager, flags, settings) + misspelled_variables(os.environ)
     if arguments.check:
         for line in describe(manager):
             print(line)
