@@ -294,3 +294,48 @@ def test_a_relist_of_one_namespace_leaves_the_others_alone() -> None:
     assert informer._synced.is_set() and informer.resource_version == ""
     informer._replace({}, "30", "a")
     assert deleted == ["a/x"] and sorted(informer.store.objects) == ["b/y", "b/z"]
+
+
+async def test_a_cache_read_asks_what_the_client_asks_of_the_kind_and_its_scope(fleet: Fleet) -> None:
+    # Found by a review: a read of a kind the cluster does not serve held the reconcile for the
+    # sync timeout (60 s) at every attempt, where the client raises KindNotFound at once; and a
+    # namespace that does not fit the kind's scope answered "absent" (to a reconciler: deleted),
+    # where the client refuses a missing one and ignores one a cluster-scoped kind does not take.
+    async with running_cluster(fleet["cluster-1"], "reads") as cluster:
+        namespace = await new_namespace(cluster, "reads")
+        await cluster.client.create(configmap("present", namespace, v="1"))
+        typo = mcr.Kind("v1", "ConfigMapp")
+        for read in (
+            cluster.client.get(typo, "x", namespace=namespace),
+            cluster.cache.get_or_none(typo, "x", namespace=namespace),
+        ):
+            with pytest.raises(mcr.KindNotFound, match="serves no ConfigMapp in v1"):
+                await read
+        with pytest.raises(mcr.KindNotFound):
+            await cluster.cache.list(typo, namespace=namespace)
+        assert not [informer for informer in cluster.cache.informers() if informer.kind == typo]
+        # A namespaced kind without a namespace: refused, by the client and the cache alike.
+        for read in (
+            cluster.client.get(CONFIGMAP, "present"),
+            cluster.cache.get_or_none(CONFIGMAP, "present"),
+        ):
+            with pytest.raises(ValueError, match="ConfigMap is namespaced: give a namespace for 'present'"):
+                await read
+        # A cluster-scoped kind with a namespace: the namespace does not apply, for either.
+        live = await cluster.client.get(NAMESPACE, namespace, namespace="kube-system")
+        cached = await cluster.cache.get_or_none(NAMESPACE, namespace, namespace="kube-system")
+        assert cached is not None and cached["metadata"]["name"] == live["metadata"]["name"] == namespace
+        listed = await cluster.cache.list(NAMESPACE, namespace="kube-system")
+        assert namespace in {obj["metadata"]["name"] for obj in listed}
+        await cluster.client.delete(NAMESPACE, namespace)
+
+
+async def test_a_cluster_scoped_read_with_a_namespace_passes_a_namespace_scoped_cache(fleet: Fleet) -> None:
+    # A cache of one namespace holds cluster-scoped kinds whole: a namespace given with one of
+    # their reads is not "outside the cache".
+    options = mcr.ClusterOptions(cache_namespace="default")
+    async with running_cluster(fleet["cluster-2"], "scoped", options) as cluster:
+        found = await cluster.cache.get_or_none(NAMESPACE, "kube-system", namespace="elsewhere")
+        assert found is not None and found["metadata"]["name"] == "kube-system"
+        with pytest.raises(mcr.NamespaceNotCached):
+            await cluster.cache.get_or_none(CONFIGMAP, "x", namespace="elsewhere")

@@ -58,9 +58,17 @@ class CacheSyncTimeout(TimeoutError):
     """An informer did not finish its first list in time."""
 
 
-async def synced(informer: Informer, cluster: str, timeout: float) -> Informer:
-    """``informer`` once its first list is in, or :class:`CacheSyncTimeout` (naming ``cluster``)."""
-    if not informer.has_synced and not await informer.wait_for_sync(timeout):
+async def synced(informer: Informer, cluster: str, timeout: float, client: Client) -> Informer:
+    """``informer`` once its first list is in, or :class:`CacheSyncTimeout` (naming ``cluster``).
+
+    A kind the cluster does not serve (a typo, a CRD not installed there yet)
+    raises ``KindNotFound`` at once, as the client does, instead of holding
+    the read for ``timeout`` while the informer retries.
+    """
+    if informer.has_synced:
+        return informer
+    await client.resource(informer.kind)  # discovery, cached: refreshed once when the kind is missing
+    if not await informer.wait_for_sync(timeout):
         raise CacheSyncTimeout(
             f"cluster {cluster!r}: the cache of {informer.kind} did not sync within {timeout:.0f}s"
             + (f" (last error: {informer.stats.last_error})" if informer.stats.last_error else "")
@@ -118,6 +126,7 @@ class Cache:
         # informer once made is never replaced, so both hold for the cache's life.
         self._scopes: dict[Kind, _KindScope] = {}
         self._default_views: dict[tuple[Kind, bool], Informer] = {}
+        self._namespaced: dict[Kind, bool] = {}  # learnt from discovery at a kind's first read
         self._indexes: dict[Kind, dict[str, IndexFunc]] = {}
 
     @property
@@ -247,7 +256,27 @@ class Cache:
         if informer is not None and informer.has_synced:
             return informer  # every read after the first: no scope to work out, nothing to wait for
         informer = self.informer(kind, metadata_only=metadata_only)
-        return await synced(informer, self.cluster, self._sync_timeout)
+        return await synced(informer, self.cluster, self._sync_timeout, self.client)
+
+    async def _learn_scope(self, kind: Kind) -> bool:
+        """Whether ``kind`` is namespaced, from discovery (once per kind); ``KindNotFound`` if not served."""
+        namespaced = self._namespaced[kind] = (await self.client.resource(kind)).namespaced
+        return namespaced
+
+    def _read_namespace(
+        self, kind: Kind, name: str | None, namespace: str | None, namespaced: bool
+    ) -> str | None:
+        """The namespace a read addresses, as the client would: none for a cluster-scoped kind.
+
+        A namespaced object asked for without a namespace is refused, as the
+        live client refuses it: "absent" would tell a reconciler it was deleted.
+        """
+        if not namespaced:
+            return None
+        if not namespace and name is not None:
+            raise ValueError(f"{kind.kind} is namespaced: give a namespace for {name!r}")
+        self._check_namespace(kind, namespace)
+        return namespace
 
     async def wait_for_sync(self, timeout: float | None = None) -> bool:
         """Wait for every informer started so far; ``False`` if ``timeout`` passed first."""
@@ -285,9 +314,15 @@ class Cache:
 
         For reconcilers where a missing object is the ordinary case (it was
         deleted), so no exception is needed to say so. A namespace outside the
-        cache's scope still raises :class:`NamespaceNotCached`.
+        cache's scope still raises :class:`NamespaceNotCached`. As with the
+        client, a cluster-scoped kind's read ignores ``namespace``, a namespaced
+        kind's needs one (``ValueError``), and a kind the cluster does not serve
+        raises ``KindNotFound``.
         """
-        self._check_namespace(kind, namespace)
+        namespaced = self._namespaced.get(kind)
+        if namespaced is None:
+            namespaced = await self._learn_scope(kind)
+        namespace = self._read_namespace(kind, name, namespace, namespaced)
         informer = await self._synced(kind, metadata_only)
         found = informer.get(f"{namespace}/{name}" if namespace else name)
         return json_copy(found) if found is not None else None
@@ -306,7 +341,10 @@ class Cache:
         Without ``namespace`` the answer merges every cached namespace; with one
         outside the cache's scope it raises :class:`NamespaceNotCached`.
         """
-        self._check_namespace(kind, namespace)
+        namespaced = self._namespaced.get(kind)
+        if namespaced is None:
+            namespaced = await self._learn_scope(kind)
+        namespace = self._read_namespace(kind, None, namespace, namespaced)
         informer = await self._synced(kind, metadata_only)
         if index is not None:
             candidates = informer.store.by_index(*index)

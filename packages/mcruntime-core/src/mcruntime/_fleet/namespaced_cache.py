@@ -232,7 +232,8 @@ class NamespacedCache(Cache):
 
     async def _read(self, kind: Kind, namespace: str | None, metadata_only: bool) -> Informer:
         self._check(namespace)
-        return await synced(self.informer(kind, metadata_only=metadata_only), self.cluster, self._timeout)
+        informer = self.informer(kind, metadata_only=metadata_only)
+        return await synced(informer, self.cluster, self._timeout, self._view_client)
 
     async def get(
         self, kind: Kind, name: str, *, namespace: str | None = None, metadata_only: bool = False
