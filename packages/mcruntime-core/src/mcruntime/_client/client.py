@@ -21,6 +21,7 @@ from .._base.objects import JSON, to_json_shape
 from .answers import json_answer, list_page, next_page, watch_event
 from .discovery import Discovery
 from .permissions import refused_by_authorization, verb_of
+from .server_warnings import ServerWarnings
 from .transport import Transport
 from .watching import MAX_WATCH_EVENT_BYTES as MAX_WATCH_EVENT_BYTES
 from .watching import Lines, WatchRequest
@@ -88,6 +89,7 @@ class Client:
         self.discovery: Discovery = discovery or Discovery(transport)
         self.field_manager: str | None = field_manager
         self._cluster = cluster
+        self._warnings = ServerWarnings()
 
     @property
     def cluster(self) -> str:
@@ -134,6 +136,8 @@ class Client:
         )
         if status >= 300:  # what a refusal says goes into errors and logs: never the credential
             raw = self.transport.redact(raw)
+        else:
+            self._warnings.note(self.cluster, headers, method, resource.kind, namespace, name, body)
         decoded = _decode(raw)
         self._note_permission(status, decoded, verb_of(method, name), resource, namespace, subresource)
         if status < 300:

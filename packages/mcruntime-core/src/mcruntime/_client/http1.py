@@ -102,6 +102,16 @@ class Headers(Mapping[str, str]):
                 items[key] = f"{items[key]}, {text}" if key in items else text
         return items
 
+    def values_of(self, name: bytes) -> list[str]:
+        """Each value of header ``name`` (lower-case) on its own, without decoding the rest.
+
+        For headers that may repeat and whose values cannot be split once joined
+        (``Warning``: a quoted text may hold the comma).
+        """
+        size = len(name)
+        raw = self._raw
+        return [value.decode("latin-1") for key, value in raw if len(key) == size and key.lower() == name]
+
     def __getitem__(self, name: str) -> str:
         return self._decoded()[name.lower()]
 
