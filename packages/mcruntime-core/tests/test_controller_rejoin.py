@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import weakref
 
 import pytest
@@ -113,5 +114,48 @@ async def test_owns_lets_go_of_the_clusters_that_left(fleet: Fleet) -> None:
             return [repr(ref()) for ref in gone if ref() is not None]
 
         await wait_until(lambda: not alive(), what="no departed cluster alive")
+    async with mcr.Cluster("cleanup", admin_config(plane)) as cleanup:
+        await cleanup.client.delete(NAMESPACE, namespace)
+
+
+async def test_a_reconcile_whose_cluster_left_meanwhile_is_dropped_and_says_why(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Found by a review: its next request failed "Unreachable ... the cluster was stopped", and
+    # the log said "failed (retry 0)", a retry that never came (the cluster was purged).
+    plane = fleet["cluster-3"]
+    namespace = await _namespace(plane, ["held"])
+    provider = mcr.StaticProvider({"leaving": admin_config(plane)})
+    manager = mcr.Manager(provider, handle_signals=False)
+    entered, release = asyncio.Event(), asyncio.Event()
+    name = unique("leaving")
+
+    async def reconcile(request: mcr.Request) -> None:
+        cluster = await manager.get_cluster(request.cluster)
+        entered.set()
+        await release.wait()
+        await cluster.client.get(CONFIGMAP, request.name, namespace=request.namespace)  # after the stop
+
+    mcr.controller_managed_by(manager).named(name).for_(CONFIGMAP, namespace=namespace).complete(reconcile)
+    caplog.set_level(logging.INFO, "mcruntime.controller")
+    async with running(manager):
+        await asyncio.wait_for(entered.wait(), timeout=30)
+        await provider.remove("leaving")
+        release.set()
+
+        def said() -> list[str]:
+            return [
+                r.getMessage()
+                for r in caplog.records
+                if r.name == "mcruntime.controller" and name in r.getMessage()
+            ]
+
+        await wait_until(lambda: any("dropped" in line for line in said()), what="the drop logged")
+    lines = said()
+    assert any(
+        f"{name}: " in line and "dropped: cluster 'leaving' left while it was reconciled" in line
+        for line in lines
+    ), lines
+    assert not [line for line in lines if "retry" in line], lines
     async with mcr.Cluster("cleanup", admin_config(plane)) as cleanup:
         await cleanup.client.delete(NAMESPACE, namespace)

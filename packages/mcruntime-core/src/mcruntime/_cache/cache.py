@@ -347,6 +347,12 @@ class Cache:
         namespace = self._read_namespace(kind, None, namespace, namespaced)
         informer = await self._synced(kind, metadata_only)
         if index is not None:
+            if index[0] not in self._indexes.get(kind, {}):
+                known = ", ".join(repr(name) for name in self.indexes(kind)) or "none"
+                raise KeyError(
+                    f"cluster {self.cluster!r}: {kind} has no index named {index[0]!r} (it has: {known}); "
+                    "index_field registers one (Manager.index_field is a coroutine: await it)"
+                )
             candidates = informer.store.by_index(*index)
             if namespace is not None:
                 candidates = [obj for obj in candidates if metadata(obj).get("namespace") == namespace]

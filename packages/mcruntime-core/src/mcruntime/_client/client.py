@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import orjson
 
-from .._base.errors import NotFound, Unreachable, error_from_status
+from .._base.errors import APIError, NotFound, Unreachable, error_from_status
 from .._base.kind import Kind, Resource
 from .._base.objects import JSON, to_json_shape
 from .answers import json_answer, list_page, next_page, watch_event
@@ -143,6 +143,18 @@ class Client:
         if status < 300:
             json_answer(decoded, self.cluster, resource.kind, f"{method} {resource.plural}")
         else:
+            if status == 404 and subresource is not None and subresource not in resource.subresources:
+                # As NotFound it would read as "the object is gone" to a reconciler's except NotFound.
+                raise APIError(
+                    f"{resource.kind} ({resource.api_version}) has no {subresource!r} subresource; "
+                    f"write its {subresource} with update() or patch()",
+                    cluster=self.cluster,
+                    status=status,
+                    reason="NoSuchSubresource",
+                    kind=resource.kind,
+                    namespace=namespace,
+                    name=name,
+                )
             retry_after = headers.get("Retry-After")
             raise error_from_status(
                 status,

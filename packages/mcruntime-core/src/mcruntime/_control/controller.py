@@ -33,7 +33,7 @@ from .._reconcile.request import ReconcileFunction, Request
 from .gates import LeaderGate, RequestGate
 from .longrun import LONG_RECONCILE_AFTER, watch_long_reconciles
 from .outcomes import ParkedRequests, ReconcileStats, apply_failure, apply_result, log_cut_short
-from .predicate import ObjectEvent, Predicate, matches
+from .predicate import ObjectEvent, Predicate, describe_event, matches
 from .ratelimit import RateLimiter, default_rate_limiter
 from .source import Attachment, ChannelSource, KindSource
 from .workqueue import QueueMetrics, QueueShutDown, WorkQueue
@@ -262,8 +262,11 @@ class Controller:
     def _dispatch(self, source: KindSource | ChannelSource, event: ObjectEvent) -> None:
         if not matches(source.predicates, event) or not matches(self._event_filters, event):
             return
-        for request in source.handler.requests(event):
-            self._add(request)
+        try:
+            for request in source.handler.requests(event):
+                self._add(request)
+        except Exception:  # a map function's bug: the event is lost, so say whose and which
+            log.exception("controller %s: %r failed on %s", self.name, source.handler, describe_event(event))
 
     def _add(self, request: Request) -> None:
         if self.gate is None or self.gate.admits(request.cluster):
@@ -559,11 +562,12 @@ class Controller:
     async def _reconcile_one(self, request: Request) -> None:
         token = enter_reconcile(self.name, request)
         guard = enter_write_check(self.write_check)
-        started = time.monotonic()
+        started, engaged = time.monotonic(), self._engaged.get(request.cluster)
         try:
             result = await self._reconcile(request)
         except Exception as error:
-            outcome = apply_failure(self.name, self.queue, self.stats, request, error, self._park)
+            left = engaged is not None and self._engaged.get(request.cluster) is not engaged
+            outcome = apply_failure(self.name, self.queue, self.stats, request, error, self._park, left=left)
         else:
             outcome = apply_result(self.name, self.queue, self.stats, request, result)
         finally:

@@ -9,6 +9,7 @@ controller watches members and reconciles a hub object, or the reverse.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
@@ -180,5 +181,16 @@ class _Mapped(HandlerDefaults):
 
 
 def enqueue_mapped(function: MapFunction) -> EventHandler:
-    """Reconcile whatever ``function(cluster, object)`` returns; requests may name any cluster."""
+    """Reconcile whatever ``function(cluster, object)`` returns; requests may name any cluster.
+
+    ``function`` is a plain function: it runs in the informer's callback, for
+    every event, so it must not block or await (read what it needs from the
+    object; look further in the reconcile it asks for).
+    """
+    if inspect.iscoroutinefunction(function):
+        name = getattr(function, "__qualname__", repr(function))
+        raise TypeError(
+            f"enqueue_mapped({name}): a map function is a plain function returning requests, "
+            "not an async one (it runs in the informer's callback for every event)"
+        )
     return _Mapped(function)

@@ -77,17 +77,23 @@ def apply_failure(
     request: Request,
     error: Exception,
     park: Callable[[Request, Unreachable], bool],
+    *,
+    left: bool = False,
 ) -> str:
     """Count a reconcile that raised ``error``, queue its request as the error asks; the outcome's name.
 
     Only a reconciler's own bug gets a traceback: the errors the runtime
     expects (a cluster gone, a fence, a conflict, a missing permission, a
     cluster not answering) get one line naming the request and what comes next.
+    ``left``: the request's cluster left (or was replaced) while the reconcile
+    ran, so a client error that followed is its stopping, and nothing is retried
+    here (a replacement's informer hands the object to the new engagement).
     """
-    if isinstance(error, ClusterNotFound):
+    if isinstance(error, ClusterNotFound) or (left and isinstance(error, Unreachable)):
         stats.dropped_cluster_gone += 1
         queue.forget(request)
-        log.info("controller %s: %s dropped: cluster %r is gone", controller, request, request.cluster)
+        why = "is gone" if not left else f"left while it was reconciled ({error})"
+        log.info("controller %s: %s dropped: cluster %r %s", controller, request, request.cluster, why)
         return "dropped"
     if isinstance(error, Fenced):
         # The replica's share or leadership lapsed mid-reconcile, and the write was not sent.

@@ -28,6 +28,14 @@ class ObjectEvent:
     old: JSON | None = field(default=None, compare=False)
 
 
+def describe_event(event: ObjectEvent) -> str:
+    """An event as a log line names it: ``update of ConfigMap apps/cfg in cluster 'east'``."""
+    meta = event.object.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    where = f"{meta.get('namespace')}/{meta.get('name')}" if meta.get("namespace") else str(meta.get("name"))
+    return f"{event.type} of {event.object.get('kind', 'an object')} {where} in cluster {event.cluster!r}"
+
+
 Predicate = Callable[[ObjectEvent], bool]
 """Decides whether an event reaches the work queue; combine them with ``all_of``/``any_of``/``negate``."""
 
