@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,9 +55,16 @@ time.sleep(300)
 """
 
 
-def _killed_fleet(*argv: str) -> Path:
-    """A process that starts a fleet and is SIGKILLed: its directory, as it was left."""
-    process = subprocess.Popen([sys.executable, "-c", _KILLED, *argv], stdout=subprocess.PIPE, text=True)
+def _killed_fleet(*argv: str, tmpdir: Path | None = None) -> Path:
+    """A process that starts a fleet and is SIGKILLed: its directory, as it was left.
+
+    ``tmpdir``: the process's temporary directory (where a fleet without a
+    ``workdir`` makes its own).
+    """
+    environment = {**os.environ, "TMPDIR": str(tmpdir)} if tmpdir is not None else None
+    process = subprocess.Popen(
+        [sys.executable, "-c", _KILLED, *argv], stdout=subprocess.PIPE, text=True, env=environment
+    )
     try:
         assert process.stdout is not None
         workdir, *pids = process.stdout.readline().split()
@@ -69,18 +79,36 @@ def _killed_fleet(*argv: str) -> Path:
     return Path(workdir)
 
 
-def test_the_next_start_removes_the_directory_a_killed_fleet_made_for_itself() -> None:
-    workdir = _killed_fleet()
-    assert workdir.parent == Path(tempfile.gettempdir())
+@pytest.fixture
+def private() -> Iterator[Path]:
+    """A directory no other fleet sweeps: not the temporary directory's top, not pytest's root.
+
+    Every fleet's start sweeps both for dead owners' key material: another test
+    process starting one meanwhile (the suite's other worker) would clean the
+    killed fleet's directory before the test looks at it.
+    """
+    directory = Path(tempfile.mkdtemp(prefix="mcruntime-leftovers-test-"))
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_the_next_start_removes_the_directory_a_killed_fleet_made_for_itself(
+    private: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    workdir = _killed_fleet(tmpdir=private)
+    assert workdir.parent == private
     assert "cluster-1/admin.key" in _secrets(workdir)
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
     sweep_abandoned()  # what the next fleet's start does first
     assert not workdir.exists()
 
 
-def test_the_next_session_deletes_the_keys_a_killed_fleet_left_in_a_given_directory(tmp_path: Path) -> None:
-    workdir = _killed_fleet(str(tmp_path / "session" / "testbed0"))
+def test_the_next_session_deletes_the_keys_a_killed_fleet_left_in_a_given_directory(private: Path) -> None:
+    workdir = _killed_fleet(str(private / "session" / "testbed0"))
     assert "cluster-1/sa.key" in _secrets(workdir)
-    sweep_abandoned([tmp_path])
+    sweep_abandoned([private])
     assert _secrets(workdir) == []
     assert list((workdir / "cluster-1" / "logs").glob("*.log")), "the logs went too"
 
