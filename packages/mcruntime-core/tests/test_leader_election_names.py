@@ -375,6 +375,43 @@ async def _policy_in_force(admin: mcr.Cluster, lease: str, namespace: str) -> bo
     return False
 
 
+@asynccontextmanager
+async def _campaign_in_trouble(
+    plane: ControlPlane, namespace: str, lease: str, identity: str
+) -> AsyncIterator[tuple[mcr.Manager, LeaderElector, str]]:
+    """A replica campaigning for ``lease`` on ``plane``, once ``/readyz`` names its trouble: its line."""
+    election = mcr.LeaderElectionConfig(name=lease, namespace=namespace, identity=identity, **FAST)
+    manager = mcr.Manager(
+        local=admin_config(plane),
+        leader_election=election,
+        health_probe_address="127.0.0.1:0",
+        handle_signals=False,
+    )
+    elector = manager.elector
+    assert elector is not None
+    async with running(manager):
+
+        async def named() -> bool:
+            _status, body = await readyz(manager)
+            return "[-]coordination failed: " in body
+
+        await wait_until(named, what="the coordination line failing")
+        status, body = await readyz(manager)
+        assert status != 200, body
+        assert not elector.leading.is_set()
+        yield manager, elector, next(line for line in body.splitlines() if line.startswith("[-]coordination"))
+
+
+async def _leads_and_is_ready(manager: mcr.Manager, elector: LeaderElector, why: str) -> None:
+    await wait_until(elector.leading.is_set, what=f"leading once {why}")
+
+    async def ready() -> bool:
+        status, _body = await readyz(manager)
+        return status == 200
+
+    await wait_until(ready, what="/readyz passing once the Lease is taken")
+
+
 async def test_a_lease_the_api_server_refuses_fails_readyz_and_is_named_once_at_warning(
     fleet: Fleet, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -390,26 +427,8 @@ async def test_a_lease_the_api_server_refuses_fails_readyz_and_is_named_once_at_
             await wait_until(
                 lambda: _policy_in_force(admin, lease, namespace), what="the admission policy in force"
             )
-            election = mcr.LeaderElectionConfig(name=lease, namespace=namespace, identity="refused", **FAST)
-            manager = mcr.Manager(
-                local=admin_config(plane),
-                leader_election=election,
-                health_probe_address="127.0.0.1:0",
-                handle_signals=False,
-            )
-            elector = manager.elector
-            assert elector is not None
-            async with running(manager):
+            async with _campaign_in_trouble(plane, namespace, lease, "refused") as (manager, elector, line):
                 refused_before = await _refusals(plane, policy)
-
-                async def named() -> bool:
-                    _status, body = await readyz(manager)
-                    return "[-]coordination failed: " in body
-
-                await wait_until(named, what="the coordination line failing")
-                status, body = await readyz(manager)
-                assert status != 200, body
-                line = next(line for line in body.splitlines() if line.startswith("[-]coordination"))
                 assert f"leader election {namespace}/{lease}: the hub refuses the Lease: " in line, line
                 assert "422 Invalid" in line and "the test's admission policy refuses" in line, line
                 # Several refused attempts later, still one warning for the one error.
@@ -421,17 +440,10 @@ async def test_a_lease_the_api_server_refuses_fails_readyz_and_is_named_once_at_
                 assert len(warnings) == 1, warnings
                 assert "cannot campaign: the hub refuses the Lease" in warnings[0], warnings[0]
                 assert "422 Invalid" in warnings[0], warnings[0]
-                assert not elector.leading.is_set()
 
                 # The hub takes the Lease again: the replica leads, and /readyz passes.
                 await admin.client.delete(BINDING, policy)
-                await wait_until(elector.leading.is_set, what="leading once the policy is unbound")
-
-                async def ready() -> bool:
-                    status, _body = await readyz(manager)
-                    return status == 200
-
-                await wait_until(ready, what="/readyz passing once the Lease is taken")
+                await _leads_and_is_ready(manager, elector, "the policy is unbound")
                 assert any(
                     "campaigning again" in r.getMessage() and lease in r.getMessage() for r in caplog.records
                 )
@@ -500,39 +512,14 @@ async def test_a_broken_webhook_on_leases_fails_readyz_once_it_outlasts_a_lease_
             await wait_until(
                 lambda: _webhook_in_force(admin, lease, namespace), what="the broken webhook in force"
             )
-            election = mcr.LeaderElectionConfig(name=lease, namespace=namespace, identity="blocked", **FAST)
-            manager = mcr.Manager(
-                local=admin_config(plane),
-                leader_election=election,
-                health_probe_address="127.0.0.1:0",
-                handle_signals=False,
-            )
-            elector = manager.elector
-            assert elector is not None
-            async with running(manager):
-
-                async def named() -> bool:
-                    _status, body = await readyz(manager)
-                    return "[-]coordination failed: " in body
-
-                await wait_until(named, what="the coordination line failing")
-                status, body = await readyz(manager)
-                assert status != 200, body
-                line = next(line for line in body.splitlines() if line.startswith("[-]coordination"))
+            async with _campaign_in_trouble(plane, namespace, lease, "blocked") as (manager, elector, line):
                 assert f"leader election {namespace}/{lease}: every attempt for over 3s failed" in line, line
                 assert "failed calling webhook" in line, line
                 warnings = _warnings(caplog, f"{namespace}/{lease}")
                 assert len(warnings) == 1 and "cannot campaign: every attempt" in warnings[0], warnings
-                assert not elector.leading.is_set()
 
                 await admin.client.delete(WEBHOOKS, hook)
-                await wait_until(elector.leading.is_set, what="leading once the webhook is gone")
-
-                async def ready() -> bool:
-                    status, _body = await readyz(manager)
-                    return status == 200
-
-                await wait_until(ready, what="/readyz passing once the Lease is taken")
+                await _leads_and_is_ready(manager, elector, "the webhook is gone")
                 assert len(_warnings(caplog, "cannot campaign")) == 1
         finally:
             with suppress(mcr.NotFound):
