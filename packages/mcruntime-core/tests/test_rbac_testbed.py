@@ -253,6 +253,11 @@ async def test_a_member_rule_missing_is_named_for_that_member_and_recovers_when_
         status = deployment.manager.provider.statuses()["cluster-3"]  # type: ignore[union-attr]
         assert denied in status.missing_permissions
         assert status.phase is mcr.ClusterPhase.UNHEALTHY and denied in (status.error or "")
+        # The metrics read the same record: an alert on mcruntime_cluster_healthy == 0 fires.
+        sample = deployment.manager.registry.get_sample_value
+        assert sample("mcruntime_cluster_healthy", {"cluster": "cluster-3"}) == 0
+        assert sample("mcruntime_cluster_healthy", {"cluster": "cluster-2"}) == 1
+        assert sample("mcruntime_engaged_clusters", {"state": "unhealthy"}) == 1
 
         # The rest of the fleet keeps working.
         await deployment.create_widget("during")
@@ -261,6 +266,8 @@ async def test_a_member_rule_missing_is_named_for_that_member_and_recovers_when_
         await deployment.grant("cluster-3", "member")
         await wait_until(lambda: _passes(deployment), timeout=RECOVERY)
         assert deployment.manager.provider.statuses()["cluster-3"].missing_permissions == ()  # type: ignore[union-attr]
+        assert sample("mcruntime_cluster_healthy", {"cluster": "cluster-3"}) == 1
+        assert sample("mcruntime_engaged_clusters", {"state": "unhealthy"}) == 0
         await deployment.create_widget("after")
         await wait_until(lambda: deployment.copied_to("cluster-3", "after"), timeout=60)
 
@@ -276,6 +283,9 @@ async def test_a_hub_rule_missing_is_named_for_the_hub_and_recovers_when_granted
         await wait_until(lambda: _names(deployment, "cluster:local", denied), timeout=10)
         local = deployment.manager.local
         assert local is not None and denied in local.health.missing_permissions
+        sample = deployment.manager.registry.get_sample_value
+        assert sample("mcruntime_cluster_healthy", {"cluster": "local"}) == 0
+        assert sample("mcruntime_engaged_clusters", {"state": "unhealthy"}) == 1
 
         # The rest of the fleet keeps working: the copies are made, only the status is refused.
         for member in MEMBERS:
@@ -286,6 +296,7 @@ async def test_a_hub_rule_missing_is_named_for_the_hub_and_recovers_when_granted
         await wait_until(lambda: _passes(deployment), timeout=RECOVERY)
         await wait_until(lambda: deployment.copies("after"), timeout=60)
         assert local.health.missing_permissions == ()
+        assert sample("mcruntime_cluster_healthy", {"cluster": "local"}) == 1
 
 
 async def _names(deployment: Deployment, line: str, denied: str) -> bool:

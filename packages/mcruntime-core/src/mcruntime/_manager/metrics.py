@@ -31,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .._base.metric import Metrics
+from .._client.health import HealthState
 from .._reconcile.request import Request
 from .hot_series import CounterFamily, HistogramFamily
 
@@ -45,6 +46,31 @@ _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 
 def _cluster_label(group: Hashable) -> str:
     return str(group) if group else "local"
+
+
+def cluster_health(name: str, cluster: Cluster, states: dict[str, str]) -> tuple[str, bool]:
+    """A cluster's state (engaging, ready, unhealthy) and whether it is healthy, from its one health record.
+
+    The record ``statuses()`` and ``/readyz`` read: a cluster is unhealthy
+    when its probe fails, when a permission it needs is missing or when one of
+    its loops is failing, not only when its probe got a bad answer. The
+    provider's state (from ``statuses()``) is taken as it is, except that it
+    never says ready for a cluster with such trouble; a cluster the provider
+    does not report (the local one) is judged as ``ClusterSet`` judges its own.
+    """
+    health = cluster.health
+    unknown = health.state is HealthState.UNKNOWN
+    trouble = (
+        health.state is HealthState.UNHEALTHY
+        or bool(health.missing_permissions)
+        or bool(cluster.failing_loops())
+    )
+    state = states.get(name)
+    if state is None:  # ClusterSet's order: a failing probe, no answer yet, then the rest
+        state = "engaging" if unknown else "unhealthy" if trouble else "ready"
+    elif state == "ready" and trouble:
+        state = "unhealthy"
+    return state, health.healthy and not trouble and state != "unhealthy"
 
 
 class _Discarded:
@@ -296,8 +322,8 @@ class _LiveCollector(Collector):
             "mcruntime_engaged_clusters", "Engaged clusters by state.", labels=["state"]
         )
         counts: dict[str, int] = {"engaging": 0, "ready": 0, "unhealthy": 0}
-        for name, cluster in clusters.items():
-            state = states.get(name) or ("ready" if cluster.health.healthy else "unhealthy")
+        judged = {name: cluster_health(name, cluster, states) for name, cluster in clusters.items()}
+        for state, _healthy in judged.values():
             counts[state] = counts.get(state, 0) + 1
         for state, count in sorted(counts.items()):
             by_state.add_metric([state], count)
@@ -309,7 +335,8 @@ class _LiveCollector(Collector):
         )
         healthy = GaugeMetricFamily(
             "mcruntime_cluster_healthy",
-            "1 when the cluster's health probe got a good answer.",
+            "1 when the cluster is healthy as statuses() and /readyz say: its health probe got a good "
+            "answer, no permission it needs is missing and none of its loops is failing.",
             labels=["cluster"],
         )
         relists = CounterMetricFamily(
@@ -335,7 +362,7 @@ class _LiveCollector(Collector):
         for name, cluster in sorted(clusters.items()):
             label = _cluster_label(name)
             health = cluster.health
-            healthy.add_metric([label], 1.0 if health.healthy else 0.0)
+            healthy.add_metric([label], 1.0 if judged[name][1] else 0.0)
             if health.last_error_at is not None:
                 last_error.add_metric([label], health.last_error_at)
             # One series per kind: a kind may have several informers (scopes, a metadata view).
