@@ -37,6 +37,7 @@ from .hot_series import CounterFamily, HistogramFamily
 
 if TYPE_CHECKING:
     from .._control.controller import Controller
+    from .._coordination.leaderelection import LeaderElector
     from .._fleet.cluster import Cluster
 
 _F = TypeVar("_F", CounterFamily, HistogramFamily)
@@ -119,6 +120,7 @@ class ManagerMetrics:
         controllers: Callable[[], Iterable[Controller]],
         clusters: Callable[[], dict[str, Cluster]],
         states: Callable[[], dict[str, str]],
+        elector: LeaderElector | None = None,
     ) -> None:
         self.registry: CollectorRegistry = CollectorRegistry(auto_describe=True)
         registry = self.registry
@@ -199,7 +201,7 @@ class ManagerMetrics:
             "Long-lived loops (informers, health probes, leader election, ...) that died and were restarted.",
             ("loop",),
         )
-        registry.register(_LiveCollector(controllers, clusters, states))
+        registry.register(_LiveCollector(controllers, clusters, states, elector))
 
     def _hot(self, family: _F) -> _F:
         self.registry.register(family)
@@ -268,14 +270,29 @@ class _LiveCollector(Collector):
         controllers: Callable[[], Iterable[Controller]],
         clusters: Callable[[], dict[str, Cluster]],
         states: Callable[[], dict[str, str]],
+        elector: LeaderElector | None = None,
     ) -> None:
         self._controllers = controllers
         self._clusters = clusters
         self._states = states
+        self._elector = elector
 
     def collect(self) -> Iterator[Metric]:
         yield from self._controller_metrics()
         yield from self._fleet_metrics()
+        if self._elector is not None:
+            yield self._leader_status(self._elector)
+
+    @staticmethod
+    def _leader_status(elector: LeaderElector) -> Metric:
+        """controller-runtime's ``leader_election_master_status{name}``: 1 while leading, 0 on standby."""
+        status = GaugeMetricFamily(
+            "leader_election_master_status",
+            "1 while this replica leads the election of the Lease 'name', 0 while it stands by.",
+            labels=["name"],
+        )
+        status.add_metric([elector.config.name], 1.0 if elector.leading.is_set() else 0.0)
+        return status
 
     def _controller_metrics(self) -> Iterator[Metric]:
         workers = GaugeMetricFamily(
