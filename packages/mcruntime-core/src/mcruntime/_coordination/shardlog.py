@@ -58,7 +58,7 @@ class GroupLog:
             held = [shard for shard, seen in self.fences.seen.items() if seen.observed.holder == identity]
             if held:
                 clusters = self.shards.clusters_of(held)
-                moving = f"the {len(held)} shards it holds move (clusters {named(clusters)})"
+                moving = f"what it holds moves: shards {named(held)} (clusters {named(clusters)})"
             else:
                 moving = "it holds no fence"
             level = logging.WARNING if held and not first else logging.INFO
