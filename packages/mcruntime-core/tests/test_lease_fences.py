@@ -198,6 +198,37 @@ async def test_a_leader_renews_from_its_heartbeat_thread_while_its_event_loop_is
                 await task
 
 
+async def test_a_leaders_stalled_event_loop_is_told_by_the_leader_elections_own_logger(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A filter on mcruntime.leaderelection must see why a leader stepped down.
+    caplog.set_level(logging.WARNING, "mcruntime")
+    async with running_cluster(fleet["cluster-1"], "stalled-leader") as cluster:
+        name = unique("stalled-lease")
+        elector = LeaderElector(mcr.LeaderElectionConfig(name=name, identity="stalled", **FAST))
+        task = asyncio.create_task(elector.run(cluster))
+
+        def stall_told() -> list[logging.LogRecord]:
+            return [
+                record for record in caplog.records if "the event loop has not turned" in record.getMessage()
+            ]
+
+        try:
+            await asyncio.wait_for(elector.leading.wait(), 20)
+            # The loop does not turn past the heartbeat's stall limit (the renew deadline).
+            deadline = time.monotonic() + 5 * FAST["renew_deadline"]
+            while not stall_told() and time.monotonic() < deadline:
+                time.sleep(0.01)  # noqa: ASYNC251 -- blocking the event loop is the point
+            told = stall_told()
+            assert told, "no warning while the leader's event loop stalled"
+            assert {record.name for record in told} == {"mcruntime.leaderelection"}
+            assert "so this replica steps down and another may lead" in told[0].getMessage()
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
 class InFlight:
     """The real hub client, counting its Lease writes in flight and the most at once."""
 

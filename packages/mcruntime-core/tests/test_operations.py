@@ -99,6 +99,32 @@ async def test_only_the_leader_reconciles_and_a_graceful_stop_hands_over_at_once
             await wait_until(lambda: _count(_stamps(plane, namespace), "second", 1))
 
 
+async def test_leader_election_master_status_reads_1_on_the_leader_and_follows_a_handover(
+    fleet: Fleet,
+) -> None:
+    plane = fleet["cluster-1"]
+    namespace = await _namespace(plane, "leader-status")
+    first = _stamping_manager(plane, namespace, "status", "first")
+    second = _stamping_manager(plane, namespace, "status", "second", lease_duration=600)
+
+    def status(manager: mcr.Manager) -> float | None:
+        # controller-runtime's name and label: existing dashboards and alerts work unchanged.
+        return manager.registry.get_sample_value("leader_election_master_status", {"name": "status"})
+
+    async with running(first):
+        assert first.elector is not None
+        await asyncio.wait_for(first.elector.leading.wait(), 15)
+        assert status(first) == 1
+        async with running(second):
+            assert second.elector is not None
+            await wait_until(lambda: second.elector is not None and second.elector.observed_holder == "first")
+            assert status(second) == 0
+            first.stop()
+            await asyncio.wait_for(second.elector.leading.wait(), 60)
+            assert status(second) == 1
+            await wait_until(lambda: status(first) == 0)
+
+
 async def _count(stamps: object, identity: str, at_least: int) -> bool:
     found = await stamps  # type: ignore[misc]
     return bool(found[identity] >= at_least)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -253,6 +254,11 @@ async def test_a_member_rule_missing_is_named_for_that_member_and_recovers_when_
         status = deployment.manager.provider.statuses()["cluster-3"]  # type: ignore[union-attr]
         assert denied in status.missing_permissions
         assert status.phase is mcr.ClusterPhase.UNHEALTHY and denied in (status.error or "")
+        # The metrics read the same record: an alert on mcruntime_cluster_healthy == 0 fires.
+        sample = deployment.manager.registry.get_sample_value
+        assert sample("mcruntime_cluster_healthy", {"cluster": "cluster-3"}) == 0
+        assert sample("mcruntime_cluster_healthy", {"cluster": "cluster-2"}) == 1
+        assert sample("mcruntime_engaged_clusters", {"state": "unhealthy"}) == 1
 
         # The rest of the fleet keeps working.
         await deployment.create_widget("during")
@@ -261,6 +267,8 @@ async def test_a_member_rule_missing_is_named_for_that_member_and_recovers_when_
         await deployment.grant("cluster-3", "member")
         await wait_until(lambda: _passes(deployment), timeout=RECOVERY)
         assert deployment.manager.provider.statuses()["cluster-3"].missing_permissions == ()  # type: ignore[union-attr]
+        assert sample("mcruntime_cluster_healthy", {"cluster": "cluster-3"}) == 1
+        assert sample("mcruntime_engaged_clusters", {"state": "unhealthy"}) == 0
         await deployment.create_widget("after")
         await wait_until(lambda: deployment.copied_to("cluster-3", "after"), timeout=60)
 
@@ -276,6 +284,9 @@ async def test_a_hub_rule_missing_is_named_for_the_hub_and_recovers_when_granted
         await wait_until(lambda: _names(deployment, "cluster:local", denied), timeout=10)
         local = deployment.manager.local
         assert local is not None and denied in local.health.missing_permissions
+        sample = deployment.manager.registry.get_sample_value
+        assert sample("mcruntime_cluster_healthy", {"cluster": "local"}) == 0
+        assert sample("mcruntime_engaged_clusters", {"state": "unhealthy"}) == 1
 
         # The rest of the fleet keeps working: the copies are made, only the status is refused.
         for member in MEMBERS:
@@ -286,6 +297,59 @@ async def test_a_hub_rule_missing_is_named_for_the_hub_and_recovers_when_granted
         await wait_until(lambda: _passes(deployment), timeout=RECOVERY)
         await wait_until(lambda: deployment.copies("after"), timeout=60)
         assert local.health.missing_permissions == ()
+        assert sample("mcruntime_cluster_healthy", {"cluster": "local"}) == 1
+
+
+async def test_a_refused_event_is_logged_once_and_shown_in_readyz_without_failing_it(
+    fleet: Fleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Events are best-effort: a leader whose every real write succeeds must not leave its
+    # Service (and its webhooks') over them, nor log the refusal once per event.
+    caplog.set_level(logging.INFO, "mcruntime.permissions")
+    caplog.set_level(logging.DEBUG, "mcruntime.events")  # last: it sets the capture's level too
+    async with deployed(fleet, tmp_path, monkeypatch, missing=("cluster-1", "hub", "events")) as deployment:
+        for name in ("one", "two", "three"):
+            await deployment.create_widget(name)
+
+        def recorder_lines(level: int) -> list[str]:
+            return [
+                record.getMessage()
+                for record in caplog.records
+                if record.name == "mcruntime.events" and record.levelno == level
+            ]
+
+        # Every Widget's reconcile tries its event: one WARNING, the repeats at DEBUG.
+        await wait_until(lambda: len(recorder_lines(logging.DEBUG)) >= 2, timeout=60)
+        for name in ("one", "two", "three"):
+            await wait_until(functools.partial(deployment.copies, name), timeout=60)
+        warned = recorder_lines(logging.WARNING)
+        assert len(warned) == 1, warned
+        assert "controller 'copier': could not record event Copied" in warned[0]
+        denied = f"cannot create Event (events.events.k8s.io) in namespace {deployment.namespace!r}"
+        await wait_until(lambda: _passes(deployment), timeout=60)  # not counted...
+        body = await deployment.readyz()
+        assert f"[-]events:local failed: forbidden by RBAC: {denied}" in body  # ... but shown
+        assert "[+]cluster:local ok" in body
+        local = deployment.manager.local
+        assert local is not None and local.health.missing_permissions == ()
+        assert denied in local.health.refused_events
+        assert (
+            deployment.manager.registry.get_sample_value("mcruntime_cluster_healthy", {"cluster": "local"})
+            == 1
+        )
+        refusals = [
+            record.getMessage() for record in caplog.records if record.name == "mcruntime.permissions"
+        ]
+        assert len(refusals) == 1 and "best-effort" in refusals[0], refusals
+
+        await deployment.grant(HUB, "hub")
+        await deployment.create_widget("after")
+        again = "controller 'copier': events are recorded in cluster '' again"
+        await wait_until(lambda: again in caplog.text, timeout=RECOVERY)
+        assert "events:local" not in await deployment.readyz()
+        assert local.health.refused_events == ()
+        assert len(recorder_lines(logging.WARNING)) == 1
+        assert caplog.text.count(again) == 1
 
 
 async def _names(deployment: Deployment, line: str, denied: str) -> bool:

@@ -90,6 +90,8 @@ class ClusterHealth:
     """Requests the server refused with 403 (verb, kind, namespace) until the same request succeeds."""
     waiting: str | None = None
     credential_error: str | None = None
+    refused_events: tuple[str, ...] = ()
+    """Event writes the server refused with 403 (best-effort: shown, never counted against health)."""
 
     @property
     def healthy(self) -> bool:
@@ -223,6 +225,7 @@ class HealthRecord:
             self.denials.describe(),
             self._waiting(),
             self.credential_error,
+            self.denials.refused_events(),
         )
 
     @contextmanager

@@ -9,6 +9,11 @@ granted; informers retry on their own) clears it without a restart. A denial
 nothing repeats (a write of an object since deleted) is forgotten after
 ``ttl`` seconds, so it cannot hold a cluster unready forever.
 
+Event writes are best-effort (a recorder drops what it cannot write, and the
+controller does its job regardless), so their refusals are kept apart
+(:meth:`Denials.refused_events`): shown in ``/readyz`` and ``statuses()``,
+never counted against the cluster's health or readiness.
+
 Only the authorizer's refusals count: admission plugins (a namespace being
 terminated) and webhooks answer 403 too, about the object, not the identity.
 """
@@ -38,6 +43,11 @@ def refused_by_authorization(body: Any) -> bool:
         message = body.get("message")
         return isinstance(message, str) and _AUTHORIZATION.search(message) is not None
     return False
+
+
+def best_effort(group: str, plural: str) -> bool:
+    """Whether a write of this resource is best-effort: Events (``events.k8s.io`` or core), nothing else."""
+    return plural == "events" and group in ("", "events.k8s.io")
 
 
 def verb_of(method: str, name: str | None) -> str:
@@ -82,6 +92,14 @@ class Denials:
         qualified = f"{name}.{group}" if group else name
         text = f"cannot {verb} {resource.kind} ({qualified}) {where}"
         self._denied[key] = _Denial(text, time.monotonic())
+        if best_effort(group, name):
+            log.warning(
+                "cluster %r: forbidden: %s; events there are dropped until RBAC allows it "
+                "(best-effort: shown in /readyz, not counted)",
+                self.cluster,
+                text,
+            )
+            return
         log.warning(
             "cluster %r: forbidden: %s; retrying with backoff until RBAC allows it", self.cluster, text
         )
@@ -101,10 +119,23 @@ class Denials:
             log.info("cluster %r: allowed again: %s", self.cluster, denial.text.removeprefix("cannot "))
 
     def describe(self) -> tuple[str, ...]:
-        """What is denied now, sorted (stale denials dropped)."""
+        """What is denied now and counts (every refusal but an Event's), sorted; stale denials dropped."""
+        return self._current(counted=True)
+
+    def refused_events(self) -> tuple[str, ...]:
+        """The Event writes denied now, sorted: shown, never counted against the cluster."""
+        return self._current(counted=False)
+
+    def _current(self, *, counted: bool) -> tuple[str, ...]:
         if not self._denied:
             return ()
         horizon = time.monotonic() - self.ttl
         for key in [key for key, denial in self._denied.items() if denial.last_seen < horizon]:
             del self._denied[key]
-        return tuple(sorted(denial.text for denial in self._denied.values()))
+        return tuple(
+            sorted(
+                denial.text
+                for (_verb, group, name, _scope), denial in self._denied.items()
+                if best_effort(group, name) != counted
+            )
+        )

@@ -7,7 +7,11 @@ are ``events.k8s.io/v1``; a repeat of an identical event (same object, type,
 reason, action and note) within six minutes updates the first one's series
 count instead of writing a new object, as client-go's recorder does, so a
 controller stuck in a retry loop cannot flood the API server. Recording never
-fails a reconcile: errors are logged.
+fails a reconcile: errors are logged, once per cluster when recording there
+starts failing (and again if it fails another way), and once when it works
+again, never per event: a controller that records an event per reconcile
+would otherwise log a refusal (events create forbidden) dozens of times a
+second. The repeats go to DEBUG.
 """
 
 from __future__ import annotations
@@ -62,6 +66,9 @@ class EventRecorder:
         self.instance: str = instance or f"{controller}-{uuid.uuid4().hex[:8]}"
         self._lookup = lookup
         self._series: OrderedDict[tuple[str, ...], _Series] = OrderedDict()
+        # Clusters where recording fails now → the kind of failure last logged (bounded like
+        # the series: a cluster that left while failing must not be kept forever).
+        self._failing: OrderedDict[str, str] = OrderedDict()
 
     async def event(
         self,
@@ -98,18 +105,40 @@ class EventRecorder:
             if series is not None and now - series.last < _SERIES_WINDOW:
                 await self._bump(cluster_object, series, now)
                 self._series.move_to_end(key)
-                return
-            name = f"{meta.get('name', 'object')}.{uuid.uuid4().hex[:16]}"
-            await cluster_object.client.create(
-                self._manifest(regarding, namespace, name, type, reason, note, action)
-            )
-            self._series[key] = _Series(target, namespace, name, 1, now)
-            while len(self._series) > _MAX_TRACKED:
-                self._series.popitem(last=False)
+            else:
+                name = f"{meta.get('name', 'object')}.{uuid.uuid4().hex[:16]}"
+                await cluster_object.client.create(
+                    self._manifest(regarding, namespace, name, type, reason, note, action)
+                )
+                self._series[key] = _Series(target, namespace, name, 1, now)
+                while len(self._series) > _MAX_TRACKED:
+                    self._series.popitem(last=False)
         except Exception as error:
-            log.warning(
-                "could not record event %s for %s in cluster %r: %s", reason, meta.get("name"), target, error
-            )
+            self._failed(target, reason, meta.get("name"), error)
+            return
+        if self._failing.pop(target, None) is not None:
+            log.info("controller %r: events are recorded in cluster %r again", self.controller, target)
+
+    def _failed(self, target: str, reason: str, name: object, error: Exception) -> None:
+        """Log a failure once per cluster and kind of failure; repeats go to DEBUG."""
+        kind = type(error).__name__
+        if self._failing.get(target) == kind:
+            log.debug("could not record event %s for %s in cluster %r: %s", reason, name, target, error)
+            return
+        self._failing[target] = kind
+        self._failing.move_to_end(target)
+        while len(self._failing) > _MAX_TRACKED:
+            self._failing.popitem(last=False)
+        log.warning(
+            "controller %r: could not record event %s for %s in cluster %r: %s; events there are dropped "
+            "(recording never fails a reconcile), and this is logged again only when recording works again "
+            "or fails another way",
+            self.controller,
+            reason,
+            name,
+            target,
+            error,
+        )
 
     async def _bump(self, cluster: Cluster, series: _Series, now: float) -> None:
         series.count += 1

@@ -38,7 +38,7 @@ from .shardhub import (
     HubWrites,
     ShardingConfig,
 )
-from .shardmap import ShardMap
+from .shardmap import ShardMap, named
 
 if TYPE_CHECKING:
     from .._client.client import Client
@@ -55,6 +55,7 @@ class FenceSeen:
 
     observed: Observed
     lease: JSON
+    released_by: str = ""  # the holder seen last before it was released, for the line that takes it
 
 
 class Fences:
@@ -156,6 +157,8 @@ class Fences:
             changed_holder = True
         else:
             changed_holder = seen.observed.holder != holder
+            if changed_holder and not holder:
+                seen.released_by = seen.observed.holder
             seen.observed.see(holder, renew_time, now)
             seen.lease = lease
         if holder == self.identity:
@@ -188,6 +191,7 @@ class Fences:
         seen = self.seen.get(shard)
         if not self.membership.alive(time.monotonic()):
             return False  # never take a fence while our own peer Lease may have expired
+        origin = "a new fence"
         try:
             async with asyncio.timeout(self.hub.request_timeout):
                 if seen is None:
@@ -209,6 +213,7 @@ class Fences:
                         holder, seen.observed.since, now
                     ):
                         return False
+                    origin = _origin(seen, holder, self.identity, self.membership.why_silent)
                     # The watched object's resourceVersion: if anything changed since, a Conflict.
                     taken = take(seen.lease, self.identity, self.config.lease_duration)
                     written = await self.hub.write("fence-acquire", lambda: client.update(taken))
@@ -232,11 +237,12 @@ class Fences:
             self.leaving[shard] = self.spawn(self.hand_over(shard), f"hand back shard {shard}")
             return False
         log.info(
-            "sharding %s: %s now works on shard %d (%d clusters)",
+            "sharding %s: %s now works on shard %d (clusters %s; %s)",
             self.config.name,
             self.identity,
             shard,
-            len(self.shards.members(shard)),
+            named(self.shards.members(shard)),
+            origin,
         )
         return True
 
@@ -256,7 +262,7 @@ class Fences:
             self.config.name,
             self.identity,
             shard,
-            _some(clusters),
+            named(clusters),
             reason,
         )
         seat = self.seat
@@ -285,7 +291,8 @@ class Fences:
             if shard not in self.held:
                 return
             grace = self.config.handover_grace
-            await asyncio.gather(*(seat.work.close(cluster, grace=grace) for cluster in self.working(shard)))
+            clusters = self.working(shard)
+            await asyncio.gather(*(seat.work.close(cluster, grace=grace) for cluster in clusters))
             fence = self.held.get(shard)
             if fence is None:
                 return  # lost meanwhile: nothing of ours to release
@@ -293,13 +300,24 @@ class Fences:
             gone = shard not in self.shards.in_use
             if await self.release(shard, fence, delete=gone):
                 self.hub.metrics.fence_releases.inc()
-                log.info("sharding %s: %s handed shard %d over", self.config.name, self.identity, shard)
+                self._handed(shard, clusters, gone)
                 self.held.pop(shard, None)
             # Otherwise keep it: the next round tries again (its work stays closed meanwhile).
         finally:
             self.leaving.pop(shard, None)
             self.count_owned()
             self.wake()
+
+    def _handed(self, shard: int, clusters: set[str], gone: bool) -> None:
+        """The line for a shard handed over: its clusters, and the peer that should take it."""
+        name, identity = self.config.name, self.identity
+        if gone:
+            log.info("sharding %s: %s deleted the fence of shard %d: no cluster left", name, identity, shard)
+            return
+        successor = owner(str(shard), self.membership.live_peers(time.monotonic()))
+        to = f" to {successor!r}" if successor not in (None, identity) else ""
+        listed = named(clusters)
+        log.info("sharding %s: %s handed shard %d (clusters %s) over%s", name, identity, shard, listed, to)
 
     async def give_back(self, shard: int, fence: JSON) -> None:
         """Release a fence that names us but that we do not work on (our work there is closed)."""
@@ -430,9 +448,10 @@ def _shard_named(config: ShardingConfig, name: str, shard_text: str, shards_text
     return shard
 
 
-def _some(clusters: set[str], shown: int = 5) -> str:
-    """A few cluster names for a log line, and how many more."""
-    names = sorted(clusters)
-    listed = ", ".join(repr(name) for name in names[:shown])
-    rest = len(names) - shown
-    return f"{listed} and {rest} more" if rest > 0 else listed or "none"
+def _origin(seen: FenceSeen, holder: str, identity: str, why_silent: dict[str, str]) -> str:
+    """Where a fence about to be taken comes from, for the line that says this replica took it."""
+    if holder == identity:
+        return "its fence already named this replica"
+    if not holder:
+        return f"released by {seen.released_by!r}" if seen.released_by else "a free fence"
+    return f"taken from {holder!r}, which counts as dead: {why_silent.get(holder, 'silent for a full term')}"

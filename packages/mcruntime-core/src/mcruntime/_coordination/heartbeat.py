@@ -60,6 +60,9 @@ class Heartbeat:
     has already waited out a backoff. It should log and count its own
     failures; an exception that escapes is logged, and like a beat skipped
     because the main loop stalled, is followed by ``idle`` seconds of rest.
+    ``logger`` is the owner's (sharding's or the leader election's), so a
+    filter on the owner's logger sees its heartbeat's lines too; ``stalled``
+    says what a stalled loop costs, for the warning.
     """
 
     def __init__(
@@ -70,8 +73,12 @@ class Heartbeat:
         *,
         stall_limit: float,
         idle: float,
+        logger: logging.Logger = log,
+        stalled: str = "this replica's clusters can move",
     ) -> None:
         self.name = name
+        self.log = logger
+        self._stalled = stalled
         self._connect = connect
         self._beat = beat
         self._stall_limit = stall_limit
@@ -122,7 +129,7 @@ class Heartbeat:
             return
         await asyncio.to_thread(thread.join, timeout)  # join() here would block this loop
         if thread.is_alive():
-            log.warning("%s: the heartbeat thread did not stop within %gs", self.name, timeout)
+            self.log.warning("%s: the heartbeat thread did not stop within %gs", self.name, timeout)
 
     # --- the thread ---------------------------------------------------------------------
 
@@ -130,7 +137,7 @@ class Heartbeat:
         try:
             asyncio.run(self._main())
         except BaseException:  # the owner (the main loop's tick) notices and restarts it
-            log.exception("%s: the heartbeat thread died", self.name)
+            self.log.exception("%s: the heartbeat thread died", self.name)
 
     async def _main(self) -> None:
         with self._lock:
@@ -159,16 +166,16 @@ class Heartbeat:
                 try:
                     wait = await self._beat(client)
                 except Exception:
-                    log.exception("%s: a heartbeat failed", self.name)
+                    self.log.exception("%s: a heartbeat failed", self.name)
             else:
                 self.skipped += 1
                 if not warned:
                     warned = True
-                    log.warning(
-                        "%s: the event loop has not turned for %.1fs (limit %gs): "
-                        "not renewing, so this replica's clusters can move",
+                    self.log.warning(
+                        "%s: the event loop has not turned for %.1fs (limit %gs): not renewing, so %s",
                         self.name,
                         stalled,
                         self._stall_limit,
+                        self._stalled,
                     )
             await asyncio.sleep(max(0.0, started + wait - loop.time()))  # start to start

@@ -317,6 +317,8 @@ class LeaderElector:
             self._beat,
             stall_limit=self.config.renew_deadline,
             idle=self.config.retry_period,
+            logger=log,
+            stalled="this replica steps down and another may lead",
         )
         give_up_after = self._give_up_after
         heartbeat.start()

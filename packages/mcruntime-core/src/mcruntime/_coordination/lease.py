@@ -5,6 +5,8 @@ coordination.k8s.io/v1 Leases. Neither ever compares a Lease's timestamps
 with the local clock (replicas' clocks may disagree): a Lease is expired when
 *this* replica has watched it stay unchanged for a full term, measured on its
 own monotonic clock. :class:`Observed` keeps that record for one Lease.
+(Sharding also takes a peer's word for it, naming the ``resourceVersion`` it
+watched unchanged: versions are compared for equality only; see membership.py.)
 """
 
 from __future__ import annotations
@@ -75,6 +77,12 @@ def holder_of(lease: JSON) -> str:
 
 def renew_time_of(lease: JSON) -> str:
     return str(spec_of(lease).get("renewTime") or "")
+
+
+def version_of(lease: JSON) -> str:
+    """The Lease's ``resourceVersion`` (``""`` if it has none): equal only if nobody wrote it since."""
+    meta = lease.get("metadata")
+    return str(meta.get("resourceVersion") or "") if isinstance(meta, dict) else ""
 
 
 def transitions_of(spec: dict[str, Any]) -> int:

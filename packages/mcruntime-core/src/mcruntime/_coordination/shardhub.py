@@ -35,6 +35,9 @@ ROLE_LABEL = "mcruntime.dev/shard-role"
 SHARD_ANNOTATION = "mcruntime.dev/shard"
 SHARDS_ANNOTATION = "mcruntime.dev/shards"
 WEIGHT_ANNOTATION = "mcruntime.dev/weight"
+# On a peer Lease: the peers its holder has watched silent for a full term, each with the
+# resourceVersion of the peer Lease it watched unchanged (a JSON object, identity → version).
+SILENT_ANNOTATION = "mcruntime.dev/silent-peers"
 MAX_SHARDS = 4096
 WRITE_PURPOSES = (
     "peer-renew",

@@ -24,8 +24,9 @@ cluster, and only liveness is renewed.
   fence stays valid, unrenewed, for as long as its holder's peer Lease is
   live. It may be taken when it is free (released), or when its
   holder has shown no sign of life (peer Lease renewal, or deletion) for a full
-  ``lease_duration`` as observed here, confirmed by a fresh read of the
-  holder's peer Lease just before the write.
+  ``lease_duration`` as observed here, or its peer Lease is still at a version
+  a peer names as watched silent for a full term (see membership.py),
+  confirmed by a fresh read of the holder's peer Lease just before the write.
 - **Stopping in time.** A replica that has not renewed its own peer Lease
   for ``renew_deadline`` stops all its work at once (a watchdog, not the
   round, enforces it), and only writes fences again after renewing. Since
@@ -67,11 +68,13 @@ from .shardhub import (
     ROLE_LABEL,
     SHARD_ANNOTATION,
     SHARDS_ANNOTATION,
+    SILENT_ANNOTATION,
     WEIGHT_ANNOTATION,
     HubWrites,
     ShardingConfig,
     ShardMetrics,
 )
+from .shardlog import GroupLog
 from .shardmap import ShardMap
 
 if TYPE_CHECKING:
@@ -117,6 +120,7 @@ class ShardedCoordinator:
             spawn=lambda coroutine, name: self._tasks.spawn(coroutine, name),
         )
         self._shares: Shares[int] = Shares(self.config.identity)
+        self._said = GroupLog(self.config, self._members, self._fences, self._map)
         self._disagreed: dict[str, str] = {}  # peers last logged for announcing another shard count
         # The round's own tasks (closing, handing over, the watchdog and the pulse): owned, so
         # one that fails is logged with its traceback when it fails, and a loop is restarted.
@@ -324,7 +328,8 @@ class ShardedCoordinator:
         if role == "peer" and holder:
             weight = annotations.get(WEIGHT_ANNOTATION, "1")
             shards = str(annotations.get(SHARDS_ANNOTATION, ""))
-            came = self._members.observe(name, holder, renew_time_of(lease), weight, lease, shards)
+            claims = annotations.get(SILENT_ANNOTATION, "")
+            came = self._members.observe(name, holder, renew_time_of(lease), weight, lease, shards, claims)
             if came and holder != self.identity:
                 self._wake.set()  # a peer came
         elif role == "fence":
@@ -402,6 +407,7 @@ class ShardedCoordinator:
         now = time.monotonic()
         peers = self._members.live_peers(now)
         self.metrics.peers.set(len(peers))
+        self._members.claims = self._members.silent_peers(now)  # named on our Lease by the next renewal
         if not self._members.alive(now):
             # Our peer Lease may have expired elsewhere: the watchdog has stopped (or is
             # stopping) our work, and nothing is written until a renewal succeeds.
@@ -411,7 +417,9 @@ class ShardedCoordinator:
         # after every fence that changes hands.
         engaged = self._seat.clusters()
         self._map.update(engaged)
-        desired = set() if self._disagree(now) else self._shares.mine(self._map.in_use, peers)
+        self._said.peers(peers, now)
+        disagree = self._disagree(now)
+        desired = set() if disagree else self._shares.mine(self._map.in_use, peers)
         was, now_mine = self._map.clusters_of(fences.desired), self._map.clusters_of(desired)
         self.metrics.ownership_changes.labels("gained").inc(len(now_mine - was))
         self.metrics.ownership_changes.labels("lost").inc(len(was - now_mine))
@@ -432,6 +440,9 @@ class ShardedCoordinator:
         wanted = sorted(desired - fences.held.keys() - fences.leaving.keys())
         if self._members.alive(now):
             await self._acquire_all(wanted, reopen, now)
+            self._said.waiting(wanted, peers, now)
+            if not disagree:
+                self._said.free_fences(peers, time.monotonic())
         fences.count_owned()
         if self._members.alive(time.monotonic()):
             await self._members.collect_dead(peers, time.monotonic())

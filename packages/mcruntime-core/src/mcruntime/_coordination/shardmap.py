@@ -9,7 +9,7 @@ only clusters that came or went since the last update are hashed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from .shardhub import ShardingConfig
 
@@ -61,3 +61,11 @@ class ShardMap:
         """The shard of any cluster, engaged or not."""
         known = self._shard.get(cluster)
         return known if known is not None else self.config.shard_of(cluster)
+
+
+def named(things: Collection[object], shown: int = 5) -> str:
+    """A few names (clusters, shards) for a log line, and how many more: bounded however many there are."""
+    ordered = sorted(things, key=lambda thing: (isinstance(thing, str), thing))
+    listed = ", ".join(repr(thing) if isinstance(thing, str) else str(thing) for thing in ordered[:shown])
+    rest = len(ordered) - shown
+    return f"{listed} and {rest} more" if rest > 0 else listed or "none"

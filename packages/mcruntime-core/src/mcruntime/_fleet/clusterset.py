@@ -61,6 +61,7 @@ class _Entry:
                 self.engagements,
                 self.credential_rotations,
                 missing_permissions=health.missing_permissions,
+                refused_events=health.refused_events,
             )
 
         if health.state is HealthState.UNHEALTHY:

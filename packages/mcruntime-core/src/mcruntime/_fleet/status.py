@@ -93,6 +93,12 @@ class ClusterStatus:
     While any is missing the cluster is ``UNHEALTHY`` and ``error`` names them;
     they clear, without a restart, when the refused request succeeds.
     """
+    refused_events: tuple[str, ...] = ()
+    """Event writes refused with 403: shown here and in ``/readyz``, never counted (Events are best-effort).
+
+    The cluster's ``phase`` does not change for them; they clear like
+    :attr:`missing_permissions`.
+    """
 
 
 def forbidden(missing: tuple[str, ...]) -> str:

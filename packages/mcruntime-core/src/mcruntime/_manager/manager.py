@@ -156,7 +156,7 @@ class Manager:
             LeaderElector(leader_election) if leader_election is not None else None
         )
         self.metrics: ManagerMetrics = ManagerMetrics(
-            lambda: self.controllers.values(), self.clusters, self._cluster_states
+            lambda: self.controllers.values(), self.clusters, self._cluster_states, self.elector
         )
         self._metrics_address = metrics_address
         self._probe_address = health_probe_address

@@ -31,11 +31,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .._base.metric import Metrics
+from .._client.health import HealthState
 from .._reconcile.request import Request
 from .hot_series import CounterFamily, HistogramFamily
 
 if TYPE_CHECKING:
     from .._control.controller import Controller
+    from .._coordination.leaderelection import LeaderElector
     from .._fleet.cluster import Cluster
 
 _F = TypeVar("_F", CounterFamily, HistogramFamily)
@@ -45,6 +47,31 @@ _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 
 def _cluster_label(group: Hashable) -> str:
     return str(group) if group else "local"
+
+
+def cluster_health(name: str, cluster: Cluster, states: dict[str, str]) -> tuple[str, bool]:
+    """A cluster's state (engaging, ready, unhealthy) and whether it is healthy, from its one health record.
+
+    The record ``statuses()`` and ``/readyz`` read: a cluster is unhealthy
+    when its probe fails, when a permission it needs is missing or when one of
+    its loops is failing, not only when its probe got a bad answer. The
+    provider's state (from ``statuses()``) is taken as it is, except that it
+    never says ready for a cluster with such trouble; a cluster the provider
+    does not report (the local one) is judged as ``ClusterSet`` judges its own.
+    """
+    health = cluster.health
+    unknown = health.state is HealthState.UNKNOWN
+    trouble = (
+        health.state is HealthState.UNHEALTHY
+        or bool(health.missing_permissions)
+        or bool(cluster.failing_loops())
+    )
+    state = states.get(name)
+    if state is None:  # ClusterSet's order: a failing probe, no answer yet, then the rest
+        state = "engaging" if unknown else "unhealthy" if trouble else "ready"
+    elif state == "ready" and trouble:
+        state = "unhealthy"
+    return state, health.healthy and not trouble and state != "unhealthy"
 
 
 class _Discarded:
@@ -93,6 +120,7 @@ class ManagerMetrics:
         controllers: Callable[[], Iterable[Controller]],
         clusters: Callable[[], dict[str, Cluster]],
         states: Callable[[], dict[str, str]],
+        elector: LeaderElector | None = None,
     ) -> None:
         self.registry: CollectorRegistry = CollectorRegistry(auto_describe=True)
         registry = self.registry
@@ -173,7 +201,7 @@ class ManagerMetrics:
             "Long-lived loops (informers, health probes, leader election, ...) that died and were restarted.",
             ("loop",),
         )
-        registry.register(_LiveCollector(controllers, clusters, states))
+        registry.register(_LiveCollector(controllers, clusters, states, elector))
 
     def _hot(self, family: _F) -> _F:
         self.registry.register(family)
@@ -242,14 +270,29 @@ class _LiveCollector(Collector):
         controllers: Callable[[], Iterable[Controller]],
         clusters: Callable[[], dict[str, Cluster]],
         states: Callable[[], dict[str, str]],
+        elector: LeaderElector | None = None,
     ) -> None:
         self._controllers = controllers
         self._clusters = clusters
         self._states = states
+        self._elector = elector
 
     def collect(self) -> Iterator[Metric]:
         yield from self._controller_metrics()
         yield from self._fleet_metrics()
+        if self._elector is not None:
+            yield self._leader_status(self._elector)
+
+    @staticmethod
+    def _leader_status(elector: LeaderElector) -> Metric:
+        """controller-runtime's ``leader_election_master_status{name}``: 1 while leading, 0 on standby."""
+        status = GaugeMetricFamily(
+            "leader_election_master_status",
+            "1 while this replica leads the election of the Lease 'name', 0 while it stands by.",
+            labels=["name"],
+        )
+        status.add_metric([elector.config.name], 1.0 if elector.leading.is_set() else 0.0)
+        return status
 
     def _controller_metrics(self) -> Iterator[Metric]:
         workers = GaugeMetricFamily(
@@ -296,8 +339,8 @@ class _LiveCollector(Collector):
             "mcruntime_engaged_clusters", "Engaged clusters by state.", labels=["state"]
         )
         counts: dict[str, int] = {"engaging": 0, "ready": 0, "unhealthy": 0}
-        for name, cluster in clusters.items():
-            state = states.get(name) or ("ready" if cluster.health.healthy else "unhealthy")
+        judged = {name: cluster_health(name, cluster, states) for name, cluster in clusters.items()}
+        for state, _healthy in judged.values():
             counts[state] = counts.get(state, 0) + 1
         for state, count in sorted(counts.items()):
             by_state.add_metric([state], count)
@@ -309,7 +352,8 @@ class _LiveCollector(Collector):
         )
         healthy = GaugeMetricFamily(
             "mcruntime_cluster_healthy",
-            "1 when the cluster's health probe got a good answer.",
+            "1 when the cluster is healthy as statuses() and /readyz say: its health probe got a good "
+            "answer, no permission it needs is missing and none of its loops is failing.",
             labels=["cluster"],
         )
         relists = CounterMetricFamily(
@@ -335,7 +379,7 @@ class _LiveCollector(Collector):
         for name, cluster in sorted(clusters.items()):
             label = _cluster_label(name)
             health = cluster.health
-            healthy.add_metric([label], 1.0 if health.healthy else 0.0)
+            healthy.add_metric([label], 1.0 if judged[name][1] else 0.0)
             if health.last_error_at is not None:
                 last_error.add_metric([label], health.last_error_at)
             # One series per kind: a kind may have several informers (scopes, a metadata view).

@@ -6,6 +6,11 @@ informers keeps failing (a kind it no longer serves), and every controller
 has synced its caches there. The fleet is ready when every member
 is (or, with ``ready_min_share`` below 1, that share of them): one broken
 cluster among many must not take every replica out of its Service.
+
+Event writes refused by RBAC are shown, on an ``events:NAME`` line of their
+own, and not counted: an Event is best-effort (the recorder drops what it
+cannot write), and a leader whose every real write succeeds must not leave its
+Service, and its webhooks' Service, over one.
 """
 
 from __future__ import annotations
@@ -92,12 +97,15 @@ def readiness_lines(
             reason = f"not engaged: {status.error}"
         else:
             reason = "engaging"
+        label = "local" if name == LOCAL_CLUSTER else name
+        refused = cluster.health.refused_events if cluster is not None else ()
+        events = [(f"events:{label}", f"{forbidden(refused)} (best-effort: shown, not counted)", False)]
         if name == LOCAL_CLUSTER:
-            lines.append(("cluster:local", reason, True))
+            lines.extend([("cluster:local", reason, True), *(events if refused else [])])
             continue
         members += 1
         passing += reason is None
-        lines.append((f"cluster:{name}", reason, ready_min_share >= 1.0))
+        lines.extend([(f"cluster:{name}", reason, ready_min_share >= 1.0), *(events if refused else [])])
     if 0.0 < ready_min_share < 1.0 and members:
         share = passing / members
         reason = (
