@@ -196,10 +196,8 @@ class KubeFedProvider(HubProvider):
                 f"Secret {self.namespace}/{secret_name} key 'token' is larger than the limit of "
                 f"{MAX_TOKEN_BYTES} bytes; not used"
             )
-        token = token_of(secret)
-        if token is None:
-            return None, f"Secret {self.namespace}/{secret_name} is missing or has no 'token'"
         try:
+            token = token_of(secret, f"Secret {self.namespace}/{secret_name}")
             config = member_config(
                 name,
                 spec,
