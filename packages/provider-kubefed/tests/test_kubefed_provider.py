@@ -125,6 +125,12 @@ class Hub:
         applied = await self.writer.client.apply(secret, field_manager="kubefedctl", force=True)
         return self._secret_written(name, applied)
 
+    async def touch_token(self, name: str, touch: str) -> str:
+        """Change the token Secret's metadata only: an event, with the same token."""
+        patch = {"metadata": {"annotations": {"touched": touch}}}
+        patched = await self.writer.client.patch(SECRET, f"{name}-token", patch, namespace=self.namespace)
+        return self._secret_written(name, patched)
+
     def _secret_written(self, name: str, secret: Mapping[str, Any]) -> str:
         version = str(secret["metadata"]["resourceVersion"])
         if self.written.get(name):
@@ -455,6 +461,38 @@ async def test_a_token_secret_that_cannot_be_used_says_what_is_wrong_with_it(hub
         assert errors["elsewhere"] == f"Secret {hub.namespace}/elsewhere-token has no key 'token'", errors
         assert errors["gone"] == f"Secret {hub.namespace}/gone-token is missing", errors
         assert provider.clusters.names() == []
+
+
+async def test_tls_verification_off_is_logged_once_per_member_and_again_when_it_changes(
+    hub: Hub, fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every Secret event made a pass, and every pass logged the warning again."""
+    caplog.set_level(logging.WARNING, logger="mcruntime_kubefed")
+    member = fleet["cluster-2"]
+
+    def warnings() -> int:
+        return sum(
+            "KubeFedCluster insecure: TLS verification is off for this member" in record.getMessage()
+            for record in caplog.records
+        )
+
+    provider = hub.provider(allow_insecure=True)
+    async with _running(_manager(provider)):
+        await hub.join("insecure", Target.of(member), disabled=["*"])
+        await provider.clusters.wait_engaged("insecure")
+        await hub.settled(provider)
+        for touch in range(5):  # each an event, so a pass over every member
+            await hub.write_token(f"unrelated-{touch}", "t")
+            await hub.touch_token("insecure", str(touch))
+            await hub.settled(provider)
+        assert warnings() == 1
+        await hub.join("insecure", Target.of(member))  # verified again: nothing to warn of
+        await hub.settled(provider)
+        await hub.join("insecure", Target.of(member), disabled=["*"])  # and off again: warned again
+        await hub.settled(provider)
+        await hub.touch_token("insecure", "after")
+        await hub.settled(provider)
+        assert warnings() == 2
 
 
 async def test_token_secrets_echoed_are_used_and_spoiled_ones_name_their_secret(
