@@ -312,8 +312,12 @@ async def test_a_probe_interrupted_by_another_probes_verdict_says_what_failed_on
     try:
         with hung(fresh_cluster):  # this probe waits for an answer
             probing = asyncio.create_task(transport.probe(60.0))
-            await wait_until(lambda: transport.health.outstanding is not None and transport.health.outstanding())
-            verdict = "GET /version failed: cannot connect: Connection refused"  # a sibling's probe, as worded
+            await wait_until(
+                lambda: transport.health.outstanding is not None and transport.health.outstanding()
+            )
+            verdict = (
+                "GET /version failed: cannot connect: Connection refused"  # a sibling's probe, as worded
+            )
             transport.health.server_outage(verdict)
             result = await asyncio.wait_for(probing, timeout=30)  # a guard: it is interrupted at once
         assert result is not None
