@@ -297,3 +297,31 @@ async def test_a_circuit_opening_again_before_an_interrupted_request_ends_interr
     assert all(isinstance(task.exception(), TimeoutError) for task in done)
     assert not [record for record in caplog.records if "circuit listener failed" in record.getMessage()]
     await transport.close()
+
+
+async def test_a_probe_interrupted_by_another_probes_verdict_says_what_failed_once(
+    fresh_cluster: ControlPlane,
+) -> None:
+    """A hub down read 'GET /version failed: GET /version failed: cannot connect ...'.
+
+    Another cluster of the same server found it refusing connections; its verdict
+    opened this cluster's circuit and interrupted this cluster's probe, whose
+    error then put its own prefix before the verdict's, which has one already.
+    """
+    transport = Transport(config_of(fresh_cluster), "interrupted")
+    try:
+        with hung(fresh_cluster):  # this probe waits for an answer
+            probing = asyncio.create_task(transport.probe(60.0))
+            await wait_until(
+                lambda: transport.health.outstanding is not None and transport.health.outstanding()
+            )
+            verdict = (
+                "GET /version failed: cannot connect: Connection refused"  # a sibling's probe, as worded
+            )
+            transport.health.server_outage(verdict)
+            result = await asyncio.wait_for(probing, timeout=30)  # a guard: it is interrupted at once
+        assert result is not None
+        assert result[0] == f"{verdict}; the request was interrupted", result
+        assert result[1] is True  # no answer: this cluster's circuit stays open
+    finally:
+        await transport.close()

@@ -106,6 +106,89 @@ async def test_special_or_huge_files_are_refused_at_load_and_never_block_a_read(
         await asyncio.wait_for(credentials.header(), 30)
 
 
+def _referencing(field: str, path: str) -> dict[str, Any]:
+    """A kubeconfig whose ``field`` (a user's or the cluster's file reference) names ``path``."""
+    if field == "certificate-authority":
+        document = _kubeconfig(token="t")
+        document["clusters"][0]["cluster"][field] = path
+        return document
+    user: dict[str, Any] = {field: path}
+    if field == "client-certificate":
+        user["client-key-data"] = "a2V5"
+    elif field == "client-key":
+        user["client-certificate-data"] = "Y2VydA=="
+    return _kubeconfig(**user)
+
+
+def _refusal(document: dict[str, Any], base_dir: Path | None) -> tuple[type[Exception], str]:
+    with pytest.raises(mcr.KubeconfigError) as refused:
+        mcr.kubeconfig_from_dict(document, base_dir=base_dir, origin="Secret fleet/x")
+    return type(refused.value), str(refused.value)
+
+
+FILE_FIELDS = ("tokenFile", "certificate-authority", "client-certificate", "client-key")
+
+
+@pytest.mark.parametrize("field", FILE_FIELDS)
+@pytest.mark.parametrize("with_directory", [False, True], ids=["secret", "file"])
+def test_a_refused_path_reads_the_same_whether_or_not_the_file_exists(
+    field: str, with_directory: bool, tmp_path: Path
+) -> None:
+    """The policy decides before the file system is asked: no "does not exist" oracle, no "create it" hint.
+
+    "/etc/passwd" was refused by the policy while "/nonexistent/token" was
+    "does not exist": whoever writes a kubeconfig Secret and reads its status
+    learnt which files the controller's machine has.
+    """
+    fleet = tmp_path / "fleet"
+    fleet.mkdir()
+    outside = tmp_path / "controller" / "token"
+    outside.parent.mkdir()
+    outside.write_text(SECRET)
+    (fleet / "link").symlink_to(outside)
+    base_dir = fleet if with_directory else None
+    references = [str(outside), "~root/.kube/token", "~no-such-user-here/token", "../controller/token"]
+    if with_directory:
+        references.append("link")  # inside by name, outside once followed
+    for reference in references:
+        existing = _refusal(_referencing(field, reference), base_dir)
+        outside.unlink()
+        missing = _refusal(_referencing(field, reference), base_dir)
+        outside.write_text(SECRET)
+        assert existing == missing, reference
+        kind, message = existing
+        assert "does not exist" not in message and SECRET not in message
+        if not with_directory and not reference.startswith(("/", "~")):
+            assert "is a relative path" in message and "pass base_dir" in message, message
+            continue  # told from the name alone, as before
+        assert kind is mcr.TrustPolicyError, message
+        assert f"{field} names a file" in message and "which this trust policy refuses" in message, message
+
+
+def test_a_file_inside_the_directory_is_still_looked_up_and_named(tmp_path: Path) -> None:
+    """Allowed by the policy, a path is checked as before: a missing file inside says so."""
+    with pytest.raises(mcr.KubeconfigError) as refused:
+        mcr.kubeconfig_from_dict(_kubeconfig(tokenFile="token"), base_dir=tmp_path)
+    assert not isinstance(refused.value, mcr.TrustPolicyError)
+    assert f"tokenFile file {tmp_path / 'token'} does not exist" in str(refused.value)
+
+
+async def test_a_token_link_swapped_outside_is_refused_whether_or_not_its_target_exists(
+    tmp_path: Path, own_token: Path
+) -> None:
+    fleet = tmp_path / "fleet"
+    fleet.mkdir()
+    (fleet / "token").write_text("a-token-of-its-own")
+    config = mcr.kubeconfig_from_dict(_kubeconfig(tokenFile="token"), base_dir=fleet)
+    credentials = ClusterCredentials(config, "c")
+    assert await credentials.header() == "Bearer a-token-of-its-own"
+    (fleet / "token").unlink()
+    (fleet / "token").symlink_to(tmp_path / "no-such-file")  # a dangling link out: the stat fails
+    credentials.invalidate()
+    with pytest.raises(mcr.Unreachable, match="now leads outside its kubeconfig's directory"):
+        await credentials.header()
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [

@@ -364,6 +364,44 @@ def test_a_current_context_that_is_missing_is_reported_as_before(tmp_path: Path)
     assert missing.error is not None and missing.error.startswith(f"{path}: context 'gone' not found")
 
 
+# --- files a kubeconfig names -------------------------------------------------------------------
+
+
+async def test_a_file_named_outside_the_directory_is_refused_alike_whether_or_not_it_exists(
+    tmp_path: Path,
+) -> None:
+    """The trust policy decides first: the status must not tell which of the controller's files exist."""
+    fleet, controller = tmp_path / "fleet", tmp_path / "controller"
+    fleet.mkdir()
+    controller.mkdir()
+    (controller / "token").write_text("the-controllers-own-token")
+    document = one_context("present")
+    document["users"][0]["user"] = {"tokenFile": str(controller / "token")}
+    absent = one_context("absent")
+    absent["users"][0]["user"] = {"tokenFile": str(controller / "no-such-token")}
+    for key in ("clusters", "users", "contexts"):
+        document[key] += absent[key]
+    path = fleet / "fleet.kubeconfig"
+    path.write_bytes(dump(document))
+    provider = provider_for(fleet)
+    async with running(provider):
+
+        def errors() -> dict[str, str | None]:
+            sources = provider.sources()
+            return {
+                name: getattr(sources.get(f"{path}#{name}"), "error", None) for name in ("present", "absent")
+            }
+
+        await wait_until(lambda: all(errors().values()), what="both contexts refused")
+        refused = errors()
+    assert provider.clusters.names() == []
+    present, absent_error = refused["present"], refused["absent"]
+    assert present is not None and absent_error is not None
+    assert absent_error.replace("absent", "present").replace("no-such-token", "token") == present, refused
+    assert "tokenFile names a file outside this kubeconfig's directory" in present, present
+    assert "does not exist" not in absent_error, absent_error
+
+
 # --- what messages quote ----------------------------------------------------------------------
 
 

@@ -7,7 +7,7 @@ import base64
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
@@ -112,15 +112,27 @@ class Hub:
         applied = await self.writer.client.apply(manifest, field_manager="kubefedctl", force=True)
         self.written[name] = (applied["metadata"]["resourceVersion"], secret_rv)
 
-    async def write_token(self, name: str, token: str) -> str:
+    async def write_token(self, name: str, token: str | bytes, *, key: str = "token") -> str:
+        """The member's token Secret, holding ``token`` under ``key`` (the provider reads ``token``)."""
+        raw = token if isinstance(token, bytes) else token.encode()
         secret = {
             "apiVersion": "v1",
             "kind": "Secret",
             "metadata": {"name": f"{name}-token", "namespace": self.namespace},
-            "data": {"token": base64.b64encode(token.encode()).decode()},
+            "data": {key: base64.b64encode(raw).decode()},
         }
+        # Applied: a key this manager set before and sets no more (another ``key``) is removed.
         applied = await self.writer.client.apply(secret, field_manager="kubefedctl", force=True)
-        version = str(applied["metadata"]["resourceVersion"])
+        return self._secret_written(name, applied)
+
+    async def touch_token(self, name: str, touch: str) -> str:
+        """Change the token Secret's metadata only: an event, with the same token."""
+        patch = {"metadata": {"annotations": {"touched": touch}}}
+        patched = await self.writer.client.patch(SECRET, f"{name}-token", patch, namespace=self.namespace)
+        return self._secret_written(name, patched)
+
+    def _secret_written(self, name: str, secret: Mapping[str, Any]) -> str:
+        version = str(secret["metadata"]["resourceVersion"])
         if self.written.get(name):
             object_rv, _ = self.written[name]  # type: ignore[misc]
             self.written[name] = (object_rv, version)
@@ -415,6 +427,72 @@ async def test_an_oversized_token_is_refused_and_named(hub: Hub, fleet: Fleet) -
         assert f"Secret {hub.namespace}/huge-token key 'token'" in error
         assert f"limit of {MAX_TOKEN_BYTES} bytes" in error
         await provider.clusters.wait_engaged("good")
+
+
+async def test_a_token_secret_that_cannot_be_used_says_what_is_wrong_with_it(hub: Hub, fleet: Fleet) -> None:
+    """Each was reported as "missing or has no 'token'", though kubectl shows the Secret and its key."""
+    member = fleet["cluster-2"]
+    shapes: dict[str, tuple[bytes, str]] = {
+        "binary": (
+            b"\xff\xfe-not-utf8",
+            "key 'token' is not UTF-8 text (byte 0 of 11): a bearer token is text",
+        ),
+        "blank": (b" \n\t", "key 'token' holds only whitespace"),
+        "empty": (b"", "key 'token' is empty"),
+    }
+    for name, (raw, _said) in shapes.items():
+        await hub.join(name, Target.of(member))
+        await hub.write_token(name, raw)
+    await hub.join("elsewhere", Target.of(member))
+    await hub.write_token(
+        "elsewhere", member.token_user.token or "", key="ca.crt"
+    )  # the token under another key
+    await hub.join("gone", Target.of(member))
+    await hub.writer.client.delete(SECRET, "gone-token", namespace=hub.namespace)
+    joined = hub.written["gone"]
+    assert joined is not None
+    hub.written["gone"] = (joined[0], None)  # the object as written, and no Secret
+    provider = hub.provider()
+    async with _running(_manager(provider)):
+        await hub.settled(provider)
+        errors = {name: provider.sources()[name].error for name in [*shapes, "elsewhere", "gone"]}
+        for name, (_raw, said) in shapes.items():
+            assert errors[name] == f"Secret {hub.namespace}/{name}-token {said}", errors
+        assert errors["elsewhere"] == f"Secret {hub.namespace}/elsewhere-token has no key 'token'", errors
+        assert errors["gone"] == f"Secret {hub.namespace}/gone-token is missing", errors
+        assert provider.clusters.names() == []
+
+
+async def test_tls_verification_off_is_logged_once_per_member_and_again_when_it_changes(
+    hub: Hub, fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every Secret event made a pass, and every pass logged the warning again."""
+    caplog.set_level(logging.WARNING, logger="mcruntime_kubefed")
+    member = fleet["cluster-2"]
+
+    def warnings() -> int:
+        return sum(
+            "KubeFedCluster insecure: TLS verification is off for this member" in record.getMessage()
+            for record in caplog.records
+        )
+
+    provider = hub.provider(allow_insecure=True)
+    async with _running(_manager(provider)):
+        await hub.join("insecure", Target.of(member), disabled=["*"])
+        await provider.clusters.wait_engaged("insecure")
+        await hub.settled(provider)
+        for touch in range(5):  # each an event, so a pass over every member
+            await hub.write_token(f"unrelated-{touch}", "t")
+            await hub.touch_token("insecure", str(touch))
+            await hub.settled(provider)
+        assert warnings() == 1
+        await hub.join("insecure", Target.of(member))  # verified again: nothing to warn of
+        await hub.settled(provider)
+        await hub.join("insecure", Target.of(member), disabled=["*"])  # and off again: warned again
+        await hub.settled(provider)
+        await hub.touch_token("insecure", "after")
+        await hub.settled(provider)
+        assert warnings() == 2
 
 
 async def test_token_secrets_echoed_are_used_and_spoiled_ones_name_their_secret(

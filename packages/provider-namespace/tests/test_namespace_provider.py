@@ -425,34 +425,7 @@ async def test_a_host_that_refuses_its_namespaces_is_named_in_readyz_until_grant
             )
             assert code == 500 and line in body, body
 
-            # What the provider's generated member role would grant, for this controller.
-            await host.admin.client.create(
-                {
-                    "apiVersion": "rbac.authorization.k8s.io/v1",
-                    "kind": "ClusterRole",
-                    "metadata": {"name": binding},
-                    "rules": [
-                        {
-                            "apiGroups": [""],
-                            "resources": ["namespaces", "configmaps"],
-                            "verbs": ["get", "list", "watch"],
-                        }
-                    ],
-                }
-            )
-            await host.admin.client.create(
-                {
-                    "apiVersion": "rbac.authorization.k8s.io/v1",
-                    "kind": "ClusterRoleBinding",
-                    "metadata": {"name": binding},
-                    "roleRef": {
-                        "apiGroup": "rbac.authorization.k8s.io",
-                        "kind": "ClusterRole",
-                        "name": binding,
-                    },
-                    "subjects": [{"kind": "User", "name": user.name}],
-                }
-            )
+            await _grant(host, binding, user.name)
             # Granted: the refusal clears without a restart, the namespace engages, the line goes.
             await wait_until(lambda: engaged(manager) == {name}, timeout=60, what="the namespace engaged")
             assert "host:tenants" not in provider.statuses()
@@ -464,6 +437,92 @@ async def test_a_host_that_refuses_its_namespaces_is_named_in_readyz_until_grant
             with contextlib.suppress(mcr.NotFound):
                 await host.admin.client.delete(kind, binding)
         host.plane.revoke_token_user(account)
+
+
+async def test_a_refusal_by_rbac_makes_engaged_namespaces_unhealthy_as_readyz_says(host: Host) -> None:
+    # statuses() said READY while /readyz named the host's refusals: it never read missing_permissions.
+    account = host.name("revoked")
+    user = host.plane.add_token_user(account, cluster_admin=False)
+    config = mcr.kubeconfig_from_dict(host.plane.kubeconfig(user), origin="revoked host")
+    provider = NamespaceProvider(
+        config, label_selector={SELECT: host.token}, options=OPTIONS, host_name="tenants"
+    )
+    manager = mcr.Manager(provider, health_probe_address="127.0.0.1:0", handle_signals=False)
+    mcr.controller_managed_by(manager).named("recorder").for_(CONFIGMAP).complete(Recorder(manager))
+    name = await host.namespace(host.name("a"))
+    grant = host.name("grant")
+    try:
+        await _grant(host, grant, user.name)
+        async with run_manager(manager, tasks_must_end=False):
+            await wait_until(lambda: _phase(provider, name) is mcr.ClusterPhase.READY, what="ready")
+            await wait_until(lambda: _ready(manager), timeout=60, what="ready once the namespace synced")
+            tenant = await manager.get_cluster(name)
+            await host.admin.client.delete(CLUSTERROLEBINDING, grant)  # revoked
+
+            async def refused() -> bool:
+                return not await _list_succeeds(tenant)
+
+            await wait_until(refused, what="the revoked list refused by the host")
+            status = provider.statuses()[name]
+            refusal = f"cannot list ConfigMap (configmaps) in namespace {name!r}"
+            assert status.phase is mcr.ClusterPhase.UNHEALTHY, status
+            assert status.error == f"forbidden by RBAC: {refusal}", status
+            assert status.missing_permissions == (refusal,), status
+            code, body = await _get(manager.endpoints.url("/readyz") + "?verbose")
+            assert code == 500, body
+            assert f"[-]cluster:{name} failed: forbidden by RBAC: {refusal}" in body, body
+
+            await _grant(host, grant, user.name)  # granted again: the same request succeeds, and clears it
+            await wait_until(lambda: _list_succeeds(tenant), timeout=60, what="the list allowed again")
+            status = provider.statuses()[name]
+            assert status.phase is mcr.ClusterPhase.READY and status.missing_permissions == (), status
+            await wait_until(lambda: _ready(manager), timeout=60, what="/readyz passes again")
+    finally:
+        for kind in (CLUSTERROLEBINDING, CLUSTERROLE):
+            with contextlib.suppress(mcr.NotFound):
+                await host.admin.client.delete(kind, grant)
+        host.plane.revoke_token_user(account)
+
+
+def _phase(provider: NamespaceProvider, name: str) -> mcr.ClusterPhase | None:
+    status = provider.statuses().get(name)
+    return status.phase if status is not None else None
+
+
+async def _list_succeeds(cluster: mcr.Cluster) -> bool:
+    try:
+        await cluster.client.list(CONFIGMAP)
+    except mcr.Forbidden:
+        return False
+    return True
+
+
+async def _grant(host: Host, name: str, user: str) -> None:
+    """What the provider's generated member role would grant this controller, bound to ``user``."""
+    with contextlib.suppress(mcr.AlreadyExists):
+        await host.admin.client.create(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": name},
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "resources": ["namespaces", "configmaps"],
+                        "verbs": ["get", "list", "watch"],
+                    }
+                ],
+            }
+        )
+    await host.admin.client.create(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"kind": "User", "name": user}],
+        }
+    )
 
 
 CLUSTERROLE = mcr.Kind("rbac.authorization.k8s.io/v1", "ClusterRole")

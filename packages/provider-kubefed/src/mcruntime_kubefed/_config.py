@@ -35,18 +35,36 @@ def endpoint_url(endpoint: str) -> str:
     return value.rstrip("/")
 
 
-def token_of(secret: Mapping[str, Any] | None) -> str | None:
-    """The bearer token under key ``token`` of a Secret, decoded; ``None`` if missing or empty."""
+def token_of(secret: Mapping[str, Any] | None, where: str) -> str:
+    """The bearer token under key ``token`` of a Secret, decoded and stripped.
+
+    Raises :class:`MemberConfigError` saying what is wrong with it, naming
+    ``where`` (``Secret ns/name``): an operator who finds the Secret and its
+    key with ``kubectl`` must learn from the error what to fix, never the
+    token's content.
+    """
     if secret is None:
-        return None
-    encoded = (secret.get("data") or {}).get("token")
+        raise MemberConfigError(f"{where} is missing")
+    data = secret.get("data") or {}
+    if "token" not in data:
+        raise MemberConfigError(f"{where} has no key 'token'")
+    encoded = data.get("token")
     if not encoded:
-        return None
+        raise MemberConfigError(f"{where} key 'token' is empty")
     try:
-        token = base64.b64decode(encoded, validate=True).decode("utf-8").strip()
+        raw = base64.b64decode(str(encoded), validate=True)
     except (binascii.Error, ValueError):
-        return None
-    return token or None
+        raise MemberConfigError(f"{where} key 'token' is not base64") from None
+    try:
+        token = raw.decode("utf-8").strip()
+    except UnicodeDecodeError as error:
+        raise MemberConfigError(
+            f"{where} key 'token' is not UTF-8 text (byte {error.start} of {len(raw)}): "
+            "a bearer token is text"
+        ) from None
+    if not token:
+        raise MemberConfigError(f"{where} key 'token' holds only whitespace")
+    return token
 
 
 def member_config(

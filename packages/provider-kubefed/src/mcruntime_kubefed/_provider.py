@@ -99,6 +99,8 @@ class KubeFedProvider(HubProvider):
             retry_backoff=retry_backoff,
         )
         self._kept = mcrp.LastGoodConfigs(self._owner, log)
+        self._insecure: dict[str, str] = {}
+        """Members warned of as unverified, with their endpoint then: one warning until either changes."""
 
     def rbac_rules(self) -> list[mcr.Permission]:
         """On the hub: read KubeFedClusters and their token Secrets in the federation namespace."""
@@ -178,6 +180,7 @@ class KubeFedProvider(HubProvider):
             if chosen is not None:
                 desired[name] = chosen
         self._kept.retain(live_names)
+        self._insecure = {name: server for name, server in self._insecure.items() if name in live_names}
         return desired, statuses
 
     def _config(
@@ -196,10 +199,8 @@ class KubeFedProvider(HubProvider):
                 f"Secret {self.namespace}/{secret_name} key 'token' is larger than the limit of "
                 f"{MAX_TOKEN_BYTES} bytes; not used"
             )
-        token = token_of(secret)
-        if token is None:
-            return None, f"Secret {self.namespace}/{secret_name} is missing or has no 'token'"
         try:
+            token = token_of(secret, f"Secret {self.namespace}/{secret_name}")
             config = member_config(
                 name,
                 spec,
@@ -209,9 +210,20 @@ class KubeFedProvider(HubProvider):
             )
         except MemberConfigError as error:
             return None, str(error)
-        if config.insecure:
-            log.warning("%s: KubeFedCluster %s: TLS verification is off for this member", self._owner, name)
+        self._warn_if_insecure(name, config)
         return config, None
+
+    def _warn_if_insecure(self, name: str, config: mcr.ClusterConfig) -> None:
+        """Warn once that ``name`` is not verified, again only after it was verified or moved.
+
+        Every Secret event in the namespace makes a discovery pass over every
+        member: a warning per pass would be a stream of them on a busy namespace.
+        """
+        if not config.insecure:
+            self._insecure.pop(name, None)
+        elif self._insecure.get(name) != config.server:
+            self._insecure[name] = config.server
+            log.warning("%s: KubeFedCluster %s: TLS verification is off for this member", self._owner, name)
 
 
 _NOT_READY = "waiting for KubeFed's Ready condition"

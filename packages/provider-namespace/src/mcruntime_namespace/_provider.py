@@ -39,6 +39,11 @@ def _selected(namespace: dict[str, Any]) -> bool:
     return not meta.get("deletionTimestamp") and status.get("phase") != "Terminating"
 
 
+def _forbidden(missing: tuple[str, ...]) -> str:
+    """The core's wording for a cluster's refusals: its ``/readyz`` lines say the same."""
+    return "forbidden by RBAC: " + "; ".join(missing)
+
+
 @dataclass
 class _Engaged:
     cluster: mcr.NamespacedCluster
@@ -142,16 +147,24 @@ class NamespaceProvider:
                 engaged.cluster.cache.index_field(kind, name, extract)
 
     def statuses(self) -> Mapping[str, ClusterStatus]:
-        """Frozen snapshots of every engaged namespace; the phase is the host's health."""
+        """Frozen snapshots of every engaged namespace; the phase is the host's health.
+
+        The host's one health record decides, read as ``/readyz`` reads it
+        for each namespace's cluster (they share the record): unhealthy,
+        a failing loop, or requests refused by RBAC (a relist of a revoked
+        watch, say) make every namespace unhealthy, naming what is refused.
+        """
         host = self._host
+        health = host.health if host is not None else None
         result: dict[str, ClusterStatus] = {}
         for name, engaged in sorted(self._engaged.items()):
             source = SourceStatus(
                 kind="Namespace", name=name, cluster=name, engaged=True, version=engaged.version
             )
             phase, since, error = ClusterPhase.ENGAGING, engaged.since, None
-            if host is not None:
-                health = host.health
+            missing: tuple[str, ...] = ()
+            if health is not None:
+                missing = health.missing_permissions
                 failing = engaged.cluster.failing_loops()
                 if health.state is HealthState.UNHEALTHY:
                     phase, since, error = ClusterPhase.UNHEALTHY, health.since, health.reason
@@ -159,9 +172,13 @@ class NamespaceProvider:
                     pass
                 elif failing:
                     phase, since, error = ClusterPhase.UNHEALTHY, health.since, "; ".join(failing)
+                elif missing:
+                    phase, since, error = ClusterPhase.UNHEALTHY, health.since, _forbidden(missing)
                 else:
                     phase, since = ClusterPhase.READY, max(health.since, engaged.since)
-            result[name] = ClusterStatus(name, phase, since, error, engagements=1, source=source)
+            result[name] = ClusterStatus(
+                name, phase, since, error, engagements=1, source=source, missing_permissions=missing
+            )
         if host is not None and not result:
             trouble = self._host_trouble(host)
             if trouble is not None:
@@ -182,8 +199,7 @@ class NamespaceProvider:
         """
         health = host.health
         if health.missing_permissions:
-            # The core's wording for a cluster's refusals (its readiness lines say the same).
-            error = "forbidden by RBAC: " + "; ".join(health.missing_permissions)
+            error = _forbidden(health.missing_permissions)
         elif health.state is HealthState.UNHEALTHY:
             error = health.reason or "unhealthy"
         else:

@@ -168,6 +168,8 @@ class Transport(Connection):
                     ) from None
                 if failure.timed_out:
                     return f"no answer to GET /version in {timeout:g}s", True, failure.whole_server
+                if failure.interrupted:  # the reason names the request that failed (another probe's)
+                    return failure.message, True, failure.whole_server
                 return f"GET /version failed: {failure.message}", True, failure.whole_server
             except Unsendable as error:  # our side cannot send it: the server may be fine
                 return error.message, False
@@ -279,7 +281,7 @@ class Transport(Connection):
             raise APIError(message, cluster=self.cluster, reason="AnswerTooLarge") from None
         except RequestFailed as refused:
             if interrupted:
-                raise NoAnswer(f"{self.interrupted_by}; the request was interrupted", False, False) from None
+                raise self._interrupted() from None
             # A connection refused or not made in time is the server's silence; a TLS handshake
             # refused is this cluster's trust or identity, and says nothing of the others'.
             whole_server = refused.timed_out or (refused.never_sent and not refused.tls)
@@ -290,7 +292,7 @@ class Transport(Connection):
                 # attempt, so no retry; the cluster's health says what it was.
                 raise Unsendable(unexpected(error, "sending", method, path), self.cluster) from None
             if interrupted:
-                raise NoAnswer(f"{self.interrupted_by}; the request was interrupted", False, False) from None
+                raise self._interrupted() from None
             never_sent = is_client_error(error, "ClientConnectorError")
             timed_out = isinstance(error, TimeoutError)
             # The server's own silence, not this cluster's TLS identity refused: all its clusters are cut off.
@@ -308,6 +310,10 @@ class Transport(Connection):
         if 300 <= status < 400:
             raise self._redirected(method, path, status, response_headers)
         return status, response_headers, payload
+
+    def _interrupted(self) -> NoAnswer:
+        """A request ended because the circuit opened, in the words of the verdict that opened it."""
+        return NoAnswer(f"{self.interrupted_by}; the request was interrupted", False, False, interrupted=True)
 
     def _redirected(self, method: str, path: str, status: int, headers: Mapping[str, str]) -> APIError:
         """The error for a redirect, which is never followed.

@@ -122,11 +122,21 @@ class NoAnswer(Exception):
     identity refused).
     """
 
-    def __init__(self, message: str, never_sent: bool, timed_out: bool, whole_server: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        never_sent: bool,
+        timed_out: bool,
+        whole_server: bool = False,
+        *,
+        interrupted: bool = False,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.never_sent = never_sent
         self.timed_out = timed_out
         self.whole_server = whole_server
+        self.interrupted = interrupted
+        """Ended by the circuit opening: ``message`` is the circuit's reason, which names its request."""
         self.late = 0.0
         """For a timeout: how many seconds after its deadline it fired (our event loop's lag)."""

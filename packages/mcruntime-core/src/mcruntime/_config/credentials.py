@@ -196,16 +196,14 @@ class ClusterCredentials:
         try:
             status = self._token_file.stat()
         except OSError:
-            return self._header  # keep the last good token while the file is swapped
+            # Keep the last good token while the file is swapped; but a link swapped to lead
+            # outside is named whether or not its target exists (the policy decides first).
+            self._check_token_root()
+            return self._header
         stamp = (status.st_mtime, status.st_ino)
         if stamp != self._token_file_stamp or self._header is None:
             shown = shown_path(str(self._token_file))
-            if self._token_root is not None and not within(str(self._token_file), self._token_root):
-                # Checked at load too; a link swapped in since must not send another file as the token.
-                raise Unreachable(
-                    f"tokenFile {shown} now leads outside its kubeconfig's directory; not read",
-                    cluster=self._cluster,
-                )
+            self._check_token_root()
             try:
                 raw = await asyncio.to_thread(read_regular, self._token_file, MAX_TOKEN_FILE_BYTES)
             except OSError as error:
@@ -219,6 +217,16 @@ class ClusterCredentials:
                 self._header = f"Bearer {token}"
                 self._token_file_stamp = stamp
         return self._header
+
+    def _check_token_root(self) -> None:
+        """Checked at load too; a link swapped in since must not send another file as the token."""
+        assert self._token_file is not None
+        if self._token_root is not None and not within(str(self._token_file), self._token_root):
+            raise Unreachable(
+                f"tokenFile {shown_path(str(self._token_file))} now leads outside its kubeconfig's "
+                "directory; not read",
+                cluster=self._cluster,
+            )
 
     async def _run_auth_provider(self) -> str | None:
         assert self._loader is not None

@@ -13,7 +13,7 @@ import os
 import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .._base.errors import KubeconfigError, TrustPolicyError
 
@@ -68,6 +68,41 @@ def resolve_path(value: Any, base_dir: Path | None, field_name: str, origin: str
     It must be a regular file of at most :data:`MAX_REFERENCED_BYTES`: a FIFO
     or ``/dev/zero`` named as a CA would hang or fill whoever reads it.
     """
+    return _regular_file(_absolute(value, base_dir, field_name, origin, context), field_name, origin, context)
+
+
+def resolve_own_path(value: Any, base_dir: Path | None, field_name: str, origin: str, context: str) -> str:
+    """:func:`resolve_path` for an untrusted kubeconfig: only a file in its own directory, links followed.
+
+    The trust policy decides first, from the path alone (and the links of the
+    kubeconfig's own directory), and only a path it allows is looked up. A
+    refused path is refused in the same words whether or not such a file
+    exists on this machine: whoever writes a kubeconfig into a Secret and
+    reads its status must not learn which files the controller has (nor which
+    users its ``~name`` forms name), nor read "does not exist" as "create it".
+    """
+    if not isinstance(value, str) or not value:
+        raise KubeconfigError(f"{field_name} must be a non-empty path", origin=origin, context=context)
+    if base_dir is None:
+        if not value.startswith("~") and not os.path.isabs(value):
+            _absolute(value, None, field_name, origin, context)  # raises "pass base_dir": the name alone
+        _refuse_outside(value, None, field_name, origin, context)
+    try:
+        path = Path(value).expanduser()
+    except (RuntimeError, ValueError):  # "~nobody/...": wherever that is, it is not this directory
+        _refuse_outside(value, base_dir, field_name, origin, context)
+    if not path.is_absolute():
+        path = base_dir / path
+    root = os.path.realpath(base_dir)
+    lexical = os.path.normpath(path)
+    if not (_under(lexical, os.path.normpath(base_dir)) or _under(lexical, root)):
+        _refuse_outside(str(path), base_dir, field_name, origin, context)  # never looked up
+    if not within(str(path), root):  # inside by name, outside once its links are followed
+        _refuse_outside(str(path), base_dir, field_name, origin, context)
+    return _regular_file(path, field_name, origin, context)
+
+
+def _absolute(value: Any, base_dir: Path | None, field_name: str, origin: str, context: str) -> Path:
     if not isinstance(value, str) or not value:
         raise KubeconfigError(f"{field_name} must be a non-empty path", origin=origin, context=context)
     try:
@@ -85,6 +120,10 @@ def resolve_path(value: Any, base_dir: Path | None, field_name: str, origin: str
                 context=context,
             )
         path = base_dir / path
+    return path
+
+
+def _regular_file(path: Path, field_name: str, origin: str, context: str) -> str:
     shown = shown_path(str(path))
     try:
         status = path.stat()
@@ -113,16 +152,21 @@ def resolve_path(value: Any, base_dir: Path | None, field_name: str, origin: str
     return str(path)
 
 
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
 def within(path: str, root: str) -> bool:
     """Whether ``path``, its links followed, lies under ``root`` (itself already resolved)."""
-    real = os.path.realpath(path)
-    return real == root or real.startswith(root.rstrip("/") + "/")
+    try:
+        real = os.path.realpath(path)
+    except ValueError:  # a NUL byte in the name: no file, anywhere
+        return False
+    return _under(real, root)
 
 
-def check_within(path: str, base_dir: Path | None, field_name: str, origin: str, context: str) -> None:
-    """Refuse, for an untrusted kubeconfig, a file outside its own directory (links followed)."""
-    if base_dir is not None and within(path, os.path.realpath(base_dir)):
-        return
+def _refuse_outside(path: str, base_dir: Path | None, field_name: str, origin: str, context: str) -> NoReturn:
+    """Refuse, for an untrusted kubeconfig, a file outside its own directory (or any, without one)."""
     where = "outside this kubeconfig's directory" if base_dir is not None else "and this kubeconfig has none"
     raise TrustPolicyError(
         f"{field_name} names a file {where} ({shown_path(path)}), which this trust policy refuses "

@@ -44,9 +44,9 @@ from .fields import (
     check_data,
     check_exec,
     check_types,
-    check_within,
     is_regular_file,
     read_regular,
+    resolve_own_path,
     resolve_path,
 )
 from .tokens import token_problem
@@ -377,10 +377,9 @@ def _build(kubeconfig: _Kubeconfig, context: str | None, trust: TrustPolicy) -> 
         check_exec(user["exec"], f"user {user_name!r}", origin, chosen)
 
     def local(value: Any, base_dir: Path | None, file_field: str) -> str:
-        path = resolve_path(value, base_dir, file_field, origin, chosen)
-        if not trust.allow_local_files:
-            check_within(path, base_dir, file_field, origin, chosen)
-        return path
+        if trust.allow_local_files:
+            return resolve_path(value, base_dir, file_field, origin, chosen)
+        return resolve_own_path(value, base_dir, file_field, origin, chosen)  # refused before looked up
 
     for file_field, data_field in _CLUSTER_FILES.items():
         if cluster.get(data_field):

@@ -3,11 +3,14 @@
 Its waits fail as broken rules (:func:`~._checks.eventually`), saying what was
 there instead, and it holds the case's :class:`~._leaks.LeakWatch`: every
 target a case hands the driver is made here (:meth:`_Case.target`), so rule 7
-can be checked against exactly the credentials the driver wrote.
+can be checked against exactly the credentials the driver wrote. Its driver
+is the provider's own behind a :class:`~._causes.WatchedDriver`, so every
+block the provider runs in ends with rule 3 checked over all of it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -16,6 +19,7 @@ import pytest
 
 import mcruntime as mcr
 
+from ._causes import WatchedDriver, uncaused_engagements, unwrapped
 from ._checks import CONTENT, CONTRACT, CREDENTIALS, describe, eventually, expect
 from ._controlplane import ControlPlane, User
 from ._driver import Breakage, Capability, ProviderDriver, Target
@@ -40,6 +44,7 @@ def _require_fleet(fleet: Fleet) -> None:
 
 
 def _require(driver: ProviderDriver, *capabilities: Capability) -> None:
+    driver = unwrapped(driver)
     for capability in capabilities:
         reason = driver.unsupported.get(capability)
         if reason is not None:
@@ -47,7 +52,7 @@ def _require(driver: ProviderDriver, *capabilities: Capability) -> None:
 
 
 def _supports(driver: ProviderDriver, capability: Capability) -> bool:
-    return capability not in driver.unsupported
+    return capability not in unwrapped(driver).unsupported
 
 
 @dataclass
@@ -63,6 +68,13 @@ class _Case:
     leaks: LeakWatch = field(default_factory=LeakWatch)
     timeout: float = 30.0
     """Seconds any one wait of the case may take before it fails as a broken rule."""
+    source: WatchedDriver = field(init=False)
+    """``driver`` as the cases use it: the provider's own, with the source changes timed (rule 3)."""
+
+    def __post_init__(self) -> None:
+        # Every source change a case makes passes here, so rule 3 holds over the whole case.
+        self.source = self.driver if isinstance(self.driver, WatchedDriver) else WatchedDriver(self.driver)
+        self.driver = self.source
 
     @property
     def namespace(self) -> str:
@@ -119,11 +131,18 @@ class _Case:
         credential anywhere fails whichever case it runs in.
         """
         assert self.manager is not None, "build() first"
+        since, held = time.monotonic(), set(self.source.held)
         with self.leaks.watching():
             async with running(self.manager, self.recorder):
                 yield
                 self.assert_credentials_hidden("while the provider ran")
+                self.assert_engagements_caused(since, held)
         self.assert_credentials_hidden("while the provider stopped", logs_only=True)
+
+    def assert_engagements_caused(self, since: float, held: set[str]) -> None:
+        """Rule 3 over the block: no name engaged more often than its source changed (see ``_causes``)."""
+        uncaused = uncaused_engagements(self.source, self.recorder, since, held)
+        expect(not uncaused, CONTENT, "; ".join(uncaused))
 
     def assert_credentials_hidden(self, when: str, *, logs_only: bool = False) -> None:
         """Rule 7: no credential a target gave the driver in a status, a source, a repr or a log record."""

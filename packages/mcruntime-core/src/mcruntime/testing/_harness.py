@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -38,16 +40,29 @@ class EngagementRecorder:
 
     def __init__(self) -> None:
         self.engaged: defaultdict[str, list[mcr.Cluster]] = defaultdict(list)
+        self.engaged_at: defaultdict[str, list[float]] = defaultdict(list)
+        """When (``time.monotonic()``) each object of :attr:`engaged` was engaged, in the same order."""
+        self.stopped_at: dict[int, float] = {}
+        """When each engaged cluster object (by ``id``; the recorder holds it) stopped: disengaged."""
 
     async def engage(self, name: str, cluster: mcr.Cluster) -> None:
         """Record ``cluster`` under ``name`` unless it is the object already recorded last."""
         history = self.engaged[name]
         if not history or history[-1] is not cluster:
             history.append(cluster)
+            self.engaged_at[name].append(time.monotonic())
+            cluster.on_stop(functools.partial(self._stopped, cluster))
+
+    def _stopped(self, cluster: mcr.Cluster) -> None:
+        self.stopped_at.setdefault(id(cluster), time.monotonic())
 
     def count(self, name: str) -> int:
         """How many distinct cluster objects were engaged under ``name``."""
         return len(self.engaged.get(name, []))
+
+    def timeline(self, name: str) -> list[tuple[float, mcr.Cluster]]:
+        """Every engagement under ``name``: when, and which object (a replacement is a new one)."""
+        return list(zip(self.engaged_at.get(name, []), self.engaged.get(name, []), strict=True))
 
     def every_cluster(self) -> list[tuple[str, mcr.Cluster]]:
         return [(name, cluster) for name, history in self.engaged.items() for cluster in history]

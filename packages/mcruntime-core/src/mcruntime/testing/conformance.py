@@ -50,6 +50,7 @@ from ._case import (
     _supports,
     _token_user,
 )
+from ._causes import QUIET_WINDOW, watch_quietly
 from ._checks import (
     CONTENT,
     CONTRACT,
@@ -269,7 +270,12 @@ class ProviderConformance:
             _expect_engagements(case, "alpha", 2, "one change")
 
     async def test_an_unchanged_source_never_re_engages(self, case: _Case, fleet: Fleet) -> None:
-        """Re-stating the same content, and health probes going by, keep the same cluster object."""
+        """Re-stating the same content, and health probes and polls going by, keep the same cluster object.
+
+        Watched for a few seconds and at least five of the provider's own
+        passes (``settle`` waits for one), a probe interval apart, so a
+        provider that re-engages every few polls is seen doing it.
+        """
         driver = case.driver
         plane = fleet["cluster-1"]
         await driver.add("alpha", case.target(plane))
@@ -280,12 +286,13 @@ class ProviderConformance:
                 for _touch in range(2):
                     await driver.touch("alpha", case.target(plane))
                     await driver.settle()
-            await driver.settle()
+            await watch_quietly(driver, PROBE_INTERVAL)
             now = await case.engaged("alpha")
             expect(
                 now is cluster and not cluster.stopped,
                 CONTENT,
-                f"after touches {describe(now)} replaced {describe(cluster)}",
+                f"after touches and {QUIET_WINDOW:g}s of the provider's passes, {describe(now)} "
+                f"replaced {describe(cluster)}",
             )
             _expect_engagements(case, "alpha", 1, "an unchanged source")
 
