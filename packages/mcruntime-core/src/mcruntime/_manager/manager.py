@@ -559,15 +559,10 @@ class Manager:
         self.drained = all(result is True for result in drained)
         if not self.drained:
             log.warning("some reconciles did not finish within %.0fs and were cancelled", grace)
-        if self._webhook is not None:
-            # Before the clusters stop: a call in flight may use the calling cluster's client
-            # (it would fail with ClusterNotFound), and one arriving now is told the server is
-            # shutting down, not that its cluster left the fleet. The calls get what is left of
-            # the grace, at least a second; each is bounded by its own timeout anyway.
-            left = max(1.0, grace - (time.monotonic() - began))
-            if self._webhook in self._awares:
-                self._awares.remove(self._webhook)
-            self.webhook_calls_cut = await self._webhook.close(grace=left)
+        if self._webhook is not None:  # before the clusters stop (see close_before_clusters)
+            from .webhooks import close_before_clusters  # only a manager with webhooks needs it
+
+            self.webhook_calls_cut = await close_before_clusters(self._webhook, self._awares, grace, began)
         for task in [*self._tasks.values(), *([provider_task] if provider_task else [])]:
             task.cancel()
         await asyncio.gather(

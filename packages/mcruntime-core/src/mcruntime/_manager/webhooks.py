@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -22,6 +23,8 @@ from .._webhook.handlers import AdmissionHook, Conversion, ConversionFunction, D
 from .builder import BuilderError
 
 if TYPE_CHECKING:
+    from .._fleet.protocols import Aware
+    from .._webhook.server import WebhookServer
     from .manager import Manager
 
 
@@ -222,6 +225,23 @@ def _asynchronous(handler: object) -> bool:
 
 def _named(handler: object) -> str:
     return repr(getattr(handler, "__qualname__", None) or type(handler).__name__)
+
+
+async def close_before_clusters(
+    server: WebhookServer, awares: list[Aware], grace: float, began: float
+) -> int:
+    """Close the webhook server at shutdown, after the reconciles' drain; how many calls were cut short.
+
+    It closes before the clusters stop: a call in flight may use the calling
+    cluster's client (it would fail with ``ClusterNotFound``), and one arriving
+    meanwhile must hear that the server is shutting down, not that its cluster
+    left the fleet. The calls get what is left of ``grace`` (counted from
+    ``began``, on ``time.monotonic``), at least a second; each is bounded by its
+    own timeout anyway.
+    """
+    if server in awares:
+        awares.remove(server)
+    return await server.close(grace=max(1.0, grace - (time.monotonic() - began)))
 
 
 def webhook_managed_by(manager: Manager) -> WebhookBuilder:
