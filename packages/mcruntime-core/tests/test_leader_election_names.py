@@ -360,8 +360,8 @@ def _binding(name: str, namespace: str) -> dict[str, Any]:
     }
 
 
-async def _policy_in_force(admin: mcr.Cluster, lease: str, namespace: str) -> bool:
-    """Whether creating the Lease is refused yet (the API server loads a new policy shortly after)."""
+async def _refused_with(admin: mcr.Cluster, lease: str, namespace: str, status: int) -> bool:
+    """Whether creating the Lease is refused with ``status`` yet (a new admission rule loads shortly after)."""
     probe = {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
@@ -369,8 +369,8 @@ async def _policy_in_force(admin: mcr.Cluster, lease: str, namespace: str) -> bo
     }
     try:
         await admin.client.create(probe)
-    except mcr.Invalid:
-        return True
+    except mcr.APIError as error:
+        return error.status == status
     await admin.client.delete(LEASE, lease, namespace=namespace)
     return False
 
@@ -425,7 +425,7 @@ async def test_a_lease_the_api_server_refuses_fails_readyz_and_is_named_once_at_
             await admin.client.create(_policy(policy, lease))
             await admin.client.create(_binding(policy, namespace))
             await wait_until(
-                lambda: _policy_in_force(admin, lease, namespace), what="the admission policy in force"
+                lambda: _refused_with(admin, lease, namespace, 422), what="the admission policy in force"
             )
             async with _campaign_in_trouble(plane, namespace, lease, "refused") as (manager, elector, line):
                 refused_before = await _refusals(plane, policy)
@@ -484,20 +484,6 @@ def _unreachable_webhook(name: str, namespace: str) -> dict[str, Any]:
     }
 
 
-async def _webhook_in_force(admin: mcr.Cluster, lease: str, namespace: str) -> bool:
-    probe = {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {"name": lease, "namespace": namespace},
-    }
-    try:
-        await admin.client.create(probe)
-    except mcr.APIError as error:
-        return error.status == 500
-    await admin.client.delete(LEASE, lease, namespace=namespace)
-    return False
-
-
 async def test_a_broken_webhook_on_leases_fails_readyz_once_it_outlasts_a_lease_and_recovers(
     fleet: Fleet, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -510,7 +496,7 @@ async def test_a_broken_webhook_on_leases_fails_readyz_once_it_outlasts_a_lease_
         try:
             await admin.client.create(_unreachable_webhook(hook, namespace))
             await wait_until(
-                lambda: _webhook_in_force(admin, lease, namespace), what="the broken webhook in force"
+                lambda: _refused_with(admin, lease, namespace, 500), what="the broken webhook in force"
             )
             async with _campaign_in_trouble(plane, namespace, lease, "blocked") as (manager, elector, line):
                 assert f"leader election {namespace}/{lease}: every attempt for over 3s failed" in line, line
