@@ -160,7 +160,11 @@ def test_the_deployment_settings_are_valid_and_its_grace_period_covers_the_drain
     fields = {name.removeprefix("MCRUNTIME_").lower(): value for name, value in variables.items()}
     settings = mcr.ManagerSettings.load(**fields)
     assert settings.leader_election and deployment()["spec"]["replicas"] == 2
-    bound = settings.graceful_shutdown_timeout + SHUTDOWN_MARGIN + CANCEL_MARGIN  # the drain, then the exit
+    # The kubelet's countdown starts before the preStop sleep, SIGTERM after it: the sleep,
+    # the drain, then the exit.
+    held = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert held > 0  # the Service's endpoints drop the pod while its webhooks still listen
+    bound = held + settings.graceful_shutdown_timeout + SHUTDOWN_MARGIN + CANCEL_MARGIN
     assert pod["terminationGracePeriodSeconds"] >= bound
     probes = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert settings.health_probe_bind_address == f":{probes['probes']}"
