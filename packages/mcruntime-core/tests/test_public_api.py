@@ -230,6 +230,7 @@ SUBMODULES = {
     "cache": ["CacheSyncTimeout", "IndexFunc", "Informer", "field_getter", "strip_managed_fields"],
     "client": [
         "ClusterHealth",
+        "FieldValidation",
         "FleetResult",
         "HealthState",
         "LabelSelector",

@@ -31,6 +31,10 @@ from .wording import dropped
 if TYPE_CHECKING:
     from .multiplex import WatchResponse
 
+FieldValidation = Literal["Strict", "Warn", "Ignore"]
+"""What the API server does with a write's unknown or duplicate fields: refuse, warn, or drop them."""
+FIELD_VALIDATIONS: tuple[str, ...] = ("Strict", "Warn", "Ignore")
+
 PatchType = Literal["merge", "json", "strategic"]
 """Which patch format ``Client.patch`` sends: JSON merge patch, JSON patch or strategic merge patch."""
 _PATCH_CONTENT_TYPES: dict[str, str] = {
@@ -75,6 +79,11 @@ class Client:
     client of every cluster it engages. Every write also takes ``dry_run``:
     the server validates and admits the change (webhooks included) and answers
     with the result, but stores nothing.
+
+    ``field_validation`` is sent with every write when set: ``"Strict"``
+    makes a typo such as ``dat`` for ``data`` a :class:`BadRequest` naming
+    the field, where the server's default (``"Warn"``) stores the object
+    without it and only warns (logged once per cluster and text).
     """
 
     def __init__(
@@ -84,10 +93,12 @@ class Client:
         *,
         field_manager: str | None = None,
         cluster: str | None = None,
+        field_validation: FieldValidation | None = None,
     ) -> None:
         self.transport = transport
         self.discovery: Discovery = discovery or Discovery(transport)
         self.field_manager: str | None = field_manager
+        self.field_validation: FieldValidation | None = checked_field_validation(field_validation)
         self._cluster = cluster
         self._warnings = ServerWarnings()
 
@@ -427,6 +438,8 @@ class Client:
             params["fieldManager"] = manager
         if dry_run:
             params["dryRun"] = "All"
+        if self.field_validation is not None:
+            params["fieldValidation"] = self.field_validation
         return params or None
 
     async def create(
@@ -575,6 +588,13 @@ class Client:
         if isinstance(result, dict) and result.get("kind") == "Status":
             return None
         return result if isinstance(result, dict) else None
+
+
+def checked_field_validation(value: Any, where: str = "field_validation") -> Any:
+    """``value`` if the API server knows it (or ``None``); a ``ValueError`` naming ``where`` otherwise."""
+    if value is not None and value not in FIELD_VALIDATIONS:
+        raise ValueError(f"{where} must be one of {', '.join(FIELD_VALIDATIONS)} or None, not {value!r}")
+    return value
 
 
 def _decode(raw: bytes) -> Any:

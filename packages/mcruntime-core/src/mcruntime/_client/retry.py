@@ -16,6 +16,19 @@ from .._base.backoff import Backoff
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 """Statuses a retry may cure: throttled, or the server (or a proxy in front of it) failing for now."""
 
+_TYPED_PATCH_REFUSED = b"failed to create typed patch object"
+
+
+def refused_for_good(status: int, body: bytes) -> bool:
+    """A 5xx that answers the request itself, not the server's own trouble: asking again gets the same.
+
+    Server-side apply of an object with a field its kind's schema lacks (a typo)
+    is answered 500, "failed to create typed patch object ... field not declared
+    in schema". Retried, it held a worker for seconds of backoff, and counted as
+    the server failing in the cluster's health.
+    """
+    return status == 500 and _TYPED_PATCH_REFUSED in body[:1024]
+
 
 @dataclass(frozen=True)
 class RetryPolicy:

@@ -23,7 +23,7 @@ from .connection import Connection
 from .health import ProbeInconclusive, ProbeResult
 from .http1 import AnswerTooLarge, RequestFailed
 from .pool import NoTurn, Turns
-from .retry import RETRY_STATUSES, retry_after_seconds
+from .retry import RETRY_STATUSES, refused_for_good, retry_after_seconds
 from .retry import RetryPolicy as RetryPolicy  # a transport option, importable here too
 from .wording import NoAnswer, Unsendable, describe_connection_error, is_client_error, unexpected
 
@@ -129,6 +129,8 @@ class Transport(Connection):
                 self.health.credentials_rejected(
                     f"credentials rejected: {method} {path} answered 401 Unauthorized"
                 )
+            if status >= 500 and refused_for_good(status, payload):
+                return status, response_headers, payload  # the request's own fault: no retry, no blame
             if status in RETRY_STATUSES and (safe or status == 429) and attempt + 1 < self._retry.attempts:
                 retry_after = retry_after_seconds(response_headers)
                 await asyncio.sleep(self._retry.delay(attempt, retry_after))

@@ -22,7 +22,7 @@ from .._base.tasks import TaskSet
 from .._cache.cache import Cache
 from .._cache.informer import Transform, strip_managed_fields
 from .._cache.options import CacheOptions
-from .._client.client import Client
+from .._client.client import Client, FieldValidation, checked_field_validation
 from .._client.discovery import Discovery
 from .._client.health import ClusterHealth
 from .._client.liveness import server_liveness
@@ -144,6 +144,13 @@ class ClusterOptions:
     cache: CacheOptions = field(default_factory=CacheOptions)
     """What the cache holds: several namespaces, and per kind its own namespaces,
     label and field selectors and transform (:class:`~mcruntime.ByObject`)."""
+    field_validation: FieldValidation | None = None
+    """Sent with every write of the cluster's client (see :class:`~mcruntime.Client`).
+
+    ``"Strict"`` refuses a write with a field the kind does not have, as
+    controller-runtime's ``client.WithFieldValidation(c, "Strict")`` does;
+    ``None`` leaves it to the server, which stores the object without the
+    field and warns."""
 
     def __post_init__(self) -> None:
         if not self.exec_timeout > 0 or self.exec_max_output < 1:
@@ -153,6 +160,7 @@ class ClusterOptions:
                 f"ClusterOptions: server_requests_in_flight must be at least 1, "
                 f"got {self.server_requests_in_flight!r}"
             )
+        checked_field_validation(self.field_validation, "ClusterOptions: field_validation")
         if self.cache_namespace is not None and self.cache.namespaces is not None:
             raise ValueError(
                 "ClusterOptions: give cache_namespace or cache=CacheOptions(namespaces=...), not both"
@@ -185,6 +193,7 @@ class Cluster:
         self.client: Client = Client(
             self.transport,
             Discovery(self.transport, min_refresh_interval=self.options.discovery_refresh_interval),
+            field_validation=self.options.field_validation,
         )
         self.cache: Cache = Cache(
             self.client,
