@@ -66,7 +66,9 @@ async def test_a_validator_that_returns_a_verdict_refuses_and_says_why(
 
     mcr.webhook_managed_by(manager).for_(kind).with_validator(validate).complete()
     async with serving(manager, [plane.name]):
-        with pytest.raises(mcr.APIError, match="the validator failed: TypeError"):
+        # The caller is told what to change, not only that the validator failed.
+        refused = "the validator failed: TypeError: the validator returned a dict; it returns None to admit"
+        with pytest.raises(mcr.APIError, match=refused):
             await _create(plane, make_test(kind, "verdict", "default", image="x"))
     [record] = [r for r in caplog.records if r.name == "mcruntime.webhook" and "validator" in r.getMessage()]
     assert record.levelno == logging.ERROR and "verdict" in record.getMessage()
@@ -83,7 +85,8 @@ async def test_a_defaulter_whose_metadata_is_not_an_object_refuses_in_its_own_wo
 
     mcr.webhook_managed_by(manager).for_(kind).with_defaulter(default).complete()
     async with serving(manager, [plane.name]):
-        with pytest.raises(mcr.APIError, match="the defaulter failed: TypeError"):
+        refused = "the defaulter failed: TypeError: the defaulter's object has a str as its metadata"
+        with pytest.raises(mcr.APIError, match=refused):
             await _create(plane, make_test(kind, "bad-metadata", "default", image="x"))
 
 

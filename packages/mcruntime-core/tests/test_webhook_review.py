@@ -280,7 +280,9 @@ async def test_handler_failures_are_answered_by_kind() -> None:
     kind = mcr.Kind("example.com/v1", "Test")
     response = await _answer(AdmissionHook(kind, defaulter=returns_a_list), mutating=True)
     assert response["allowed"] is False
-    assert response["status"]["message"] == "CREATE Test east:ns/t: the defaulter failed: TypeError"
+    assert response["status"]["message"] == (
+        "CREATE Test east:ns/t: the defaulter failed: TypeError: the defaulter returned a list, not the object"
+    )
     response = await _answer(AdmissionHook(kind, validator=own_timeout), mutating=False)
     assert response["status"]["message"].endswith("the validator failed: TimeoutError")
     response = await _answer(AdmissionHook(kind, validator=hangs), mutating=False, timeout=0.05)

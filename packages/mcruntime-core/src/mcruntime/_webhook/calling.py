@@ -18,25 +18,35 @@ from .handlers import AdmissionHook
 from .review import JSON, AdmissionRequest, admission_response, encode
 
 
+class HandlerMisuse(TypeError):
+    """A handler broke its contract (a verdict returned, not async, no object).
+
+    Its words are about the handler's shape, never the object's data, so the
+    API server's caller is told them: "the validator failed: TypeError" alone
+    sent an upgraded operator's users to its logs to learn that a validator
+    returning ``True`` now refuses.
+    """
+
+
 async def run_handler(hook: AdmissionHook, review: AdmissionRequest, *, mutating: bool) -> JSON | None:
     """The defaulter's object or the validator's ``None``; a verdict that would admit by mistake raises."""
     if mutating:
         assert hook.defaulter is not None
         returned: object = await _awaited("defaulter", hook.defaulter(review))
         if returned is not None and not isinstance(returned, dict):
-            raise TypeError(f"the defaulter returned a {type(returned).__name__}, not the object")
+            raise HandlerMisuse(f"the defaulter returned a {type(returned).__name__}, not the object")
         defaulted = returned if returned is not None else review.object
         metadata = defaulted.get("metadata") if defaulted is not None else None
         if metadata is not None and not isinstance(metadata, dict):
             # The API server would refuse the patch with an unmarshal error the operator never sees.
-            raise TypeError(f"the defaulter's object has a {type(metadata).__name__} as its metadata")
+            raise HandlerMisuse(f"the defaulter's object has a {type(metadata).__name__} as its metadata")
         return defaulted
     assert hook.validator is not None
     validate: Callable[[AdmissionRequest], Awaitable[object]] = hook.validator  # typed None; may not be
     verdict = await _awaited("validator", validate(review))
     if verdict is not None:
         # A validator that returns False or {"allowed": False} would otherwise admit: fail closed.
-        raise TypeError(
+        raise HandlerMisuse(
             f"the validator returned a {type(verdict).__name__}; "
             "it returns None to admit and raises Denied to refuse"
         )
@@ -46,7 +56,8 @@ async def run_handler(hook: AdmissionHook, review: AdmissionRequest, *, mutating
 def _awaited(what: str, called: object) -> Awaitable[object]:
     """What a handler's call gave, if it can be awaited; the builder refuses plain functions it can tell."""
     if not inspect.isawaitable(called):
-        raise TypeError(f"the {what} is not async: it returned a {type(called).__name__}, not an awaitable")
+        returned = type(called).__name__
+        raise HandlerMisuse(f"the {what} is not async: it returned a {returned}, not an awaitable")
     return called
 
 

@@ -38,6 +38,7 @@ from .._reconcile.request import LOCAL_CLUSTER
 from . import h2conn
 from .accept import Accepted, Open
 from .calling import (
+    HandlerMisuse,
     as_json,
     cancelled_here,
     failed,
@@ -562,7 +563,8 @@ class WebhookServer:
             return failed(hook, review, message)
         except Exception as error:
             log.error("webhook %s for %s raised", what, review, exc_info=error)
-            return failed(hook, review, f"the {what} failed: {type(error).__name__}")
+            said = f"TypeError: {error}" if isinstance(error, HandlerMisuse) else type(error).__name__
+            return failed(hook, review, f"the {what} failed: {said}")
         try:
             return admission_response(review, allowed=True, original=original, defaulted=result)
         except TypeError as error:  # a value that is not JSON (a set, say), or nesting too deep
