@@ -52,6 +52,16 @@ def test_a_counter_exposes_the_same_total_and_a_removed_series_goes() -> None:
         family.remove("west")
 
 
+def test_labels_are_taken_by_name_as_prometheus_client_takes_them() -> None:
+    # 1.0 exposed prometheus_client's own families: labels(controller=...) worked.
+    family = CounterFamily("reconcile_total", "Reconciles.", ("controller", "result"))
+    assert family.labels(result="success", controller="c") is family.labels("c", "success")
+    with pytest.raises(ValueError, match="labels controller, result expected by position or by name"):
+        family.labels(controller="c")
+    with pytest.raises(ValueError, match="got 1 by position and result by name"):
+        family.labels("c", result="success")
+
+
 def test_wrong_label_counts_and_unordered_buckets_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match="adds_total: 1 label values expected, got 2"):
         CounterFamily("adds_total", "Adds.", ("cluster",)).labels("a", "b")

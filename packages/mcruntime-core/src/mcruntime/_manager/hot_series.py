@@ -68,8 +68,19 @@ class _Family(Collector, Generic[_S]):
         self.labelnames: tuple[str, ...] = tuple(labelnames)
         self._series: dict[tuple[str, ...], _S] = {}
 
-    def labels(self, *values: str) -> _S:
-        """The series of these label values, made on first use."""
+    def labels(self, *values: str, **named: str) -> _S:
+        """The series of these label values, made on first use.
+
+        By position or by name (``labels(controller="c", result="success")``),
+        as prometheus_client's ``labels`` takes them, not both at once.
+        """
+        if named:
+            if values or set(named) != set(self.labelnames):
+                raise ValueError(
+                    f"{self.name}: labels {', '.join(self.labelnames)} expected by position or by name, "
+                    f"got {len(values)} by position and {', '.join(sorted(named))} by name"
+                )
+            values = tuple(named[label] for label in self.labelnames)
         if len(values) != len(self.labelnames):
             raise ValueError(f"{self.name}: {len(self.labelnames)} label values expected, got {len(values)}")
         found = self._series.get(values)
