@@ -221,5 +221,5 @@ def test_flags_a_factory_ignored_fail_the_check() -> None:
     mcr.controller_managed_by(manager).for_(CONFIGMAP).complete(_noop)
     assert problems(manager, {"leader_election": True}) == [
         "--leader-election given, but the factory built its Manager without settings: "
-        "use Manager.from_settings() or take a 'settings' parameter"
+        "have it build Manager.from_settings(provider, settings=settings), taking the parsed settings as a 'settings' parameter (or reading MCRUNTIME_* itself with no argument)"
     ]

@@ -143,5 +143,5 @@ async def test_rbac_refuses_flags_a_factory_ignores(tmp_path: Path) -> None:
     assert (code, out) == (2, "")
     assert err.splitlines() == [
         "mcruntime rbac: error: --leader-election given, but the factory built its Manager without "
-        "settings: use Manager.from_settings() or take a 'settings' parameter"
+        "settings: have it build Manager.from_settings(provider, settings=settings), taking the parsed settings as a 'settings' parameter (or reading MCRUNTIME_* itself with no argument)"
     ]

@@ -99,7 +99,7 @@ def test_only_the_flags_a_factory_ignored_are_named() -> None:
     mcr.controller_managed_by(manager).for_(CONFIGMAP).complete(_noop)
     assert problems(manager, {"log_format": "json", "leader_election": True, "event_loop": "asyncio"}) == [
         "--leader-election given, but the factory built its Manager without settings: "
-        "use Manager.from_settings() or take a 'settings' parameter"
+        "have it build Manager.from_settings(provider, settings=settings), taking the parsed settings as a 'settings' parameter (or reading MCRUNTIME_* itself with no argument)"
     ]
 
 
@@ -197,7 +197,7 @@ async def test_variables_a_factory_without_settings_ignores_are_refused(
     assert code == 2, err
     assert (
         "MCRUNTIME_LEADER_ELECTION='true' given, but the factory built its Manager without settings: "
-        "use Manager.from_settings() or take a 'settings' parameter"
+        "have it build Manager.from_settings(provider, settings=settings), taking the parsed settings as a 'settings' parameter (or reading MCRUNTIME_* itself with no argument)"
     ) in err, err
     assert "METRICS_BIND_ADDRESS" not in err and "LOG_LEVEL" not in err, err
 
@@ -212,5 +212,5 @@ def test_a_variable_and_a_flag_ignored_together_are_named_each_as_given() -> Non
     found = problems(manager, {"health_probe_bind_address": ":9000"}, settings, environment)
     assert found == [
         "--health-probe-bind-address, MCRUNTIME_SHARDING='true', MCRUNTIME_SHARD_NAMESPACE='ops' given, but the "
-        "factory built its Manager without settings: use Manager.from_settings() or take a 'settings' parameter"
+        "factory built its Manager without settings: have it build Manager.from_settings(provider, settings=settings), taking the parsed settings as a 'settings' parameter (or reading MCRUNTIME_* itself with no argument)"
     ]

@@ -487,3 +487,7 @@ def test_a_manager_from_settings_uses_them(fleet: Fleet, monkeypatch: pytest.Mon
     manager = mcr.Manager.from_settings(local=config_of(fleet["cluster-1"]))
     assert manager.elector is not None and manager.elector.config.name == "from-env"
     assert manager.settings is not None and manager.settings.metrics_bind_address in ("", None)
+    assert manager.field_manager is None
+    # A 1.0 factory's Manager(provider, field_manager=...) keeps its name when it moves over.
+    named = mcr.Manager.from_settings(local=config_of(fleet["cluster-1"]), field_manager="my-operator")
+    assert named.field_manager == "my-operator"

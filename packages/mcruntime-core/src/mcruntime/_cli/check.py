@@ -118,5 +118,6 @@ def ignored_flags(
         return None
     return (
         f"{', '.join(given)} given, but the factory built its Manager without settings: "
-        "use Manager.from_settings() or take a 'settings' parameter"
+        "have it build Manager.from_settings(provider, settings=settings), taking the parsed "
+        "settings as a 'settings' parameter (or reading MCRUNTIME_* itself with no argument)"
     )

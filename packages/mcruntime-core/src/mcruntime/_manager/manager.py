@@ -202,8 +202,9 @@ class Manager:
         settings: ManagerSettings | None = None,
         cluster_options: ClusterOptions | None = None,
         handle_signals: bool = True,
+        field_manager: str | None = None,
     ) -> Manager:
-        """A manager configured from ``MCRUNTIME_*`` (or the given settings).
+        """A manager configured from ``MCRUNTIME_*`` (or the given settings); ``field_manager`` as Manager's.
 
         The settings reach every cluster and controller, not only the local
         cluster: controllers built for this manager take their default lane
@@ -213,8 +214,6 @@ class Manager:
 
         Raises :class:`SettingsError` naming every invalid variable.
         """
-        import dataclasses
-
         from .._fleet.clusterset import ClusterSet
         from .settings import ManagerSettings  # pydantic loads only for managers built from settings
 
@@ -241,6 +240,7 @@ class Manager:
             coordinator=values.sharded_coordinator(),
             gc_freeze=values.gc_freeze,
             webhook=values.webhook_options(),
+            field_manager=field_manager,
         )
         manager.settings = values
         return manager
