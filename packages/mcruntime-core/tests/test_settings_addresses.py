@@ -113,6 +113,16 @@ def test_the_webhook_clashes_with_a_probe_spelled_differently() -> None:
         )
 
 
+def test_a_clash_with_a_default_address_says_it_is_the_default_and_names_no_field_twice() -> None:
+    with pytest.raises(mcr.SettingsError) as clash:
+        mcr.ManagerSettings.load(webhook_bind_address=":8081", metrics_bind_address="")
+    assert str(clash.value) == (
+        "invalid manager settings: MCRUNTIME_WEBHOOK_BIND_ADDRESS ':8081' and "
+        "MCRUNTIME_HEALTH_PROBE_BIND_ADDRESS ':8081' (its default) are the same port: "
+        "the webhook server needs one of its own"
+    )
+
+
 async def test_probes_and_metrics_on_two_spellings_of_one_address_share_a_server() -> None:
     port = free_port()
     endpoints = Endpoints(Checks(), Checks(), CollectorRegistry())

@@ -24,9 +24,9 @@ def name_problem(value: str, *, subdomain: bool) -> str | None:
     # As the API server checks (IsDNS1123Subdomain): a subdomain's parts have no length of their own.
     segments = value.split(".") if subdomain else [value]
     if not all(_DNS_LABEL.match(segment) for segment in segments):
-        parts = "dot-separated parts" if subdomain else "characters"
-        return (
-            f"is not {what}: {parts} of lower-case letters, digits and '-', "
-            "each beginning and ending with a letter or digit"
-        )
+        if subdomain:
+            shape = "dot-separated parts of lower-case letters, digits and '-', each beginning"
+        else:
+            shape = "lower-case letters, digits and '-' only, beginning"
+        return f"is not {what}: {shape} and ending with a letter or digit"
     return None

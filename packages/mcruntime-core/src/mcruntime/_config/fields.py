@@ -167,7 +167,11 @@ def within(path: str, root: str) -> bool:
 
 def _refuse_outside(path: str, base_dir: Path | None, field_name: str, origin: str, context: str) -> NoReturn:
     """Refuse, for an untrusted kubeconfig, a file outside its own directory (or any, without one)."""
-    where = "outside this kubeconfig's directory" if base_dir is not None else "and this kubeconfig has none"
+    where = (
+        "outside this kubeconfig's directory"
+        if base_dir is not None
+        else "and this kubeconfig, not read from a file, has no directory of its own"
+    )
     raise TrustPolicyError(
         f"{field_name} names a file {where} ({shown_path(path)}), which this trust policy refuses "
         "(allow it explicitly with TrustPolicy(allow_local_files=True))",

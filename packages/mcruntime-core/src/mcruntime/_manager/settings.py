@@ -208,9 +208,10 @@ class ManagerSettings(BaseSettings):
         for name in ("metrics_bind_address", "health_probe_bind_address"):
             other = getattr(self, name)
             if other and _overlap(webhook, other):
+                default = " (its default)" if name not in self.model_fields_set else ""
                 raise ValueError(
                     f"{ENV_PREFIX}WEBHOOK_BIND_ADDRESS {webhook!r} and {ENV_PREFIX}{name.upper()} "
-                    f"{other!r} are the same port: the webhook server needs one of its own"
+                    f"{other!r}{default} are the same port: the webhook server needs one of its own"
                 )
         return self
 
@@ -276,8 +277,9 @@ class ManagerSettings(BaseSettings):
                 field = ".".join(str(part) for part in detail["loc"])
                 # The value too, as `mcruntime run` shows it: a variable set by a
                 # template may not hold what its author thinks.
-                where = f"{ENV_PREFIX}{field.upper()}={detail['input']!r}" if field else "settings"
-                problems.append(f"{where}: {problem_of(detail)}")
+                problem = problem_of(detail)  # a check of several fields names them itself
+                where = f"{ENV_PREFIX}{field.upper()}={detail['input']!r}: " if field else ""
+                problems.append(where + problem)
             raise SettingsError("invalid manager settings: " + "; ".join(problems)) from None
 
 
