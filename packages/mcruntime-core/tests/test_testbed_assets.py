@@ -103,6 +103,9 @@ def test_a_kubebuilder_assets_directory_without_the_binaries_is_named(
         AssetsError, match=r"KUBEBUILDER_ASSETS=.*typo: kube-apiserver there is not an executable"
     ):
         _assets.find_assets()
+    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(clean_env / "missing"))
+    with pytest.raises(AssetsError, match=r"KUBEBUILDER_ASSETS=.*missing: no such directory"):
+        _assets.find_assets()
 
 
 def test_kubebuilder_assets_need_not_hold_the_workload_binaries(

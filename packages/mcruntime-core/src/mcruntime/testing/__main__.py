@@ -39,6 +39,17 @@ def _install(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    """``--clusters``: a whole number of at least 1 (a fleet of none would only start etcd)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is fewer than 1")
+    return value
+
+
 def _fleet(arguments: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -94,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         "--workloads", action="store_true", help="also kube-controller-manager, kube-scheduler and kwok"
     )
     install.set_defaults(run=_install)
-    fleet = commands.add_parser("fleet", help="start local control planes and print their kubeconfigs")
-    fleet.add_argument("--clusters", type=int, default=3, help="how many (default 3)")
+    fleet = commands.add_parser("fleet", help="start local control planes and print their kubeconfig paths")
+    fleet.add_argument("--clusters", type=_positive, default=3, help="how many, at least 1 (default 3)")
     fleet.add_argument("--kubeconfig-dir", help="also copy each cluster's admin kubeconfig here")
     fleet.add_argument("--exit", action="store_true", help="stop again once all are ready")
     fleet.add_argument(

@@ -111,6 +111,8 @@ def _find_one(binary: str) -> tuple[Path, str] | None:
             # Set but wrong (a typo, an empty directory): say so, as envtest does, rather than
             # fall through to the cache or to a build of minutes. (envtest's directory holds
             # no workload binaries: those are looked for further on.)
+            if not Path(assets_dir).expanduser().is_dir():
+                raise AssetsError(f"KUBEBUILDER_ASSETS={assets_dir}: no such directory")
             raise AssetsError(f"KUBEBUILDER_ASSETS={assets_dir}: {binary} there is not an executable file")
     cached = cache_dir() / binary
     if _is_executable(cached):

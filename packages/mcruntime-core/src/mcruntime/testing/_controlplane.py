@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import math
 import os
 import secrets
 import shutil
@@ -34,7 +35,33 @@ from ._workloads import Workloads
 if TYPE_CHECKING:
     from ._assets import WorkloadAssets
 
-START_TIMEOUT = float(os.environ.get("MCRUNTIME_TESTBED_START_TIMEOUT", "60"))
+START_TIMEOUT_VARIABLE = "MCRUNTIME_TESTBED_START_TIMEOUT"
+DEFAULT_START_TIMEOUT = 60.0
+
+
+def start_timeout(given: float | None = None) -> float:
+    """``given``, or ``MCRUNTIME_TESTBED_START_TIMEOUT`` (default 60 s) read when a start needs it.
+
+    Read at each start, not at import: a bad value fails the start that uses
+    it, naming the variable, instead of the import of the pytest plugin (and so
+    every test of the environment); and a conftest may still set it.
+    """
+    if given is not None:
+        if not (given > 0 and math.isfinite(given)):
+            raise TestbedError(f"a start timeout is a positive number of seconds, not {given!r}")
+        return given
+    raw = os.environ.get(START_TIMEOUT_VARIABLE, "")
+    if not raw.strip():
+        return DEFAULT_START_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise TestbedError(f"{START_TIMEOUT_VARIABLE}={raw!r}: give a positive number of seconds")
+    return value
+
+
 ADMIN_GROUP = "system:masters"
 
 
@@ -174,21 +201,23 @@ class APIServer:
         raise TestbedError(
             f"{self._plane.name}: kube-apiserver ({self.role}, port {self.port}) "
             f"{f'exited with code {code}' if code not in (None, -15, -9) else 'was not ready'} "
-            f"within {timeout:.0f}s; log {process.log_path}:\n{tail}"
+            f"within {timeout:g}s; log {process.log_path}:\n{tail}"
         )
 
-    def start(self, timeout: float = START_TIMEOUT) -> None:
+    def start(self, timeout: float | None = None) -> None:
         """Start and wait until ``/readyz`` passes and namespace ``default`` reads as admin."""
-        self._await_ready(self._spawn(), timeout)
+        limit = start_timeout(timeout)
+        self._await_ready(self._spawn(), limit)
 
-    async def start_async(self, timeout: float = START_TIMEOUT) -> None:
+    async def start_async(self, timeout: float | None = None) -> None:
         """Start without blocking the event loop.
 
         The process is spawned in the loop's thread, so the kernel still kills it
         if the test process dies; only the readiness polling runs in a thread.
         """
+        limit = start_timeout(timeout)
         process = self._spawn()
-        await asyncio.to_thread(self._await_ready, process, timeout)
+        await asyncio.to_thread(self._await_ready, process, limit)
 
     def stop(self) -> None:
         if self.process is not None:
@@ -250,7 +279,7 @@ class ControlPlane:
     # --- files ------------------------------------------------------------------
 
     def _write_files(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         (self.directory / "ca.crt").write_bytes(self.ca.cert_pem)
         serving = self.ca.issue("kube-apiserver", server_hosts=(LOOPBACK, "localhost"))
         (self.directory / "apiserver.crt").write_bytes(serving.cert_pem)
@@ -282,11 +311,12 @@ class ControlPlane:
     def running(self) -> bool:
         return self.apiserver.running
 
-    def start(self, timeout: float = START_TIMEOUT) -> None:
+    def start(self, timeout: float | None = None) -> None:
         """Start the primary apiserver (again, keeping its port and data), then its workloads, if any."""
-        self._start_apiserver(timeout)
+        limit = start_timeout(timeout)
+        self._start_apiserver(limit)
         if self.workloads is not None and not self.workloads.running:
-            self.workloads.start(timeout)
+            self.workloads.start(limit)
 
     def _start_apiserver(self, timeout: float) -> None:
         if self.apiserver.port:
@@ -309,7 +339,7 @@ class ControlPlane:
             f"{self.name}: could not bind a loopback port after 3 attempts (ports {tried} were taken)"
         ) from last
 
-    async def start_async(self, timeout: float = START_TIMEOUT) -> None:
+    async def start_async(self, timeout: float | None = None) -> None:
         if not self.apiserver.port or self.workloads is not None:
             await asyncio.to_thread(self.start, timeout)
         else:
@@ -321,7 +351,7 @@ class ControlPlane:
         *,
         nodes: int = 1,
         pod_run_seconds: float = 1.0,
-        timeout: float = START_TIMEOUT,
+        timeout: float | None = None,
     ) -> Workloads:
         """Add kube-controller-manager, kube-scheduler and kwok nodes to this running cluster.
 
@@ -332,8 +362,9 @@ class ControlPlane:
             raise TestbedError(f"{self.name}: already runs workloads")
         if not self.running:
             raise TestbedError(f"{self.name}: start the cluster before adding workloads")
+        limit = start_timeout(timeout)
         workloads = Workloads(self, assets, self.backend, nodes=nodes, pod_run_seconds=pod_run_seconds)
-        workloads.start(timeout)
+        workloads.start(limit)
         self.workloads = workloads
         return workloads
 
@@ -349,11 +380,11 @@ class ControlPlane:
     async def stop_async(self) -> None:
         await asyncio.to_thread(self.stop)
 
-    def restart(self, timeout: float = START_TIMEOUT) -> None:
+    def restart(self, timeout: float | None = None) -> None:
         self.stop()
         self.start(timeout)
 
-    def start_secondary(self, timeout: float = START_TIMEOUT) -> APIServer:
+    def start_secondary(self, timeout: float | None = None) -> APIServer:
         """Another apiserver over the same storage, on its own port.
 
         Lets a test write to the cluster while the primary is stopped; it is

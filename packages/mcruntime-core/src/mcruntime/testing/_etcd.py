@@ -78,7 +78,7 @@ class Etcd:
             if "address already in use" not in tail:
                 code = process.exit_code
                 how = f"exited with code {code}" if code not in (None, -15, -9) else "did not become healthy"
-                raise TestbedError(f"etcd {how} within {timeout:.0f}s; log {process.log_path}:\n{tail}")
+                raise TestbedError(f"etcd {how} within {timeout:g}s; log {process.log_path}:\n{tail}")
         raise TestbedError(
             "etcd could not bind loopback ports after 3 attempts "
             f"(the last: {self.client_port}, {peer_port}); log {self._workdir / 'logs' / 'etcd.log'}"

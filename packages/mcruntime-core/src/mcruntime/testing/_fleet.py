@@ -8,6 +8,7 @@ kube-scheduler and kwok (see ``_workloads``).
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
 import time
@@ -15,9 +16,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 
+from .._base.names import name_problem
 from ._assets import Assets, Progress, WorkloadAssets, ensure_assets, ensure_workload_assets
 from ._backend import Backend, Process, backend_named
-from ._controlplane import START_TIMEOUT, ControlPlane
+from ._controlplane import ControlPlane
 from ._errors import TestbedError
 from ._etcd import Etcd
 from ._leftovers import OWN_PREFIX, mark_owner, scrub, sweep_abandoned
@@ -65,6 +67,7 @@ class Fleet:
         self._clusters: dict[str, ControlPlane] = {}
         self._plane_directories: list[Path] = []  # every one this fleet wrote keys to
         self._counter = 0
+        self._stopped = False
         self.start_seconds: dict[str, float] = {}
 
     def __enter__(self) -> Fleet:
@@ -95,6 +98,7 @@ class Fleet:
     def etcd(self) -> Etcd:
         """The shared etcd, started on first use."""
         if self._etcd is None:
+            self._refuse_if_stopped("start etcd")
             sweep_abandoned()
             mark_owner(self.workdir, plane=False)
             etcd = Etcd(self.assets.etcd, self.workdir, self.backend)
@@ -106,7 +110,11 @@ class Fleet:
 
     def start(self, clusters: int | Iterable[str] = 3) -> list[ControlPlane]:
         """Start clusters: a count (named cluster-1, cluster-2, ...) or explicit names."""
+        if isinstance(clusters, str):  # a string is an iterable of one-letter names
+            raise TestbedError(f"start() takes a count or a list of names, not the string {clusters!r}")
         if isinstance(clusters, int):
+            if clusters < 0:
+                raise TestbedError(f"start() needs a count of at least 0 clusters, not {clusters}")
             return [self.add() for _ in range(clusters)]
         return [self.add(name) for name in clusters]
 
@@ -121,7 +129,7 @@ class Fleet:
     def add(
         self,
         name: str | None = None,
-        timeout: float = START_TIMEOUT,
+        timeout: float | None = None,
         extra_args: tuple[str, ...] = (),
         *,
         workloads: bool | None = None,
@@ -134,9 +142,13 @@ class Fleet:
         the fleet's choice for this cluster; with workloads, the cluster is
         returned once its nodes are Ready.
         """
+        self._refuse_if_stopped("add a cluster")
         name = name or self.new_name()
         if name in self._clusters:
             raise TestbedError(f"the fleet already has a cluster named {name!r}")
+        problem = name_problem(name, subdomain=False)  # it names a directory, a context, a user
+        if problem is not None:
+            raise TestbedError(f"cluster name {name!r} {problem}")
         run_workloads = self.workloads if workloads is None else workloads
         workload_assets = self.workload_assets if run_workloads else None
         etcd = self.etcd
@@ -163,6 +175,28 @@ class Fleet:
         self._clusters[name] = plane
         return plane
 
+    async def add_async(
+        self,
+        name: str | None = None,
+        timeout: float | None = None,
+        extra_args: tuple[str, ...] = (),
+        *,
+        workloads: bool | None = None,
+    ) -> ControlPlane:
+        """:meth:`add` without blocking the event loop (it takes seconds): for a test whose manager runs.
+
+        The processes are started from a thread; the kernel still kills them
+        with this process, since the testbed's processes die with their parent
+        process, not with the thread that started them.
+        """
+        return await asyncio.to_thread(self.add, name, timeout, extra_args, workloads=workloads)
+
+    def _refuse_if_stopped(self, what: str) -> None:
+        # A stopped fleet's etcd and directory are gone: starting anew would leave
+        # processes and keys that no stop will ever clean up.
+        if self._stopped:
+            raise TestbedError(f"cannot {what}: this fleet was stopped; make a new Fleet")
+
     def compact(self) -> int:
         """Compact etcd up to its current revision; returns that revision.
 
@@ -172,7 +206,9 @@ class Fleet:
 
     def remove(self, name: str) -> None:
         """Stop a cluster and delete its data."""
-        plane = self._clusters.pop(name)
+        plane = self._clusters.pop(name, None)
+        if plane is None:
+            raise KeyError(f"no cluster {name!r} in the fleet; it has {sorted(self._clusters)}")
         plane.remove()
 
     def __getitem__(self, name: str) -> ControlPlane:
@@ -202,8 +238,10 @@ class Fleet:
         """Stop every cluster, then etcd; remove the working directory if we made it.
 
         In a directory it was given, the fleet deletes the keys, token files,
-        kubeconfigs and etcd data it wrote, and keeps the logs.
+        kubeconfigs and etcd data it wrote, and keeps the logs. A stopped fleet
+        stays stopped: adding to it is a :class:`TestbedError`.
         """
+        self._stopped = True
         for plane in list(self._clusters.values()):
             plane.stop()
         self._clusters.clear()

@@ -41,7 +41,7 @@ def mark_owner(directory: Path, *, plane: bool) -> None:
     identity = process_identity(os.getpid())
     if identity is None:
         return
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     (directory / OWNER_FILE).write_text(f"{identity} {_PLANE if plane else _ETCD}\n")
 
 

@@ -122,7 +122,7 @@ class ManagedProcess:
     def start(self) -> None:
         if self.running:
             raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self._popen = _on_lasting_thread(
                 lambda: subprocess.Popen(

@@ -107,7 +107,7 @@ class Workloads:
     # --- files ------------------------------------------------------------------
 
     def _write_files(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._plane.kubeconfig_path()  # admin.kubeconfig, 0600, in the cluster's directory
         stages_file = self.directory / "kwok-stages.yaml"
         stages_file.write_text(yaml.safe_dump_all(stages(self.pod_run_seconds), sort_keys=False))

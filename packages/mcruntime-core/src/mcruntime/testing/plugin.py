@@ -8,7 +8,9 @@ Fixtures:
 
 ``testbed`` (session)
     A :class:`~mcruntime.testing.Fleet` with no clusters of its own; its etcd
-    starts on first use. Call ``testbed.add()`` for clusters a test may break.
+    starts on first use. Call ``testbed.add()`` for clusters a test may break,
+    and remove them in a ``finally``: the fleet lasts the whole session, so a
+    cluster one test leaves is still there for the next.
 ``fleet`` (session)
     A fleet of ``--testbed-clusters`` clusters (3 by default), shared by every
     test: tests use their own namespaces, never shared mutable state. With
@@ -18,8 +20,9 @@ Fixtures:
     kube-scheduler and a kwok node: Jobs run, garbage is collected. Started
     only when a test asks for it, so other sessions keep plain, fast clusters.
 ``fresh_cluster`` (function)
-    A new cluster for one destructive test, removed afterwards; it runs
-    workloads when the test is marked ``@pytest.mark.testbed_workloads``.
+    A new cluster for one destructive test, removed afterwards, named
+    ``fresh-N`` (never a name of ``fleet``'s); it runs workloads when the
+    test is marked ``@pytest.mark.testbed_workloads``.
 
 Options: ``--testbed-backend process|container`` (default: the
 ``MCRUNTIME_TESTBED_BACKEND`` environment variable, else ``process``) runs every
@@ -37,7 +40,9 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -101,10 +106,35 @@ def pytest_configure(config: pytest.Config) -> None:
     chosen = config.getoption("--testbed-backend", default=None)
     if chosen:
         os.environ[_BACKEND_VARIABLE] = str(chosen)
+    clusters = config.getoption("--testbed-clusters", default=3)
+    if isinstance(clusters, int) and clusters < 0:
+        raise pytest.UsageError(f"--testbed-clusters must be at least 0, not {clusters}")
+    _interrupt_on_sigterm()
     config.addinivalue_line(
         "markers",
         "testbed_workloads: the test's `fresh_cluster` runs controllers, a scheduler and kwok nodes",
     )
+
+
+def _interrupt_on_sigterm() -> None:
+    """Make SIGTERM stop the run as Ctrl-C does, so the fixtures' teardown deletes the fleets' keys.
+
+    Python's default for SIGTERM ends the process at once: no ``finally``, no
+    ``atexit``. The testbed's processes still die with it (the kernel sees to
+    that), but its private keys, token files and etcd data stayed on disk, and
+    SIGTERM is what CI timeouts and ``timeout`` send. A second SIGTERM ends the
+    run at once. A handler the program installed itself is left alone.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def interrupted(_signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise KeyboardInterrupt("SIGTERM")
+
+    signal.signal(signal.SIGTERM, interrupted)
 
 
 def _backend_name(config: pytest.Config) -> str:
@@ -167,7 +197,9 @@ def workload_fleet(testbed: Fleet, request: pytest.FixtureRequest) -> Iterator[F
 def fresh_cluster(testbed: Fleet, request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     """A cluster of one test's own, for stopping, breaking and restarting."""
     workloads = request.node.get_closest_marker("testbed_workloads") is not None
-    plane = testbed.add(workloads=workloads or None)
+    # "fresh-N", never the shared fleet's "cluster-N": a test that puts both in one
+    # kubeconfig or one provider must not find two clusters of one name.
+    plane = testbed.add(testbed.new_name("fresh"), workloads=workloads or None)
     try:
         yield plane
     finally:
