@@ -11,7 +11,7 @@ block the provider runs in ends with rule 3 checked over all of it.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -286,3 +286,15 @@ async def _alpha_and_beta(case: _Case, first: ControlPlane, second: ControlPlane
 def _expect_same(got: mcr.Cluster, engaged: mcr.Cluster, call: str) -> None:
     """``call`` answered with the very cluster object the manager has engaged under that name."""
     expect(got is engaged, CONTRACT, f"{call} returned {describe(got)}, the manager has {describe(engaged)}")
+
+
+async def assert_indexed(cluster: mcr.Cluster, token: str, names: Sequence[str]) -> None:
+    """Both of the index case's indexes find exactly ``names`` in ``cluster``."""
+    for index in ("conformance-early", "conformance-late"):
+        listed = await cluster.cache.list(CONFIGMAP, index=(index, token))
+        found = sorted(obj["metadata"]["name"] for obj in listed)
+        expect(
+            found == sorted(names),
+            CONTRACT,
+            f"index {index!r} in cluster {cluster.name!r} finds {found}, expected {sorted(names)}",
+        )
