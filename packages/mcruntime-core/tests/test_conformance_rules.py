@@ -11,10 +11,15 @@ fewer polls than the provider waited, and a remove followed by an add starts
 the status's engagement count at 1 again. Here is such a provider (its passes
 driven by the driver, so when it refreshes is certain), and the suite must
 fail it naming "rule 3, re-engage on content, never on events".
+
+A provider whose ``run()`` returned without stopping its clusters failed
+with a bare "tasks left running". Here one leaves its ``ClusterSet`` running,
+and the suite must fail it naming rule 5 and the cluster.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import cast
 
@@ -295,3 +300,65 @@ async def test_causes_fewer_engagements_than_changes_are_fine_but_none_ahead_of_
     seen.engage("alpha")
     problems = uncaused_engagements(watched, seen.recorder, since, held=())
     assert len(problems) == 1 and "and engagement 4 at +" in problems[0], problems
+
+
+# --- rule 5: a provider that leaves its clusters running --------------------------------------
+
+
+class LeavingProvider(ClusterSetProvider):
+    """Returns on cancel without stopping its set's clusters (the bug): ``ClusterSet.run`` goes on."""
+
+    def __init__(self, configs: dict[str, mcr.ClusterConfig]) -> None:
+        super().__init__("leaving provider", options=CLUSTER_OPTIONS, probe_interval=PROBE_INTERVAL)
+        self.configs = configs
+        self.engaging: asyncio.Task[None] | None = None
+
+    async def run(self, aware: mcr.Aware) -> None:
+        await self.clusters.sync(dict(self.configs))
+        self.engaging = asyncio.create_task(self.clusters.run(aware))
+        await asyncio.Event().wait()  # cancelled: returns, and the set's task runs on
+
+    async def clean_up(self) -> None:
+        """What its run() should have done, so the test leaves nothing to the next one."""
+        if self.engaging is not None:
+            self.engaging.cancel()
+            await asyncio.gather(self.engaging, return_exceptions=True)
+
+
+class LeavingDriver(ProviderDriver):
+    def __init__(self) -> None:
+        self.configs: dict[str, mcr.ClusterConfig] = {}
+        self.provider: LeavingProvider | None = None
+
+    def build(self) -> mcr.Provider:
+        self.provider = LeavingProvider(self.configs)
+        return self.provider
+
+    def status(self, name: str) -> mcr.ClusterStatus | None:
+        return self.provider.statuses().get(name) if self.provider is not None else None
+
+    async def add(self, name: str, target: Target) -> None:
+        self.configs[name] = target.config()
+
+    async def remove(self, name: str) -> None:
+        self.configs.pop(name, None)
+
+
+async def test_a_provider_that_leaves_its_clusters_running_breaks_rule_5_naming_them(
+    fleet: Fleet,
+) -> None:
+    driver = LeavingDriver()
+    try:
+        with pytest.raises(RuleBroken) as raised:
+            await _run_case(fleet, driver, "test_an_unknown_name_raises_cluster_not_found")
+    finally:
+        if driver.provider is not None:
+            await driver.provider.clean_up()
+    message = str(raised.value)
+    assert message.startswith(
+        "rule 5, disengage completely (see docs/guides/writing-a-provider.md): "
+        "the provider's run() returned without stopping cluster 'alpha': its tasks "
+    ), message
+    assert "'cluster alpha:health-probe'" in message, message
+    assert "still ran after the manager stopped; also left running: 'Task-" in message, message
+    assert "(ClusterSet.run)" in message, message  # the set's task, by what it runs
