@@ -23,7 +23,7 @@ from typing import Any
 import mcruntime as mcr
 
 from ._controlplane import ControlPlane
-from ._ending import expect_nothing_left
+from ._ending import ManagerWatch, expect_nothing_left
 from ._running import running as run_manager
 
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
@@ -142,13 +142,20 @@ def seed_index(obj: dict[str, Any]) -> list[str]:
 
 
 @asynccontextmanager
-async def running(manager: mcr.Manager, recorder: EngagementRecorder) -> AsyncIterator[mcr.Manager]:
+async def running(
+    manager: mcr.Manager, recorder: EngagementRecorder, watch: ManagerWatch | None = None
+) -> AsyncIterator[mcr.Manager]:
     """Run ``manager`` for the block; afterwards nothing may be left running or open.
 
     After shutdown, no task the block started is alive, and every cluster the
     provider ever engaged is stopped, owns no task, and has closed its
     connections: rule 5, "disengage completely", checked for every case and
     failed naming the clusters left (:func:`~._ending.expect_nothing_left`).
+
+    With ``watch``, the manager's and the provider's tasks are watched from
+    the moment the manager started, and a block that ends after the provider
+    failed fails with :class:`~._ending.ProviderFailed`, which leads with the
+    provider's error, not with the case's wait or the manager's shutdown.
     """
 
     def admin_probe(task: asyncio.Task[object]) -> bool:
@@ -156,8 +163,16 @@ async def running(manager: mcr.Manager, recorder: EngagementRecorder) -> AsyncIt
         return task.get_name().startswith("cluster conformance-admin-")
 
     before = asyncio.all_tasks()
-    async with run_manager(manager, tasks_must_end=False):
-        yield manager
+    try:
+        async with run_manager(manager, tasks_must_end=False):
+            if watch is not None:
+                watch.attach(manager, before)
+            yield manager
+    except Exception as error:
+        failed = watch.case_failed(error) if watch is not None else None
+        if watch is None or failed is None:
+            raise
+        raise failed from watch.failure
     current = asyncio.current_task()
     left = [
         task
