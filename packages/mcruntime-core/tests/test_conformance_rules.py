@@ -11,10 +11,18 @@ fewer polls than the provider waited, and a remove followed by an add starts
 the status's engagement count at 1 again. Here is such a provider (its passes
 driven by the driver, so when it refreshes is certain), and the suite must
 fail it naming "rule 3, re-engage on content, never on events".
+
+A provider whose ``run()`` raised was reported, after each wait's 30 s, as
+the rule the case was waiting for, or as the driver's own timeout; and one
+whose ``run()`` returned without stopping its clusters failed with a bare
+"tasks left running". Here a provider crashes on a request of the driver, and
+the case must fail at once with its error chained; and one leaves its
+``ClusterSet`` running, and the suite must fail it naming rule 5 and the cluster.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import cast
 
@@ -295,3 +303,163 @@ async def test_causes_fewer_engagements_than_changes_are_fine_but_none_ahead_of_
     seen.engage("alpha")
     problems = uncaused_engagements(watched, seen.recorder, since, held=())
     assert len(problems) == 1 and "and engagement 4 at +" in problems[0], problems
+
+
+# --- a provider that fails: the case stops at once, and says why ------------------------------
+
+
+class CrashingProvider(ClusterSetProvider):
+    """Configs by name, applied one pass per request; the request ``crash_on`` makes ``run()`` raise."""
+
+    def __init__(self, configs: dict[str, mcr.ClusterConfig], crash_on: str) -> None:
+        super().__init__("crashing provider", options=CLUSTER_OPTIONS, probe_interval=PROBE_INTERVAL)
+        self.configs, self.crash_on = configs, crash_on
+        self.requests: asyncio.Queue[str] = asyncio.Queue()
+        self.asked = self.passes = 0
+        self.passed = asyncio.Condition()
+        self.error: RuntimeError | None = None
+
+    async def run(self, aware: mcr.Aware) -> None:
+        await self.clusters.sync(dict(self.configs))
+        engaging = asyncio.create_task(self.clusters.run(aware))
+        try:
+            while True:
+                request = await self.requests.get()
+                if request == self.crash_on:
+                    self.error = RuntimeError(f"the source exploded on {request}")
+                    raise self.error
+                await self.clusters.sync(dict(self.configs))
+                async with self.passed:
+                    self.passes += 1
+                    self.passed.notify_all()
+        finally:
+            engaging.cancel()
+            await asyncio.gather(engaging, return_exceptions=True)
+
+
+class CrashingDriver(ProviderDriver):
+    """Each edit asks the provider for a pass; ``settle`` waits for them, as a poller's driver does."""
+
+    def __init__(self, crash_on: str) -> None:
+        self.crash_on = crash_on
+        self.configs: dict[str, mcr.ClusterConfig] = {}
+        self.provider: CrashingProvider | None = None
+
+    def build(self) -> mcr.Provider:
+        self.provider = CrashingProvider(self.configs, self.crash_on)
+        return self.provider
+
+    def status(self, name: str) -> mcr.ClusterStatus | None:
+        return self.provider.statuses().get(name) if self.provider is not None else None
+
+    def _ask(self, request: str) -> None:
+        if self.provider is not None:
+            self.provider.asked += 1
+            self.provider.requests.put_nowait(request)
+
+    async def add(self, name: str, target: Target) -> None:
+        self.configs[name] = target.config()
+        self._ask("add")
+
+    async def break_cluster(self, name: str, target: Target) -> None:
+        self.configs[name] = target.config()
+        self._ask("break")
+
+    async def touch(self, name: str, target: Target) -> None:
+        self._ask("touch")
+
+    async def remove(self, name: str) -> None:
+        self.configs.pop(name, None)
+        self._ask("remove")
+
+    async def settle(self) -> None:
+        provider = self.provider
+        if provider is None:
+            return
+        async with asyncio.timeout(30), provider.passed:  # a dead provider's pass never comes
+            await provider.passed.wait_for(lambda: provider.passes >= provider.asked)
+
+
+@pytest.mark.parametrize(
+    ("crash_on", "case_name"),
+    [
+        ("touch", "test_an_unchanged_source_never_re_engages"),  # then the case waits in settle()
+        ("break", "test_a_cluster_broken_while_running_stays_and_recovers"),  # in case.phase()
+    ],
+)
+async def test_a_provider_whose_run_raises_fails_the_case_at_once_with_its_error(
+    fleet: Fleet, crash_on: str, case_name: str
+) -> None:
+    driver = CrashingDriver(crash_on)
+    with pytest.raises(AssertionError) as raised:
+        await _run_case(fleet, driver, case_name)
+    assert driver.provider is not None and driver.provider.error is not None
+    failure = raised.value
+    assert type(failure).__name__ == "ProviderFailed", failure  # no rule: the provider failed
+    assert str(failure).startswith(
+        f"the provider's run() raised RuntimeError: the source exploded on {crash_on} "
+        "(the case stopped waiting at once; it was waiting for "
+    ), failure
+    assert failure.__cause__ is driver.provider.error  # it stopped for the crash, and chains it
+
+
+# --- rule 5: a provider that leaves its clusters running --------------------------------------
+
+
+class LeavingProvider(ClusterSetProvider):
+    """Returns on cancel without stopping its set's clusters (the bug): ``ClusterSet.run`` goes on."""
+
+    def __init__(self, configs: dict[str, mcr.ClusterConfig]) -> None:
+        super().__init__("leaving provider", options=CLUSTER_OPTIONS, probe_interval=PROBE_INTERVAL)
+        self.configs = configs
+        self.engaging: asyncio.Task[None] | None = None
+
+    async def run(self, aware: mcr.Aware) -> None:
+        await self.clusters.sync(dict(self.configs))
+        self.engaging = asyncio.create_task(self.clusters.run(aware))
+        await asyncio.Event().wait()  # cancelled: returns, and the set's task runs on
+
+    async def clean_up(self) -> None:
+        """What its run() should have done, so the test leaves nothing to the next one."""
+        if self.engaging is not None:
+            self.engaging.cancel()
+            await asyncio.gather(self.engaging, return_exceptions=True)
+
+
+class LeavingDriver(ProviderDriver):
+    def __init__(self) -> None:
+        self.configs: dict[str, mcr.ClusterConfig] = {}
+        self.provider: LeavingProvider | None = None
+
+    def build(self) -> mcr.Provider:
+        self.provider = LeavingProvider(self.configs)
+        return self.provider
+
+    def status(self, name: str) -> mcr.ClusterStatus | None:
+        return self.provider.statuses().get(name) if self.provider is not None else None
+
+    async def add(self, name: str, target: Target) -> None:
+        self.configs[name] = target.config()
+
+    async def remove(self, name: str) -> None:
+        self.configs.pop(name, None)
+
+
+async def test_a_provider_that_leaves_its_clusters_running_breaks_rule_5_naming_them(
+    fleet: Fleet,
+) -> None:
+    driver = LeavingDriver()
+    try:
+        with pytest.raises(RuleBroken) as raised:
+            await _run_case(fleet, driver, "test_an_unknown_name_raises_cluster_not_found")
+    finally:
+        if driver.provider is not None:
+            await driver.provider.clean_up()
+    message = str(raised.value)
+    assert message.startswith(
+        "rule 5, disengage completely (see docs/guides/writing-a-provider.md): "
+        "the provider's run() returned without stopping cluster 'alpha': its tasks "
+    ), message
+    assert "'cluster alpha:health-probe'" in message, message
+    assert "still ran after the manager stopped; also left running: 'Task-" in message, message
+    assert "(ClusterSet.run)" in message, message  # the set's task, by what it runs

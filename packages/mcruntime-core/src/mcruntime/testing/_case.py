@@ -11,7 +11,7 @@ block the provider runs in ends with rule 3 checked over all of it.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -23,6 +23,7 @@ from ._causes import WatchedDriver, uncaused_engagements, unwrapped
 from ._checks import CONTENT, CONTRACT, CREDENTIALS, describe, eventually, expect
 from ._controlplane import ControlPlane, User
 from ._driver import Breakage, Capability, ProviderDriver, Target
+from ._ending import ManagerWatch
 from ._fleet import Fleet
 from ._harness import CONFIGMAP, EngagementRecorder, Seeder, Seen, running
 from ._leaks import LeakWatch, shown
@@ -70,6 +71,8 @@ class _Case:
     """Seconds any one wait of the case may take before it fails as a broken rule."""
     source: WatchedDriver = field(init=False)
     """``driver`` as the cases use it: the provider's own, with the source changes timed (rule 3)."""
+    watch: ManagerWatch | None = field(default=None, init=False)
+    """While the provider runs (:meth:`run`): its task and the manager's, which every wait races."""
 
     def __post_init__(self) -> None:
         # Every source change a case makes passes here, so rule 3 holds over the whole case.
@@ -99,8 +102,16 @@ class _Case:
         *,
         seen: Callable[[], str] | None = None,
     ) -> None:
-        """:func:`~._checks.eventually` within the case's timeout."""
-        await eventually(condition, rule, what, seen=seen, timeout=self.timeout)
+        """:func:`~._checks.eventually` within the case's timeout; at once a failure if the provider fails.
+
+        A provider whose ``run()`` raised will never make ``condition`` true:
+        waiting out the timeout would only report the rule waited for.
+        """
+        wait = eventually(condition, rule, what, seen=seen, timeout=self.timeout)
+        if self.watch is None:
+            await wait
+        else:
+            await self.watch.guard(wait, what)
 
     def show(self, value: object) -> str:
         """``value`` for a failure message, with any credential it quotes hidden."""
@@ -128,15 +139,24 @@ class _Case:
         """Run the built manager for the block; rule 7 over all it showed and logged, when the block ends.
 
         Checked at the end of every block, so a provider that quotes a
-        credential anywhere fails whichever case it runs in.
+        credential anywhere fails whichever case it runs in. The manager and
+        its provider are watched meanwhile: if the provider's ``run()``
+        raises, the case's waits (and the driver's calls) stop at once and
+        the case fails with :class:`~._ending.ProviderFailed`, leading with
+        that error.
         """
         assert self.manager is not None, "build() first"
         since, held = time.monotonic(), set(self.source.held)
-        with self.leaks.watching():
-            async with running(self.manager, self.recorder):
-                yield
-                self.assert_credentials_hidden("while the provider ran")
-                self.assert_engagements_caused(since, held)
+        watch = ManagerWatch(self.leaks.redact)
+        self.watch = self.source.watch = watch
+        try:
+            with self.leaks.watching():
+                async with running(self.manager, self.recorder, watch):
+                    yield
+                    self.assert_credentials_hidden("while the provider ran")
+                    self.assert_engagements_caused(since, held)
+        finally:
+            self.watch = self.source.watch = None
         self.assert_credentials_hidden("while the provider stopped", logs_only=True)
 
     def assert_engagements_caused(self, since: float, held: set[str]) -> None:
@@ -286,3 +306,15 @@ async def _alpha_and_beta(case: _Case, first: ControlPlane, second: ControlPlane
 def _expect_same(got: mcr.Cluster, engaged: mcr.Cluster, call: str) -> None:
     """``call`` answered with the very cluster object the manager has engaged under that name."""
     expect(got is engaged, CONTRACT, f"{call} returned {describe(got)}, the manager has {describe(engaged)}")
+
+
+async def assert_indexed(cluster: mcr.Cluster, token: str, names: Sequence[str]) -> None:
+    """Both of the index case's indexes find exactly ``names`` in ``cluster``."""
+    for index in ("conformance-early", "conformance-late"):
+        listed = await cluster.cache.list(CONFIGMAP, index=(index, token))
+        found = sorted(obj["metadata"]["name"] for obj in listed)
+        expect(
+            found == sorted(names),
+            CONTRACT,
+            f"index {index!r} in cluster {cluster.name!r} finds {found}, expected {sorted(names)}",
+        )

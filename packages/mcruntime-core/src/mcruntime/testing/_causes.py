@@ -26,13 +26,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Iterable, Mapping
+from typing import Any, TypeVar
 
 import mcruntime as mcr
 
 from ._driver import ProviderDriver, Target
+from ._ending import ManagerWatch
 from ._harness import EngagementRecorder
+
+T = TypeVar("T")
 
 QUIET_PASSES = 5
 """The fewest passes of the provider (``driver.settle()``) the unchanged-source case watches go by."""
@@ -67,11 +70,16 @@ class WatchedDriver(ProviderDriver):
     """The provider's driver, with a timeline of the source changes that give a cause to engage.
 
     Every call is handed to the wrapped driver unchanged; an edit is recorded
-    before it is handed on, so no engagement it causes can come first.
+    before it is handed on, so no engagement it causes can come first. While
+    the provider runs, every call also watches it (:attr:`watch`): a
+    ``settle()`` waiting for a poll of a provider whose ``run()`` raised
+    fails at once, saying so, instead of when the driver's own timeout ends.
     """
 
     def __init__(self, driver: ProviderDriver) -> None:
         self.wrapped = driver
+        self.watch: ManagerWatch | None = None
+        """The running manager's watch, set by the case for each block in which the provider runs."""
         self.held: dict[str, Target] = {}
         """What the source holds for each name, as the case wrote it (a corrupt entry keeps its last)."""
         self.causes: defaultdict[str, list[float]] = defaultdict(list)
@@ -84,6 +92,12 @@ class WatchedDriver(ProviderDriver):
 
     def __repr__(self) -> str:
         return repr(self.wrapped)
+
+    async def _call(self, awaitable: Awaitable[T], what: str) -> T:
+        """Await a call of the wrapped driver, stopped at once if the provider fails meanwhile."""
+        if self.watch is None:
+            return await awaitable
+        return await self.watch.guard(awaitable, f"the driver's {what}")
 
     def _write(self, name: str, target: Target) -> None:
         if self.held.get(name) != target:
@@ -104,38 +118,38 @@ class WatchedDriver(ProviderDriver):
 
     async def add(self, name: str, target: Target) -> None:
         self._write(name, target)
-        await self.wrapped.add(name, target)
+        await self._call(self.wrapped.add(name, target), f"add({name!r})")
 
     async def change(self, name: str, target: Target) -> None:
         self._write(name, target)
-        await self.wrapped.change(name, target)
+        await self._call(self.wrapped.change(name, target), f"change({name!r})")
 
     async def change_credential(self, name: str, target: Target) -> None:
         self._write(name, target)
-        await self.wrapped.change_credential(name, target)
+        await self._call(self.wrapped.change_credential(name, target), f"change_credential({name!r})")
 
     async def break_cluster(self, name: str, target: Target) -> None:
         self._write(name, target)
-        await self.wrapped.break_cluster(name, target)
+        await self._call(self.wrapped.break_cluster(name, target), f"break_cluster({name!r})")
 
     async def touch(self, name: str, target: Target) -> None:
-        await self.wrapped.touch(name, target)
+        await self._call(self.wrapped.touch(name, target), f"touch({name!r})")
 
     async def corrupt(self, name: str) -> None:
-        await self.wrapped.corrupt(name)
+        await self._call(self.wrapped.corrupt(name), f"corrupt({name!r})")
 
     async def remove(self, name: str) -> None:
         self.held.pop(name, None)
-        await self.wrapped.remove(name)
+        await self._call(self.wrapped.remove(name), f"remove({name!r})")
 
     async def add_duplicate(self, name: str, target: Target) -> None:
-        await self.wrapped.add_duplicate(name, target)
+        await self._call(self.wrapped.add_duplicate(name, target), f"add_duplicate({name!r})")
 
     def duplicate_reported(self, name: str) -> bool:
         return self.wrapped.duplicate_reported(name)
 
     async def settle(self) -> None:
-        await self.wrapped.settle()
+        await self._call(self.wrapped.settle(), "settle()")
 
 
 def unwrapped(driver: ProviderDriver) -> ProviderDriver:

@@ -9,11 +9,10 @@ enforces, and the message says what the suite saw instead.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 
 import mcruntime as mcr
 
-from ._harness import CONFIGMAP
 from ._running import wait_until
 
 GUIDE = "docs/guides/writing-a-provider.md"
@@ -71,14 +70,3 @@ async def eventually(
             raise  # the condition's own assertion, not the deadline
         instead = f"; {seen()}" if seen is not None else ""
         raise RuleBroken(f"{rule} (see {GUIDE}): not within {timeout:g}s: {what}{instead}") from None
-
-
-async def assert_indexed(cluster: mcr.Cluster, token: str, names: Sequence[str]) -> None:
-    for index in ("conformance-early", "conformance-late"):
-        listed = await cluster.cache.list(CONFIGMAP, index=(index, token))
-        found = sorted(obj["metadata"]["name"] for obj in listed)
-        expect(
-            found == sorted(names),
-            CONTRACT,
-            f"index {index!r} in cluster {cluster.name!r} finds {found}, expected {sorted(names)}",
-        )

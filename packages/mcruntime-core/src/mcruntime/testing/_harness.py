@@ -23,6 +23,7 @@ from typing import Any
 import mcruntime as mcr
 
 from ._controlplane import ControlPlane
+from ._ending import ManagerWatch, expect_nothing_left
 from ._running import running as run_manager
 
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
@@ -141,21 +142,41 @@ def seed_index(obj: dict[str, Any]) -> list[str]:
 
 
 @asynccontextmanager
-async def running(manager: mcr.Manager, recorder: EngagementRecorder) -> AsyncIterator[mcr.Manager]:
+async def running(
+    manager: mcr.Manager, recorder: EngagementRecorder, watch: ManagerWatch | None = None
+) -> AsyncIterator[mcr.Manager]:
     """Run ``manager`` for the block; afterwards nothing may be left running or open.
 
     After shutdown, no task the block started is alive, and every cluster the
     provider ever engaged is stopped, owns no task, and has closed its
-    connections: "disengage completely" checked for every case.
+    connections: rule 5, "disengage completely", checked for every case and
+    failed naming the clusters left (:func:`~._ending.expect_nothing_left`).
+
+    With ``watch``, the manager's and the provider's tasks are watched from
+    the moment the manager started, and a block that ends after the provider
+    failed fails with :class:`~._ending.ProviderFailed`, which leads with the
+    provider's error, not with the case's wait or the manager's shutdown.
     """
 
     def admin_probe(task: asyncio.Task[object]) -> bool:
         # The seeder's own admin connections outlive the block on purpose (their health probes).
         return task.get_name().startswith("cluster conformance-admin-")
 
-    async with run_manager(manager, ignore_tasks=admin_probe):
-        yield manager
-    for name, cluster in recorder.every_cluster():
-        assert cluster.stopped, f"cluster {name!r} ({cluster!r}) was not stopped with its provider"
-        assert len(cluster.tasks) == 0, f"cluster {name!r} still owns {len(cluster.tasks)} tasks"
-        assert cluster.transport.closed, f"cluster {name!r} left its connections open"
+    before = asyncio.all_tasks()
+    try:
+        async with run_manager(manager, tasks_must_end=False):
+            if watch is not None:
+                watch.attach(manager, before)
+            yield manager
+    except Exception as error:
+        failed = watch.case_failed(error) if watch is not None else None
+        if watch is None or failed is None:
+            raise
+        raise failed from watch.failure
+    current = asyncio.current_task()
+    left = [
+        task
+        for task in asyncio.all_tasks() - before
+        if task is not current and not task.done() and not admin_probe(task)
+    ]
+    expect_nothing_left(left, recorder.every_cluster())

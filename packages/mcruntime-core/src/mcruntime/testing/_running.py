@@ -69,6 +69,9 @@ async def wait_until(
         await asyncio.sleep(min(interval, deadline - loop.time()))
 
 
+MANAGER_TASK = "test:manager"
+"""The name of the task :func:`running` runs ``manager.start()`` in (the conformance suite watches it)."""
+
 LAST_CHECK_GRACE = 0.5
 """Seconds an awaitable check begun at the deadline may take before it counts as hung (at most the
 timeout)."""
@@ -115,7 +118,7 @@ async def running(
     those ``ignore_tasks`` accepts): the check that shutdown is complete.
     """
     before = asyncio.all_tasks()
-    runner = asyncio.create_task(manager.start(), name="test:manager")
+    runner = asyncio.create_task(manager.start(), name=MANAGER_TASK)
     started = asyncio.create_task(manager.wait_started())
     try:
         async with asyncio.timeout(start_timeout):

@@ -49,6 +49,7 @@ from ._case import (
     _require_fleet,
     _supports,
     _token_user,
+    assert_indexed,
 )
 from ._causes import QUIET_WINDOW, watch_quietly
 from ._checks import (
@@ -58,7 +59,6 @@ from ._checks import (
     GONE,
     ISOLATED,
     NAMES,
-    assert_indexed,
     describe,
     expect,
     same_secret,
