@@ -85,19 +85,15 @@ def test_the_cli_refuses_a_fleet_of_no_clusters(capsys: pytest.CaptureFixture[st
         assert f"argument --clusters: {int(count)} is fewer than 1" in capsys.readouterr().err
 
 
+def _pytest(*arguments: str) -> list[str]:
+    """A pytest run of its own, as a user's shell or CI starts one."""
+    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *arguments]
+
+
 def test_a_negative_fleet_size_is_a_usage_error(tmp_path: Path) -> None:
     (tmp_path / "test_nothing.py").write_text("def test_nothing() -> None:\n    pass\n")
     run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "--testbed-clusters=-1",
-            "test_nothing.py",
-        ],
+        _pytest("--testbed-clusters=-1", "test_nothing.py"),
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -154,17 +150,7 @@ def test_sigterm_to_pytest_stops_the_fleets_and_deletes_their_keys(tmp_path: Pat
     (tmp_path / "pytest.ini").write_text("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
     basetemp = tmp_path / "bt"
     run = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "--testbed-clusters=1",
-            f"--basetemp={basetemp}",
-            str(tmp_path / "test_sleeper.py"),
-        ],
+        _pytest("--testbed-clusters=1", f"--basetemp={basetemp}", str(tmp_path / "test_sleeper.py")),
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
