@@ -11,7 +11,8 @@ from __future__ import annotations
 from ._base.kind import Resource
 from ._base.labels import LabelSelector
 from ._base.objects import object_key
-from ._client.client import FieldValidation, ObjectList, PatchType, WatchEvent
+from ._client.client import ObjectList, PatchType, WatchEvent
+from ._client.field_validation import FieldValidation
 from ._client.health import ClusterHealth, HealthState
 from ._fleet.clients import FleetResult
 

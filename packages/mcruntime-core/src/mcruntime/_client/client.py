@@ -20,6 +20,7 @@ from .._base.kind import Kind, Resource
 from .._base.objects import JSON, to_json_shape
 from .answers import json_answer, list_page, next_page, watch_event
 from .discovery import Discovery
+from .field_validation import FieldValidation, checked_field_validation
 from .permissions import refused_by_authorization, verb_of
 from .server_warnings import ServerWarnings
 from .transport import Transport
@@ -30,10 +31,6 @@ from .wording import dropped
 
 if TYPE_CHECKING:
     from .multiplex import WatchResponse
-
-FieldValidation = Literal["Strict", "Warn", "Ignore"]
-"""What the API server does with a write's unknown or duplicate fields: refuse, warn, or drop them."""
-FIELD_VALIDATIONS: tuple[str, ...] = ("Strict", "Warn", "Ignore")
 
 PatchType = Literal["merge", "json", "strategic"]
 """Which patch format ``Client.patch`` sends: JSON merge patch, JSON patch or strategic merge patch."""
@@ -588,13 +585,6 @@ class Client:
         if isinstance(result, dict) and result.get("kind") == "Status":
             return None
         return result if isinstance(result, dict) else None
-
-
-def checked_field_validation(value: Any, where: str = "field_validation") -> Any:
-    """``value`` if the API server knows it (or ``None``); a ``ValueError`` naming ``where`` otherwise."""
-    if value is not None and value not in FIELD_VALIDATIONS:
-        raise ValueError(f"{where} must be one of {', '.join(FIELD_VALIDATIONS)} or None, not {value!r}")
-    return value
 
 
 def _decode(raw: bytes) -> Any:

@@ -22,8 +22,9 @@ from .._base.tasks import TaskSet
 from .._cache.cache import Cache
 from .._cache.informer import Transform, strip_managed_fields
 from .._cache.options import CacheOptions
-from .._client.client import Client, FieldValidation, checked_field_validation
+from .._client.client import Client
 from .._client.discovery import Discovery
+from .._client.field_validation import FieldValidation, checked_field_validation
 from .._client.health import ClusterHealth
 from .._client.liveness import server_liveness
 from .._client.transport import RetryPolicy, Transport
