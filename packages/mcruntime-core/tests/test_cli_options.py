@@ -102,8 +102,10 @@ def test_a_bad_variable_is_named_with_its_value(monkeypatch: pytest.MonkeyPatch)
 
 def test_settings_that_contradict_each_other_are_explained() -> None:
     # Named as they were given: flags by their flags.
-    with pytest.raises(UsageError, match="--leader-election and --sharding are alternatives"):
-        load_settings(flags_of("--leader-election", "--sharding"))
+    with pytest.raises(
+        UsageError, match=r"^invalid settings: --leader-election and --sharding are alternatives"
+    ):
+        load_settings(flags_of("--leader-election", "--sharding"))  # no "settings: settings:"
 
 
 def test_a_clash_of_a_flag_and_a_variable_names_each_as_given(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -79,13 +79,13 @@ def load_settings(flags: Mapping[str, object]) -> ManagerSettings:
         problems = []
         for detail in error.errors():
             field = str(detail["loc"][0]) if detail["loc"] else ""
-            if not field:
-                where = "settings"
+            if not field:  # a check of several settings: its message names them itself
+                where = ""
             elif field in flags:
-                where = f"{flag_of(field)} {flags[field]!r}"
+                where = f"{flag_of(field)} {flags[field]!r}: "
             else:
-                where = f"{variable_of(field)}={os.environ.get(variable_of(field), '')!r}"
-            problems.append(f"{where}: {_as_given(problem_of(detail), flags)}")
+                where = f"{variable_of(field)}={os.environ.get(variable_of(field), '')!r}: "
+            problems.append(where + _as_given(problem_of(detail), flags))
         raise UsageError("invalid settings: " + "; ".join(problems)) from None
 
 
