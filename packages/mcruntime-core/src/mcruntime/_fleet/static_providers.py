@@ -149,6 +149,8 @@ class MultiProvider:
             for prefix, provider in self._providers.items()
             if isinstance(provider, ProviderRunnable)
         ]
+        if not runnables:  # members that only answer get(): still a run() that lasts until cancelled
+            await asyncio.get_running_loop().create_future()
         async with asyncio.TaskGroup() as group:
             for runnable in runnables:
                 group.create_task(runnable)

@@ -41,7 +41,7 @@ from .metrics import ManagerMetrics
 from .readiness import cluster_not_ready, lifecycle_problem, readiness_lines
 from .serving import Check, CheckLine, Checks, Endpoints
 from .signals import install_signal_handlers
-from .starting import StartLatch
+from .starting import PROVIDER_RETURNED, StartLatch
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -210,9 +210,8 @@ class Manager:
         cluster: controllers built for this manager take their default lane
         width, global bound and cache-sync timeout from them, and a provider
         whose clusters use the default cache-sync timeout gets the configured
-        one (a timeout chosen explicitly in the provider's options stays).
-
-        Raises :class:`SettingsError` naming every invalid variable.
+        one (a timeout chosen explicitly in the provider's options stays). Raises
+        :class:`SettingsError` naming every invalid variable.
         """
         from .._fleet.clusterset import ClusterSet
         from .settings import ManagerSettings  # pydantic loads only for managers built from settings
@@ -545,6 +544,8 @@ class Manager:
                     if error is not None:
                         log.error("%s failed; shutting down", task.get_name(), exc_info=error)
                         raise error
+                    if task is provider_task:  # its run() runs until cancelled: discovery ended in silence
+                        log.warning(PROVIDER_RETURNED, type(self.provider).__name__, len(self._engaged))
                 if not watched:
                     return
         finally:

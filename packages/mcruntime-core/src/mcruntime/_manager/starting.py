@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import asyncio
 
+PROVIDER_RETURNED = (
+    "the provider's run() returned while the manager runs: %s engages and disengages no more "
+    "clusters from now on (the %d engaged stay); a provider's run() is to run until cancelled"
+)
+"""Logged at WARNING: the manager goes on, but discovery stopped, and nothing else would say so."""
+
 
 class StartLatch:
     """Set once a start has started everything; or ended, with its error if it failed."""
