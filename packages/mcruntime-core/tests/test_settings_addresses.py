@@ -113,7 +113,10 @@ def test_the_webhook_clashes_with_a_probe_spelled_differently() -> None:
         )
 
 
-def test_a_clash_with_a_default_address_says_it_is_the_default_and_names_no_field_twice() -> None:
+def test_a_clash_with_a_default_address_says_it_is_the_default_and_names_no_field_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("MCRUNTIME_HEALTH_PROBE_BIND_ADDRESS", raising=False)
     with pytest.raises(mcr.SettingsError) as clash:
         mcr.ManagerSettings.load(webhook_bind_address=":8081", metrics_bind_address="")
     assert str(clash.value) == (
@@ -121,6 +124,10 @@ def test_a_clash_with_a_default_address_says_it_is_the_default_and_names_no_fiel
         "MCRUNTIME_HEALTH_PROBE_BIND_ADDRESS ':8081' (its default) are the same port: "
         "the webhook server needs one of its own"
     )
+    monkeypatch.setenv("MCRUNTIME_HEALTH_PROBE_BIND_ADDRESS", ":8081")  # set, to the default's value
+    with pytest.raises(mcr.SettingsError) as clash:
+        mcr.ManagerSettings.load(webhook_bind_address=":8081", metrics_bind_address="")
+    assert "(its default)" not in str(clash.value)
 
 
 async def test_probes_and_metrics_on_two_spellings_of_one_address_share_a_server() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -208,7 +209,8 @@ class ManagerSettings(BaseSettings):
         for name in ("metrics_bind_address", "health_probe_bind_address"):
             other = getattr(self, name)
             if other and _overlap(webhook, other):
-                default = " (its default)" if name not in self.model_fields_set else ""
+                given = name in self.model_fields_set or f"{ENV_PREFIX}{name.upper()}" in os.environ
+                default = "" if given else " (its default)"
                 raise ValueError(
                     f"{ENV_PREFIX}WEBHOOK_BIND_ADDRESS {webhook!r} and {ENV_PREFIX}{name.upper()} "
                     f"{other!r}{default} are the same port: the webhook server needs one of its own"
