@@ -25,6 +25,7 @@ import mcruntime as mcr
 from ._controlplane import ControlPlane
 from ._ending import ManagerWatch, expect_nothing_left
 from ._running import running as run_manager
+from ._running import tasks_left
 
 CONFIGMAP = mcr.Kind("v1", "ConfigMap")
 SEED_LABEL = "conformance.mcruntime.dev/case"
@@ -173,10 +174,4 @@ async def running(
         if watch is None or failed is None:
             raise
         raise failed from watch.failure
-    current = asyncio.current_task()
-    left = [
-        task
-        for task in asyncio.all_tasks() - before
-        if task is not current and not task.done() and not admin_probe(task)
-    ]
-    expect_nothing_left(left, recorder.every_cluster())
+    expect_nothing_left(tasks_left(before, admin_probe), recorder.every_cluster())

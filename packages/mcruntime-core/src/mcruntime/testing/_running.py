@@ -133,10 +133,17 @@ async def running(
         await runner
     if not tasks_must_end:
         return
-    current = asyncio.current_task()
-    left = sorted(
-        task.get_name()
-        for task in asyncio.all_tasks() - before
-        if task is not current and not task.done() and not (ignore_tasks is not None and ignore_tasks(task))
-    )
+    left = sorted(task.get_name() for task in tasks_left(before, ignore_tasks))
     assert left == [], f"tasks left running after the manager stopped: {left}"
+
+
+def tasks_left(
+    before: set[asyncio.Task[object]], ignore: Callable[[asyncio.Task[object]], bool] | None = None
+) -> list[asyncio.Task[object]]:
+    """Tasks started since ``before`` still running (the caller's own and those ``ignore`` accepts aside)."""
+    current = asyncio.current_task()
+    return [
+        task
+        for task in asyncio.all_tasks() - before
+        if task is not current and not task.done() and not (ignore is not None and ignore(task))
+    ]
