@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -37,6 +38,17 @@ def test_a_string_is_not_a_list_of_names_and_a_count_is_not_negative(tmp_path: P
     with pytest.raises(KeyError, match="no cluster 'nope' in the fleet; it has \\[\\]"):
         fleet.remove("nope")
     assert fleet.processes() == []  # none of it started anything
+    fleet.stop()
+
+
+def test_a_workdir_that_is_a_file_is_named_and_a_string_path_works(tmp_path: Path) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("not a directory")
+    said = f"Fleet(workdir='{taken}'): that path is a file, not a directory"
+    with pytest.raises(TestbedError, match=re.escape(said)):
+        Fleet(workdir=taken)
+    fleet = Fleet(workdir=str(tmp_path / "given"))  # a str, as a user may pass it
+    assert fleet.workdir == tmp_path / "given"
     fleet.stop()
 
 

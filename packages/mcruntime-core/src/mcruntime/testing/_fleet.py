@@ -43,7 +43,7 @@ class Fleet:
         self,
         *,
         assets: Assets | None = None,
-        workdir: Path | None = None,
+        workdir: Path | str | None = None,
         progress: Progress | None = None,
         etcd: Etcd | None = None,
         workloads: bool = False,
@@ -60,6 +60,9 @@ class Fleet:
             backend_named(backend) if backend is None or isinstance(backend, str) else backend
         )
         self._progress = progress
+        workdir = Path(workdir) if workdir is not None else None
+        if workdir is not None and workdir.exists() and not workdir.is_dir():
+            raise TestbedError(f"Fleet(workdir={str(workdir)!r}): that path is a file, not a directory")
         self._own_workdir = workdir is None
         self.workdir: Path = workdir or Path(tempfile.mkdtemp(prefix=OWN_PREFIX))
         self._etcd = etcd
