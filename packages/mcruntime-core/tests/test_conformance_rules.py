@@ -309,11 +309,15 @@ async def test_causes_fewer_engagements_than_changes_are_fine_but_none_ahead_of_
 
 
 class CrashingProvider(ClusterSetProvider):
-    """Configs by name, applied one pass per request; the request ``crash_on`` makes ``run()`` raise."""
+    """Configs by name, applied one pass per request; the request ``crash_on`` makes ``run()`` raise.
 
-    def __init__(self, configs: dict[str, mcr.ClusterConfig], crash_on: str) -> None:
+    With ``returns``, that request makes ``run()`` return instead, as if its
+    source had ended: no error, and no cancellation asked for it.
+    """
+
+    def __init__(self, configs: dict[str, mcr.ClusterConfig], crash_on: str, returns: bool = False) -> None:
         super().__init__("crashing provider", options=CLUSTER_OPTIONS, probe_interval=PROBE_INTERVAL)
-        self.configs, self.crash_on = configs, crash_on
+        self.configs, self.crash_on, self.returns = configs, crash_on, returns
         self.requests: asyncio.Queue[str] = asyncio.Queue()
         self.asked = self.passes = 0
         self.passed = asyncio.Condition()
@@ -325,6 +329,8 @@ class CrashingProvider(ClusterSetProvider):
         try:
             while True:
                 request = await self.requests.get()
+                if request == self.crash_on and self.returns:
+                    return
                 if request == self.crash_on:
                     self.error = RuntimeError(f"the source exploded on {request}")
                     raise self.error
@@ -340,13 +346,13 @@ class CrashingProvider(ClusterSetProvider):
 class CrashingDriver(ProviderDriver):
     """Each edit asks the provider for a pass; ``settle`` waits for them, as a poller's driver does."""
 
-    def __init__(self, crash_on: str) -> None:
-        self.crash_on = crash_on
+    def __init__(self, crash_on: str, returns: bool = False) -> None:
+        self.crash_on, self.returns = crash_on, returns
         self.configs: dict[str, mcr.ClusterConfig] = {}
         self.provider: CrashingProvider | None = None
 
     def build(self) -> mcr.Provider:
-        self.provider = CrashingProvider(self.configs, self.crash_on)
+        self.provider = CrashingProvider(self.configs, self.crash_on, self.returns)
         return self.provider
 
     def status(self, name: str) -> mcr.ClusterStatus | None:
@@ -401,6 +407,29 @@ async def test_a_provider_whose_run_raises_fails_the_case_at_once_with_its_error
         "(the case stopped waiting at once; it was waiting for "
     ), failure
     assert failure.__cause__ is driver.provider.error  # it stopped for the crash, and chains it
+
+
+@pytest.mark.parametrize(
+    ("returns_on", "case_name"),
+    [
+        ("touch", "test_an_unchanged_source_never_re_engages"),  # then the case waits in settle()
+        ("break", "test_a_cluster_broken_while_running_stays_and_recovers"),  # in case.phase()
+    ],
+)
+async def test_a_provider_whose_run_returns_early_fails_the_case_at_once(
+    fleet: Fleet, returns_on: str, case_name: str
+) -> None:
+    driver = CrashingDriver(returns_on, returns=True)
+    with pytest.raises(AssertionError) as raised:
+        await _run_case(fleet, driver, case_name)
+    failure = raised.value
+    assert type(failure).__name__ == "ProviderFailed", failure  # not a rule's 30 s timeout
+    assert str(failure).startswith(
+        "the provider's run() returned while the manager ran, before it was cancelled: it engages and "
+        "disengages nothing from then on, and a provider's run() is to run until cancelled (the case "
+        "stopped waiting at once; it was waiting for "
+    ), failure
+    assert failure.__cause__ is None  # nothing raised, so nothing is chained
 
 
 # --- rule 5: a provider that leaves its clusters running --------------------------------------

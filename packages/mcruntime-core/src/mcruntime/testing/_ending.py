@@ -10,6 +10,11 @@ the provider's tasks (:meth:`ManagerWatch.guard`): the moment either ends
 with an error, the wait stops and the case fails with :class:`ProviderFailed`,
 which leads with the provider's exception and chains it.
 
+A provider whose ``run()`` returns while the manager runs, without an error
+and before it was cancelled, breaks the contract in the same silent way: the
+manager warns and goes on, but nothing is engaged or disengaged any more. It
+fails the case at once too, as a :class:`ProviderFailed` that says it returned.
+
 A provider whose ``run()`` returns, when cancelled, without stopping its
 clusters leaves their tasks running ('cluster alpha:health-probe'). That is
 rule 5, disengage completely, and :func:`expect_nothing_left` reports it so,
@@ -35,7 +40,15 @@ PROVIDER_TASK = "provider"
 
 
 class ProviderFailed(AssertionError):
-    """A case stopped because its provider's ``run()`` (or its manager) raised; that error is chained."""
+    """A case stopped because its provider's ``run()`` (or its manager) raised; that error is chained.
+
+    Also raised, with nothing chained, when the provider's ``run()`` returned
+    before the manager stopped it.
+    """
+
+
+class _Returned(Exception):
+    """Stands for the error a provider's ``run()`` that returned early did not raise."""
 
 
 class ManagerWatch:
@@ -51,6 +64,7 @@ class ManagerWatch:
         self._tasks: list[asyncio.Task[Any]] = []
         self._failure: tuple[BaseException, str] | None = None  # the error, and who raised it
         self._context: BaseException | None = None  # the error's own context, before shutdown set another
+        self._ending = False  # the case's block is over: the manager stops, and run() may return
 
     def attach(self, manager: mcr.Manager, before: Iterable[asyncio.Task[Any]]) -> None:
         """Watch the manager's and the provider's tasks: those started since ``before`` by those names.
@@ -64,8 +78,17 @@ class ManagerWatch:
         for task in self._tasks:
             task.add_done_callback(self._ended)
 
+    def ending(self) -> None:
+        """The case's block is over: from now on the provider's ``run()`` may end without failing it."""
+        self._ending = True
+
     def _ended(self, task: asyncio.Task[Any]) -> None:
-        if self._failure is not None or task.cancelled() or task.exception() is None:
+        if self._failure is not None or task.cancelled():
+            return
+        if task.exception() is None:
+            # Not asked to stop (a run() that swallows its cancellation returns too): it returned early.
+            if task.get_name() == PROVIDER_TASK and not self._ending and task.cancelling() == 0:
+                self._failure = (_Returned(), "the provider's run()")
             return
         error = task.exception()
         assert error is not None
@@ -84,13 +107,30 @@ class ManagerWatch:
 
     @property
     def failure(self) -> BaseException | None:
-        """The error the provider's ``run()`` or the manager ended with, once one did."""
-        return self._failure[0] if self._failure is not None else None
+        """The error the provider's ``run()`` or the manager ended with, once one did.
+
+        ``None`` too when ``run()`` returned early: there is no error to chain
+        (:attr:`ended` says whether anything ended the case).
+        """
+        if self._failure is None or isinstance(self._failure[0], _Returned):
+            return None
+        return self._failure[0]
+
+    @property
+    def ended(self) -> bool:
+        """Whether the provider's ``run()`` or the manager failed, or ``run()`` returned early."""
+        return self._failure is not None
 
     def failed(self, detail: str) -> ProviderFailed:
         """The case's failure: who raised what, ``detail`` after it; raise it ``from self.failure``."""
         assert self._failure is not None
         error, who = self._failure
+        if isinstance(error, _Returned):
+            return ProviderFailed(
+                f"{who} returned while the manager ran, before it was cancelled: it engages and "
+                f"disengages nothing from then on, and a provider's run() is to run until cancelled "
+                f"({detail})"
+            )
         said = self._redact(str(error))
         raised = f"{type(error).__name__}: {said}" if said else type(error).__name__
         return ProviderFailed(f"{who} raised {raised} ({detail})")
@@ -120,9 +160,9 @@ class ManagerWatch:
                 await asyncio.wait({work})
 
     def _raise_if_failed(self, what: str) -> None:
-        error = self.failure
-        if error is not None:
-            raise self.failed(f"the case stopped waiting at once; it was waiting for {what}") from error
+        if self.ended:
+            stopped = f"the case stopped waiting at once; it was waiting for {what}"
+            raise self.failed(stopped) from self.failure
 
     def case_failed(self, error: BaseException) -> ProviderFailed | None:
         """The case's failure when its block ended in ``error`` after the provider failed; else ``None``.
@@ -131,13 +171,14 @@ class ManagerWatch:
         stops it, over whatever the case raised: so the case's own error is
         that error's context, and the context the error had is put back.
         """
-        crash = self.failure
-        if crash is None:
+        if not self.ended:
             return None
+        crash = self.failure  # None when run() returned: the manager then stopped with no error of its own
         seen: BaseException | None = error
-        if error is crash:
-            seen = crash.__context__ if crash.__context__ is not self._context else None
-        crash.__context__ = self._context
+        if crash is not None:
+            if error is crash:
+                seen = crash.__context__ if crash.__context__ is not self._context else None
+            crash.__context__ = self._context
         if isinstance(seen, ProviderFailed):
             return ProviderFailed(*seen.args)
         if seen is None:

@@ -156,7 +156,9 @@ async def running(
     With ``watch``, the manager's and the provider's tasks are watched from
     the moment the manager started, and a block that ends after the provider
     failed fails with :class:`~._ending.ProviderFailed`, which leads with the
-    provider's error, not with the case's wait or the manager's shutdown.
+    provider's error, not with the case's wait or the manager's shutdown; so
+    does a block during which the provider's ``run()`` returned, even one
+    that passed.
     """
 
     def admin_probe(task: asyncio.Task[object]) -> bool:
@@ -168,10 +170,16 @@ async def running(
         async with run_manager(manager, tasks_must_end=False):
             if watch is not None:
                 watch.attach(manager, before)
-            yield manager
+            try:
+                yield manager
+            finally:
+                if watch is not None:
+                    watch.ending()
     except Exception as error:
         failed = watch.case_failed(error) if watch is not None else None
         if watch is None or failed is None:
             raise
         raise failed from watch.failure
+    if watch is not None and watch.ended:  # run() returned early, and the case passed all the same
+        raise watch.failed("while the case ran") from watch.failure
     expect_nothing_left(tasks_left(before, admin_probe), recorder.every_cluster())
