@@ -432,6 +432,39 @@ async def test_a_provider_whose_run_returns_early_fails_the_case_at_once(
     assert failure.__cause__ is None  # nothing raised, so nothing is chained
 
 
+class HangingGetProvider(CrashingProvider):
+    """Engages as asked, but its ``get`` of an engaged name never returns (the bug)."""
+
+    async def get(self, name: str) -> mcr.Cluster:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+class HangingGetDriver(CrashingDriver):
+    def build(self) -> mcr.Provider:
+        self.provider = HangingGetProvider(self.configs, crash_on="never")
+        return self.provider
+
+
+async def test_a_provider_whose_get_never_returns_fails_the_case_naming_the_call(fleet: Fleet) -> None:
+    # The case's bound, shortened: a get outside a case's waits hung the case with no message.
+    seeder = Seeder()
+    driver = HangingGetDriver("never")
+    driver.use_namespace(seeder.namespace)
+    case = _Case(driver, seeder, EngagementRecorder(), Seen(), timeout=1.0)
+    try:
+        with pytest.raises(RuleBroken) as raised:
+            await ProviderConformance().test_engages_on_add_and_reconciles_against_the_right_cluster(
+                case, fleet
+            )
+    finally:
+        await seeder.close()
+    assert str(raised.value) == (
+        "the Provider contract (get and engage agree, one status per cluster) (see "
+        "docs/guides/writing-a-provider.md): provider.get('alpha') did not return within 1s"
+    ), raised.value
+
+
 # --- rule 5: a provider that leaves its clusters running --------------------------------------
 
 

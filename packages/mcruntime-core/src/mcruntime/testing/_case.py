@@ -10,23 +10,27 @@ block the provider runs in ends with rule 3 checked over all of it.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import pytest
 
 import mcruntime as mcr
 
 from ._causes import WatchedDriver, uncaused_engagements, unwrapped
-from ._checks import CONTENT, CONTRACT, CREDENTIALS, describe, eventually, expect
+from ._checks import CONTENT, CONTRACT, CREDENTIALS, GUIDE, RuleBroken, describe, eventually, expect
 from ._controlplane import ControlPlane, User
 from ._driver import Breakage, Capability, ProviderDriver, Target
 from ._ending import ManagerWatch
 from ._fleet import Fleet
 from ._harness import CONFIGMAP, EngagementRecorder, Seeder, Seen, running
 from ._leaks import LeakWatch, shown
+
+T = TypeVar("T")
 
 FLEET = ("cluster-1", "cluster-2", "cluster-3")
 """The session fleet's clusters the cases use: ``--testbed-clusters=3``, the plugin's default."""
@@ -112,6 +116,37 @@ class _Case:
             await wait
         else:
             await self.watch.guard(wait, what)
+
+    async def call(self, awaitable: Awaitable[T], what: str, rule: str = CONTRACT) -> T:
+        """Await one of the provider's or the manager's own calls, as ``provider.get``, within the timeout.
+
+        Outside :meth:`eventually`, a ``get`` that never returns hung the case
+        with no message at all, and one left waiting after the provider's
+        ``run()`` failed waited for nothing: each fails here, naming the call.
+        What the call raises (``ClusterNotFound``) is raised unchanged.
+        """
+        deadline = asyncio.timeout(self.timeout)
+        try:
+            async with deadline:
+                if self.watch is None:
+                    return await awaitable
+                return await self.watch.guard(awaitable, what)
+        except TimeoutError:
+            if not deadline.expired():
+                raise  # the call's own error, not the case's deadline
+            raise RuleBroken(
+                f"{rule} (see {GUIDE}): {what} did not return within {self.timeout:g}s"
+            ) from None
+
+    async def get(self, name: str) -> mcr.Cluster:
+        """``provider.get(name)`` of the running provider, through :meth:`call`."""
+        assert self.provider is not None, "get() before build()"
+        return await self.call(self.provider.get(name), f"provider.get({name!r})")
+
+    async def get_cluster(self, name: str) -> mcr.Cluster:
+        """``manager.get_cluster(name)`` of the running manager, through :meth:`call`."""
+        assert self.manager is not None, "get_cluster() before build()"
+        return await self.call(self.manager.get_cluster(name), f"manager.get_cluster({name!r})")
 
     def show(self, value: object) -> str:
         """``value`` for a failure message, with any credential it quotes hidden."""

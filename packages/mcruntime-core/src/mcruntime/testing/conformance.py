@@ -150,10 +150,10 @@ class ProviderConformance:
         await case.seeder.configmap(first, "marker")
         await case.seeder.configmap(second, "marker")
         await driver.add("alpha", case.target(first))
-        async with case.running() as (provider, manager):
+        async with case.running():
             alpha = await case.engaged("alpha")
-            _expect_same(await provider.get(case.name("alpha")), alpha, "provider.get")
-            _expect_same(await manager.get_cluster(case.name("alpha")), alpha, "manager.get_cluster")
+            _expect_same(await case.get(case.name("alpha")), alpha, "provider.get")
+            _expect_same(await case.get_cluster(case.name("alpha")), alpha, "manager.get_cluster")
             await case.reconciled("alpha", first, "marker")
             await case.phase("alpha", mcr.ClusterPhase.READY)
             if not (
@@ -162,10 +162,10 @@ class ProviderConformance:
             ):
                 return
             with pytest.raises(mcr.ClusterNotFound):
-                await provider.get(case.name("beta"))
+                await case.get(case.name("beta"))
             await driver.add("beta", case.target(second))
             beta = await case.engaged("beta")
-            _expect_same(await provider.get(case.name("beta")), beta, "provider.get")
+            _expect_same(await case.get(case.name("beta")), beta, "provider.get")
             await case.reconciled("beta", second, "marker")
             names = case.engaged_names()
             expect(names == {case.name("alpha"), case.name("beta")}, CONTRACT, f"engaged: {sorted(names)}")
@@ -173,20 +173,20 @@ class ProviderConformance:
     async def test_an_unknown_name_raises_cluster_not_found(self, case: _Case, fleet: Fleet) -> None:
         """``get`` of a name the source never held raises ``ClusterNotFound`` naming it."""
         await case.driver.add("alpha", case.target(fleet["cluster-1"]))
-        async with case.running() as (provider, manager):
+        async with case.running() as (_provider, manager):
             await case.engaged("alpha")
             for unknown in (case.name("no-such-cluster"), "no-such-cluster", "no/such/cluster", ""):
                 if unknown in manager.clusters():
                     continue  # the local cluster's "" is not a provider name
                 with pytest.raises(mcr.ClusterNotFound) as raised:
-                    await provider.get(unknown)
+                    await case.get(unknown)
                 expect(
                     raised.value.cluster == unknown,
                     CONTRACT,
                     f"ClusterNotFound for {unknown!r} names {raised.value.cluster!r}",
                 )
                 with pytest.raises(mcr.ClusterNotFound):
-                    await manager.get_cluster(unknown)
+                    await case.get_cluster(unknown)
 
     async def test_names_are_stable_across_providers_over_the_same_source(
         self, case: _Case, fleet: Fleet
@@ -335,7 +335,7 @@ class ProviderConformance:
         _require(driver, Capability.RUNTIME_CHANGES)
         first, second = fleet["cluster-1"], fleet["cluster-2"]
         others = await _alpha_and_beta(case, first, second)
-        async with case.running() as (provider, manager):
+        async with case.running() as (_provider, manager):
             removed = await case.engaged("alpha")
             await case.reconciled("alpha", first, "marker")
             if others:
@@ -359,9 +359,9 @@ class ProviderConformance:
             status = driver.status("alpha")
             expect(status is None, DISENGAGE, f"a removed cluster still has a status: {case.show(status)}")
             with pytest.raises(mcr.ClusterNotFound):
-                await provider.get(name)
+                await case.get(name)
             with pytest.raises(mcr.ClusterNotFound):
-                await manager.get_cluster(name)
+                await case.get_cluster(name)
             if others:
                 calls = case.seen.calls[name]
                 await case.seeder.configmap(first, "after-removal")
@@ -407,7 +407,7 @@ class ProviderConformance:
                 GONE,
                 f"after its source stopped parsing, {name!r} is {describe(now)}; it was {describe(cluster)}",
             )
-            got = await provider.get(name)
+            got = await case.get(name)
             expect(got is cluster, GONE, f"provider.get({name!r}) returned {describe(got)}")
             status = driver.status("alpha")
             expect(
@@ -453,11 +453,11 @@ class ProviderConformance:
             await case.seeder.configmap(healthy, "marker")
             await driver.add("alpha", case.target(healthy))
         await driver.add(broken_name, broken)
-        async with case.running() as (provider, manager):
+        async with case.running() as (_provider, manager):
             status = await case.phase(broken_name, mcr.ClusterPhase.UNHEALTHY, GONE)
             expect(status.error, ISOLATED, f"an unhealthy cluster must say why: {case.show(status)}")
             cluster = await case.engaged(broken_name, GONE)  # unavailable is not gone
-            got = await provider.get(case.name(broken_name))
+            got = await case.get(case.name(broken_name))
             expect(got is cluster, GONE, f"provider.get of the broken cluster returned {describe(got)}")
             case.assert_credentials_hidden(f"while the cluster is broken ({breakage.value})")
             if others:
@@ -479,12 +479,12 @@ class ProviderConformance:
         _require(driver, Capability.RUNTIME_CHANGES, Capability.OWN_CONNECTION)
         first, second = fleet["cluster-1"], fleet["cluster-2"]
         others = await _alpha_and_beta(case, first, second)
-        async with case.running() as (provider, _manager):
+        async with case.running() as (_provider, _manager):
             await case.reconciled("alpha", first, "marker")
             await driver.break_cluster("alpha", case.target(first, breakage=Breakage.UNREACHABLE))
             await case.phase("alpha", mcr.ClusterPhase.UNHEALTHY, GONE)
             await case.engaged("alpha", GONE)
-            await provider.get(case.name("alpha"))
+            await case.get(case.name("alpha"))
             case.assert_credentials_hidden("while the cluster is broken")
             if others:
                 await case.seeder.configmap(second, "while-broken")
@@ -504,10 +504,16 @@ class ProviderConformance:
         await case.seeder.configmap(first, "indexed")
         await driver.add("alpha", case.target(first))
         provider, _manager = case.build()
-        await provider.index_field(CONFIGMAP, "conformance-early", seed_index)
+        await case.call(
+            provider.index_field(CONFIGMAP, "conformance-early", seed_index),
+            "provider.index_field(ConfigMap, 'conformance-early')",
+        )
         async with case.run():
             alpha = await case.engaged("alpha")
-            await provider.index_field(CONFIGMAP, "conformance-late", seed_index)
+            await case.call(
+                provider.index_field(CONFIGMAP, "conformance-late", seed_index),
+                "provider.index_field(ConfigMap, 'conformance-late')",
+            )
             await assert_indexed(alpha, case.seeder.token, ["indexed"])
             if not (
                 _supports(driver, Capability.RUNTIME_CHANGES)
@@ -529,7 +535,7 @@ class ProviderConformance:
             await case.seeder.configmap(plane, "marker")
         await driver.add("alpha", case.target(p1))
         await driver.add("beta", case.target(p2))
-        async with case.running() as (provider, manager):
+        async with case.running() as (_provider, manager):
             await case.engaged("alpha")
             await case.engaged("beta")
 
@@ -568,7 +574,7 @@ class ProviderConformance:
                 await case.reconciled(source_name, plane, "marker")
                 await case.phase(source_name, mcr.ClusterPhase.READY)
             with pytest.raises(mcr.ClusterNotFound):
-                await provider.get(case.name("epsilon"))
+                await case.get(case.name("epsilon"))
             status = driver.status("epsilon")
             expect(status is None, DISENGAGE, f"removed in the churn, it has a status: {case.show(status)}")
             current = set(map(id, manager.clusters().values()))
