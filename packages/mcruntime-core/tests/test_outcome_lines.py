@@ -1,4 +1,9 @@
-"""What a failed reconcile logs: a 403 is named once by its cluster's record, not per object and retry."""
+"""What a failed reconcile logs: RBAC's 403 is named once by its cluster's record, not per object and retry.
+
+A 403 that is not RBAC's (an admission plugin refusing writes into a
+Terminating namespace, a webhook, a policy) is recorded nowhere else, so it is
+a WARNING: at DEBUG it failed forever with /readyz green and nothing in the log.
+"""
 
 from __future__ import annotations
 
@@ -14,10 +19,26 @@ from mcruntime.workqueue import WorkQueue
 @pytest.mark.parametrize(
     ("error", "level"),
     [
-        (mcr.Forbidden("configmaps is forbidden", cluster="west", status=403), logging.DEBUG),
+        (
+            mcr.Forbidden(
+                'configmaps is forbidden: User "ci" cannot create resource "configmaps"',
+                cluster="west",
+                status=403,
+            ),
+            logging.DEBUG,
+        ),
+        (
+            mcr.Forbidden(
+                'configmaps "copy" is forbidden: unable to create new content in namespace dst '
+                "because it is being terminated",
+                cluster="west",
+                status=403,
+            ),
+            logging.WARNING,
+        ),
         (mcr.Conflict("the object has been modified", cluster="west", status=409), logging.INFO),
     ],
-    ids=["forbidden", "conflict"],
+    ids=["rbac", "admission", "conflict"],
 )
 async def test_a_refusal_is_retried_quietly_and_a_conflict_visibly(
     error: Exception, level: int, caplog: pytest.LogCaptureFixture

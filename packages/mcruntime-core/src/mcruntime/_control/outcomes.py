@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._base.errors import ClusterNotFound, Conflict, Fenced, Forbidden, Unreachable
+from .._client.permissions import refused_by_authorization
 from .._reconcile.request import Request, Result, TerminalError
 from .workqueue import WorkQueue
 
@@ -108,10 +109,16 @@ def apply_failure(
         # permission missing (the cluster's record names it, once): a retry and a line, no traceback.
         stats.error += 1
         queue.add_rate_limited(request)
-        what = "a conflict" if isinstance(error, Conflict) else "a missing permission"
-        # DEBUG for a 403: the cluster's permission record warns once and /readyz names it, so
-        # a line per object per retry would only bury it.
-        level = logging.INFO if isinstance(error, Conflict) else logging.DEBUG
+        if isinstance(error, Conflict):
+            what, level = "a conflict", logging.INFO
+        elif refused_by_authorization({"message": error.message}):
+            # DEBUG for RBAC's 403: the cluster's permission record warns once and /readyz
+            # names it, so a line per object per retry would only bury it.
+            what, level = "a missing permission", logging.DEBUG
+        else:
+            # An admission plugin's or a webhook's 403 (or a namespace being deleted): nothing
+            # else records it, so this line is the only place it shows.
+            what, level = "a refusal (not RBAC's: admission, a webhook or a policy)", logging.WARNING
         log.log(level, "controller %s: %s hit %s, retrying: %s", controller, request, what, error)
         return "error"
     if isinstance(error, Unreachable):
