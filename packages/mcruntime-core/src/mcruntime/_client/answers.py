@@ -81,3 +81,18 @@ def next_page(token: object, previous: str | None, pages: int, cluster: str, kin
     if pages >= MAX_PAGES:
         raise malformed(cluster, kind, f"a list went on past {MAX_PAGES} pages")
     return token
+
+
+def is_status(decoded: Any) -> bool:
+    """Whether an answer is a ``Status`` object: the API's own refusal, not a proxy's or the mux's page."""
+    return isinstance(decoded, dict) and decoded.get("kind") == "Status"
+
+
+def decode_answer(raw: bytes) -> Any:
+    """An answer's JSON, or its bytes as they came when not JSON (a proxy's page, ``404 page not found``)."""
+    if not raw:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import orjson
 
-from .._base.errors import APIError, NotFound, Unreachable, error_from_status
+from .._base.errors import APIError, KindNotFound, NotFound, Unreachable, error_from_status
 from .._base.kind import Kind, Resource
 from .._base.objects import JSON, to_json_shape
-from .answers import json_answer, list_page, next_page, watch_event
+from .answers import decode_answer, is_status, json_answer, list_page, next_page, watch_event
 from .discovery import Discovery
 from .field_validation import FieldValidation, checked_field_validation
 from .permissions import refused_by_authorization, verb_of
@@ -146,7 +146,7 @@ class Client:
             raw = self.transport.redact(raw)
         else:
             self._warnings.note(self.cluster, headers, method, resource.kind, namespace, name, body)
-        decoded = _decode(raw)
+        decoded = decode_answer(raw)
         self._note_permission(status, decoded, verb_of(method, name), resource, namespace, subresource)
         if status < 300:
             json_answer(decoded, self.cluster, resource.kind, f"{method} {resource.plural}")
@@ -163,6 +163,12 @@ class Client:
                     namespace=namespace,
                     name=name,
                 )
+            if status == 404 and not is_status(decoded):
+                # The server's mux, not the resource, answered: the group/version is not served
+                # (a version set to served: false, a CRD deleted). As NotFound, get_or_none would
+                # read an object that still exists as gone, and a cleanup would act on it.
+                self.discovery.stale(Kind(resource.api_version, resource.kind))
+                raise KindNotFound(self.cluster, resource.api_version, resource.kind)
             retry_after = headers.get("Retry-After")
             raise error_from_status(
                 status,
@@ -392,7 +398,9 @@ class Client:
                 path, params=request.params(), read_timeout=read_timeout, accept=accept
             ) as response:
                 body = (
-                    _decode(self.transport.redact(await response.read())) if response.status >= 300 else None
+                    decode_answer(self.transport.redact(await response.read()))
+                    if response.status >= 300
+                    else None
                 )
                 self._note_permission(response.status, body, "watch", resource, request.namespace, None)
                 if response.status >= 300:
@@ -585,12 +593,3 @@ class Client:
         if isinstance(result, dict) and result.get("kind") == "Status":
             return None
         return result if isinstance(result, dict) else None
-
-
-def _decode(raw: bytes) -> Any:
-    if not raw:
-        return None
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return raw

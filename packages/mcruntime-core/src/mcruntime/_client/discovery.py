@@ -98,6 +98,11 @@ class Discovery:
             raise KindNotFound(self._transport.cluster, kind.api_version, kind.kind)
         return found
 
+    def stale(self, kind: Kind) -> None:
+        """Forget ``kind``: the server answered its path as unserved, so the next use asks discovery again."""
+        if kind in self._resources:  # a copy: the map may be the server's, shared with its other clusters
+            self._resources = {known: found for known, found in self._resources.items() if known != kind}
+
     def _take_token(self) -> bool:
         now = time.monotonic()
         refill = (now - self._tokens_at) / self._min_interval if self._min_interval > 0 else self._burst
