@@ -590,6 +590,6 @@ class Client:
         if dry_run:  # in the body: the server ignores query parameters when DeleteOptions come in it
             options["dryRun"] = ["All"]
         result = await self._call("DELETE", resource, namespace=namespace, name=name, body=options)
-        if isinstance(result, dict) and result.get("kind") == "Status":
+        if is_status(result):
             return None
         return result if isinstance(result, dict) else None

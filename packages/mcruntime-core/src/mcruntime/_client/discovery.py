@@ -29,6 +29,7 @@ import orjson
 
 from .._base.errors import KindNotFound, error_from_status
 from .._base.kind import Kind, Resource
+from .answers import decode_answer
 from .transport import Transport
 
 _AGGREGATED = (
@@ -185,7 +186,7 @@ class Discovery:
             return None
         if status >= 300:
             raise error_from_status(
-                status, _decode(self._transport.redact(body)), cluster=self._transport.cluster
+                status, decode_answer(self._transport.redact(body)), cluster=self._transport.cluster
             )
         return orjson.loads(body)
 
@@ -281,10 +282,3 @@ def _canonical(resource: Resource) -> tuple[Kind, Resource]:
     if found is None:
         found = _CANONICAL[resource] = (Kind(resource.api_version, resource.kind), resource)
     return found
-
-
-def _decode(body: bytes) -> Any:
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body
