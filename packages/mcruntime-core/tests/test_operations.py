@@ -358,6 +358,27 @@ async def test_an_event_lands_in_the_requests_cluster_only_and_repeats_aggregate
     assert elsewhere == []
 
 
+async def test_a_repeat_whose_event_is_gone_is_recorded_as_a_new_event(fleet: Fleet) -> None:
+    # Events expire (an hour by default) while a series may recur for longer; a repeat then
+    # must be a new Event, not a patch of nothing dropped without a word.
+    plane = fleet["cluster-1"]
+    namespace = await _namespace(plane, "expired", ["target"])
+    provider = mcr.StaticProvider({"east": config_of(plane)})
+    manager = mcr.Manager(provider, handle_signals=False)
+    recorder = manager.event_recorder("expiring")
+    async with running(manager), mcr.Cluster("east", config_of(plane)) as cluster:
+        obj = await cluster.client.get(CONFIGMAP, "target", namespace=namespace)
+        await recorder.event(obj, "Warning", "Stuck", "cannot go on", cluster="east")
+        first = (await cluster.client.list(EVENT, namespace=namespace)).items
+        assert [item["reason"] for item in first] == ["Stuck"]
+        await cluster.client.delete(EVENT, first[0]["metadata"]["name"], namespace=namespace)
+        await recorder.event(obj, "Warning", "Stuck", "cannot go on", cluster="east")
+        again = (await cluster.client.list(EVENT, namespace=namespace)).items
+    assert [item["reason"] for item in again] == ["Stuck"]
+    assert again[0]["metadata"]["name"] != first[0]["metadata"]["name"]
+    assert "series" not in again[0]
+
+
 # --- logs --------------------------------------------------------------------------------------
 
 

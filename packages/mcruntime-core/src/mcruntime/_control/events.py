@@ -102,8 +102,9 @@ class EventRecorder:
             cluster_object = await self._lookup(target)
             series = self._series.get(key)
             now = time.monotonic()
-            if series is not None and now - series.last < _SERIES_WINDOW:
-                await self._bump(cluster_object, series, now)
+            if series is not None and now - series.last < _SERIES_WINDOW and await self._bump(
+                cluster_object, series, now
+            ):
                 self._series.move_to_end(key)
             else:
                 name = f"{meta.get('name', 'object')}.{uuid.uuid4().hex[:16]}"
@@ -140,14 +141,21 @@ class EventRecorder:
             error,
         )
 
-    async def _bump(self, cluster: Cluster, series: _Series, now: float) -> None:
-        series.count += 1
-        series.last = now
-        patch = {"series": {"count": series.count, "lastObservedTime": _micro_time()}}
+    async def _bump(self, cluster: Cluster, series: _Series, now: float) -> bool:
+        """Count a repeat into the series' Event; False when that Event is gone.
+
+        The API server expires Events (an hour by default) while a series may recur for
+        longer, and a user may delete them; then the repeat is recorded as a new Event and
+        a new series, not dropped.
+        """
+        patch = {"series": {"count": series.count + 1, "lastObservedTime": _micro_time()}}
         try:
             await cluster.client.patch(EVENT, series.name, patch, namespace=series.namespace)
         except NotFound:
-            series.count = 1  # the event expired server-side; nothing to aggregate into
+            return False
+        series.count += 1
+        series.last = now
+        return True
 
     def _manifest(
         self,
