@@ -102,8 +102,10 @@ class EventRecorder:
             cluster_object = await self._lookup(target)
             series = self._series.get(key)
             now = time.monotonic()
-            if series is not None and now - series.last < _SERIES_WINDOW and await self._bump(
-                cluster_object, series, now
+            if (
+                series is not None
+                and now - series.last < _SERIES_WINDOW
+                and await self._bump(cluster_object, series, now)
             ):
                 self._series.move_to_end(key)
             else:
