@@ -42,6 +42,7 @@ from .readiness import cluster_not_ready, lifecycle_problem, readiness_lines
 from .serving import Check, CheckLine, Checks, Endpoints
 from .signals import install_signal_handlers
 from .starting import PROVIDER_RETURNED, StartLatch
+from .watch import RunWatch
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -141,6 +142,7 @@ class Manager:
         self._runnables: list[Runnable] = []
         self._engaged: dict[str, Cluster] = {}
         self._tasks: dict[object, asyncio.Task[None]] = {}
+        self._watch = RunWatch()
         # The manager's own long-lived loops (leader election, coordination), restarted if they die.
         self._loops = TaskSet("manager")
         self._loops.crash_listeners.append(self._count_crash)
@@ -379,7 +381,9 @@ class Manager:
 
     def _launch(self, component: object) -> None:
         if isinstance(component, Runnable):
-            self._tasks[component] = asyncio.create_task(component.start(), name=f"runnable:{component!r}")
+            task = asyncio.create_task(component.start(), name=f"runnable:{component!r}")
+            self._tasks[component] = task
+            self._watch.watch(task)  # a crash stops the manager, however late the component came
         if isinstance(component, Aware):
             for name, cluster in list(self._engaged.items()):
                 key = (component, name)
@@ -487,6 +491,7 @@ class Manager:
         if self._running:
             raise RuntimeError("the manager is already running")
         self._running = True
+        self._watch = RunWatch()
         self._latch.begin()
         raise_open_files_limit()  # a fleet needs an fd per connection: soft -> hard, as Go does
         self.freezer.started()
@@ -528,28 +533,13 @@ class Manager:
             self._latch.ended()
 
     async def _wait_for_stop(self, provider_task: asyncio.Task[None] | None) -> None:
-        stop_waiter: asyncio.Task[object] = asyncio.create_task(self._stop.wait())
-        watched: set[asyncio.Task[object]] = {stop_waiter}
+        def returned(task: asyncio.Task[None]) -> None:
+            if task is provider_task:  # its run() runs until cancelled: discovery ended in silence
+                log.warning(PROVIDER_RETURNED, type(self.provider).__name__, len(self._engaged))
+
         if provider_task is not None:
-            watched.add(provider_task)
-        watched.update(task for key, task in self._tasks.items() if isinstance(key, Runnable))
-        try:
-            while not self._stop.is_set():
-                done, _pending = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    watched.discard(task)
-                    if task is stop_waiter or task.cancelled():
-                        continue
-                    error = task.exception()
-                    if error is not None:
-                        log.error("%s failed; shutting down", task.get_name(), exc_info=error)
-                        raise error
-                    if task is provider_task:  # its run() runs until cancelled: discovery ended in silence
-                        log.warning(PROVIDER_RETURNED, type(self.provider).__name__, len(self._engaged))
-                if not watched:
-                    return
-        finally:
-            stop_waiter.cancel()
+            self._watch.watch(provider_task)
+        await self._watch.until(self._stop, returned)
 
     async def _shutdown(self, provider_task: asyncio.Task[None] | None) -> None:
         grace = self.graceful_shutdown_timeout
