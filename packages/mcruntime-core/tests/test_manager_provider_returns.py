@@ -86,3 +86,37 @@ async def test_a_multi_provider_of_members_that_do_not_run_runs_until_cancelled(
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
+
+
+def _provider_said(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "mcruntime.provider" and r.levelno == logging.WARNING
+    ]
+
+
+async def test_a_multi_provider_member_whose_run_returns_is_named_and_the_others_run_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The manager sees only the MultiProvider, which runs on while any member runs:
+    # the member's discovery ended with no word.
+    returning = ReturnsAtOnce()
+    running_member = mcr.StaticProvider()
+    multi = mcr.MultiProvider({"gone": returning, "live": running_member})
+    manager = mcr.Manager(multi, handle_signals=False)
+    runner = asyncio.create_task(manager.start())
+    try:
+        await manager.wait_started()
+        await returning.returned.wait()
+        await wait_until(lambda: bool(_provider_said(caplog)), timeout=10, what="the member's warning")
+        assert not runner.done()
+    finally:
+        manager.stop()
+        await runner
+    assert _provider_said(caplog) == [
+        "the run() of MultiProvider member 'gone' (ReturnsAtOnce) returned while the manager runs: it engages "
+        "and disengages no more clusters from now on (its 0 known stay); a provider's run() is to run until "
+        "cancelled"
+    ]
+    assert _said(caplog) == []  # the MultiProvider itself ran until cancelled

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Mapping
 
 from .._base.errors import ClusterNotFound
@@ -19,6 +20,13 @@ from .cluster import Cluster, ClusterOptions
 from .clusterset_provider import ClusterSetProvider
 from .protocols import Aware, DeclaresPermissions, Provider, ProviderRunnable
 from .status import ClusterStatus
+
+log = logging.getLogger("mcruntime.provider")
+
+MEMBER_RETURNED = (
+    "the run() of MultiProvider member %r (%s) returned while the manager runs: it engages and disengages "
+    "no more clusters from now on (its %d known stay); a provider's run() is to run until cancelled"
+)
 
 
 class SingleProvider(ClusterSetProvider):
@@ -145,7 +153,7 @@ class MultiProvider:
 
     async def run(self, aware: Aware) -> None:
         runnables = [
-            provider.run(_PrefixedAware(prefix, self._separator, aware))
+            self._run_member(prefix, provider, aware)
             for prefix, provider in self._providers.items()
             if isinstance(provider, ProviderRunnable)
         ]
@@ -154,3 +162,15 @@ class MultiProvider:
         async with asyncio.TaskGroup() as group:
             for runnable in runnables:
                 group.create_task(runnable)
+
+    async def _run_member(self, prefix: str, provider: Provider, aware: Aware) -> None:
+        """Run one member; one whose run() returns is named, and the others run on.
+
+        The manager names a provider whose run() returns, but it sees only the
+        MultiProvider, which runs on while any member does: a member's discovery
+        would end in silence.
+        """
+        assert isinstance(provider, ProviderRunnable)
+        await provider.run(_PrefixedAware(prefix, self._separator, aware))
+        log.warning(MEMBER_RETURNED, prefix, type(provider).__name__, len(provider.statuses()))
+        await asyncio.get_running_loop().create_future()
