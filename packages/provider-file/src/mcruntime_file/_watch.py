@@ -55,6 +55,8 @@ class DirectoryWatcher:
         self._restart = asyncio.Event()
         self._closed = False
         self.restarts = 0
+        self.crashes = 0
+        """How often the watcher failed and was started again (a bug's count; 0 is right)."""
         self.ignored = 0
         """Changes dropped as touching nothing the provider reads."""
 
@@ -74,16 +76,41 @@ class DirectoryWatcher:
         self._restart.set()
 
     async def run(self) -> None:
-        """Watch until closed, restarting whenever the wanted directories change."""
+        """Watch until closed, restarting whenever the wanted directories change, or after a failure.
+
+        A failure here is a bug, not a vanished root (each watch retries those
+        itself); it must not end the watching in silence and leave changes to
+        the periodic rescan, so it is logged and the watches start again.
+        """
+        loop = asyncio.get_running_loop()
+        failures = 0
         while not self._closed:
             stop = asyncio.Event()
             self._restart = stop
             flat, recursive = self._flat, self._recursive
-            async with asyncio.TaskGroup() as watches:
-                for roots, deep in ((flat, False), (recursive, True)):
-                    if roots:
-                        watches.create_task(self._watch(roots, deep, stop), name=f"{self._owner}:watch")
-                watches.create_task(stop.wait(), name=f"{self._owner}:watch-restart")
+            started = loop.time()
+            try:
+                async with asyncio.TaskGroup() as watches:
+                    for roots, deep in ((flat, False), (recursive, True)):
+                        if roots:
+                            watches.create_task(self._watch(roots, deep, stop), name=f"{self._owner}:watch")
+                    watches.create_task(stop.wait(), name=f"{self._owner}:watch-restart")
+            except Exception:
+                failures = failures_after(failures, loop.time() - started)
+                self.crashes += 1
+                delay = self._backoff.delay(failures - 1)
+                log.error(
+                    "%s: the directory watcher failed; it starts again in %.1fs, and until then only "
+                    "the periodic rescan sees changes",
+                    self._owner,
+                    delay,
+                    exc_info=True,
+                )
+                self._changed.set()  # look now: a change may have come while it failed
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await stop.wait()  # close() and want() end the wait early
+                continue
             self.restarts += 1
 
     async def _watch(self, roots: frozenset[Path], recursive: bool, stop: asyncio.Event) -> None:
