@@ -271,6 +271,27 @@ async def test_a_cluster_is_engaged_once_ready_even_if_its_secret_comes_later(hu
         await provider.clusters.wait_engaged(hub.key("w2"))
 
 
+async def test_a_readiness_check_that_fails_is_the_clusters_error_named_once(
+    hub: Hub, fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    # It was a WARNING on every pass that named no Cluster, and the source said "waiting".
+    def broken(obj: Any, api_version: str) -> bool:
+        return bool(obj["status"]["no-such-field"])
+
+    provider = hub.provider(ready=broken)
+    async with running(provider):
+        await hub.create_cluster("odd", ready=True)
+        await hub.write_secret("odd", fleet["cluster-2"].kubeconfig(fleet["cluster-2"].token_user))
+        await hub.settled(provider)
+        await hub.write_secret("odd", fleet["cluster-3"].kubeconfig(fleet["cluster-3"].token_user))
+        await hub.settled(provider)  # a second pass over the same failing check
+        source = provider.sources()[hub.key("odd")]
+    assert source.error == "the readiness check failed: KeyError: 'no-such-field'"
+    assert "waiting" not in source.detail and provider.clusters.names() == []
+    said = [r.getMessage() for r in caplog.records if "readiness check failed" in r.getMessage()]
+    assert len(said) == 1 and hub.key("odd") in said[0]
+
+
 async def test_a_rotated_secret_is_followed(hub: Hub, fleet: Fleet) -> None:
     plane = fleet["cluster-2"]
     before, after = (

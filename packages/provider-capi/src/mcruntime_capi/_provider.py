@@ -220,11 +220,11 @@ class ClusterAPIProvider(HubProvider):
                 continue  # deleting: let go now, whatever finalizers still hold the object
             live.add(key)
             namespace, name = str(metadata.get("namespace", "")), str(metadata.get("name", ""))
-            ready = self._is_ready(obj)
+            ready, unknown = self._is_ready(obj)
             secret = secrets.get(f"{namespace}/{name}-kubeconfig")
-            config, error = (None, None) if not ready else self._config(key, secret)
+            config, error = (None, unknown) if not ready else self._config(key, secret)
             detail = {"ready": "true" if ready else "false"}
-            if not ready:  # waiting, not failing: Cluster API has not initialized it yet
+            if not ready and unknown is None:  # waiting, not failing: Cluster API has not initialized it yet
                 detail["waiting"] = "waiting for the control plane to be initialized"
             if secret is not None:
                 detail["secret_version"] = resource_version(secret)
@@ -237,12 +237,16 @@ class ClusterAPIProvider(HubProvider):
         self._kept.retain(live)
         return desired, statuses
 
-    def _is_ready(self, obj: Mapping[str, Any]) -> bool:
+    def _is_ready(self, obj: Mapping[str, Any]) -> tuple[bool, str | None]:
+        """Whether the Cluster may be engaged; when the check itself failed, also why.
+
+        A failed check is an error of this Cluster's source, named and logged once
+        with it like any other, not a wait for a control plane.
+        """
         try:
-            return self._ready(obj, str(obj.get("apiVersion") or self.api_version or ""))
+            return self._ready(obj, str(obj.get("apiVersion") or self.api_version or "")), None
         except Exception as error:
-            log.warning("%s: the readiness check failed: %s", self._owner, error)
-            return False
+            return False, f"the readiness check failed: {type(error).__name__}: {error}"
 
     def _config(
         self, key: str, secret: Mapping[str, Any] | None
