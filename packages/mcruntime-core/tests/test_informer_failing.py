@@ -170,6 +170,10 @@ async def _readyz_line(manager: mcr.Manager, name: str) -> str:
     return next((line for line in body.splitlines() if line[3:].startswith(f"cluster:{name} ")), "")
 
 
+def _healthy(manager: mcr.Manager, name: str) -> float | None:
+    return manager.metrics.registry.get_sample_value("mcruntime_cluster_healthy", {"cluster": name})
+
+
 async def _nothing(_request: mcr.Request) -> None:
     return None
 
@@ -195,6 +199,13 @@ async def test_a_member_whose_watched_kind_is_deleted_fails_its_readyz_line_unti
             await wait_until(lambda: line_starts("[-]"), what="the member's line failing")
             line = await _readyz_line(manager, "member")
             assert f"cache failing: Widget ({kind.api_version}): " in line, line
+            # One verdict read three ways: statuses() and the metric agree with the line.
+            status = provider.statuses()["member"]
+            assert status.phase is mcr.ClusterPhase.UNHEALTHY, status
+            assert (status.error or "").startswith(f"cache failing: Widget ({kind.api_version}): "), status
+            assert _healthy(manager, "member") == 0.0
 
             await create_again(admin, widget_crd(group))
             await wait_until(lambda: line_starts("[+]"), what="the member ready again")
+            assert provider.statuses()["member"].phase is mcr.ClusterPhase.READY
+            assert _healthy(manager, "member") == 1.0

@@ -32,6 +32,7 @@ from .._config.exec import DEFAULT_MAX_OUTPUT as DEFAULT_EXEC_MAX_OUTPUT
 from .._config.exec import DEFAULT_TIMEOUT as DEFAULT_EXEC_TIMEOUT
 from .._config.exec import ExecLimits
 from .._config.kubeconfig import ClusterConfig, redacted_url
+from .status import forbidden
 
 if TYPE_CHECKING:
     from kubernetes_asyncio import client as k8s_client
@@ -343,6 +344,28 @@ class Cluster:
     def failing_loops(self) -> list[str]:
         """Why each of this cluster's background loops that died is down (restarting)."""
         return [f"{loop.name} died ({loop.last_error}); restarting" for loop in self._tasks.failing()]
+
+    def trouble(self) -> str | None:
+        """Why this cluster, answering its probe, still cannot be worked on; ``None`` if nothing stops it.
+
+        A loop that died, a permission missing or an informer failing (its kind
+        not served, say): the one verdict ``statuses()``, ``/readyz`` and
+        ``mcruntime_cluster_healthy`` all read, so that they agree.
+        """
+        failing = self.failing_loops()
+        if failing:
+            return "; ".join(failing)
+        missing = self.health.missing_permissions
+        if missing:
+            return forbidden(missing)
+        stale = sorted(
+            {
+                f"{informer.kind.kind} ({informer.kind.api_version}): {informer.failing}"
+                for informer in self.cache.informers()
+                if informer.failing is not None
+            }
+        )
+        return f"cache failing: {'; '.join(stale)}" if stale else None
 
     async def kubernetes_configuration(self) -> k8s_client.Configuration:
         """An isolated kubernetes-asyncio ``Configuration`` for typed API classes.

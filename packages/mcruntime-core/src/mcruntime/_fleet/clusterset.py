@@ -34,7 +34,7 @@ from .._client.health import ClusterHealth, HealthState
 from .._config.kubeconfig import ClusterConfig
 from .cluster import Cluster, ClusterOptions
 from .protocols import Aware
-from .status import ClusterPhase, ClusterStatus, forbidden
+from .status import ClusterPhase, ClusterStatus
 
 log = logging.getLogger("mcruntime.clusterset")
 
@@ -70,11 +70,9 @@ class _Entry:
             if self.start_error is not None:
                 return status(ClusterPhase.UNHEALTHY, self.created, self.start_error)
             return status(ClusterPhase.ENGAGING, self.created, health.waiting)
-        failing = self.cluster.failing_loops()
-        if failing:
-            return status(ClusterPhase.UNHEALTHY, health.since, "; ".join(failing))
-        if health.missing_permissions:
-            return status(ClusterPhase.UNHEALTHY, health.since, forbidden(health.missing_permissions))
+        trouble = self.cluster.trouble()
+        if trouble is not None:
+            return status(ClusterPhase.UNHEALTHY, health.since, trouble)
         return status(ClusterPhase.READY, max(health.since, self.created), None)
 
 

@@ -53,19 +53,15 @@ def cluster_health(name: str, cluster: Cluster, states: dict[str, str]) -> tuple
     """A cluster's state (engaging, ready, unhealthy) and whether it is healthy, from its one health record.
 
     The record ``statuses()`` and ``/readyz`` read: a cluster is unhealthy
-    when its probe fails, when a permission it needs is missing or when one of
-    its loops is failing, not only when its probe got a bad answer. The
+    when its probe fails, when a permission it needs is missing, when one of
+    its loops or informers is failing, not only when its probe got a bad answer. The
     provider's state (from ``statuses()``) is taken as it is, except that it
     never says ready for a cluster with such trouble; a cluster the provider
     does not report (the local one) is judged as ``ClusterSet`` judges its own.
     """
     health = cluster.health
     unknown = health.state is HealthState.UNKNOWN
-    trouble = (
-        health.state is HealthState.UNHEALTHY
-        or bool(health.missing_permissions)
-        or bool(cluster.failing_loops())
-    )
+    trouble = health.state is HealthState.UNHEALTHY or cluster.trouble() is not None
     state = states.get(name)
     if state is None:  # ClusterSet's order: a failing probe, no answer yet, then the rest
         state = "engaging" if unknown else "unhealthy" if trouble else "ready"

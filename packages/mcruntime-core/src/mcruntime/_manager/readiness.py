@@ -53,20 +53,9 @@ def cluster_not_ready(name: str, cluster: Cluster, controllers: Iterable[Control
         return f"unhealthy: {health.reason}"
     if health.state is HealthState.UNKNOWN:
         return "no answer from its health probe yet" + (f"; {health.waiting}" if health.waiting else "")
-    failing = cluster.failing_loops()
-    if failing:
-        return "; ".join(failing)
-    if health.missing_permissions:
-        return forbidden(health.missing_permissions)
-    stale = sorted(
-        {
-            f"{informer.kind.kind} ({informer.kind.api_version}): {informer.failing}"
-            for informer in cluster.cache.informers()
-            if informer.failing is not None
-        }
-    )
-    if stale:
-        return f"cache failing: {'; '.join(stale)}"
+    trouble = cluster.trouble()
+    if trouble is not None:
+        return trouble
     waiting = [controller.name for controller in controllers if not controller.synced(name)]
     if waiting:
         return f"caches not synced for {', '.join(sorted(waiting))}"
