@@ -67,3 +67,36 @@ async def test_a_version_no_longer_served_is_kind_not_found_while_its_object_exi
         assert str(raised.value) == f"cluster {cluster.name!r} serves no Widget in {group}/v1"
         still = await cluster.client.get(beta, "w1", namespace=namespace)
         assert still["metadata"]["name"] == "w1"  # it was never gone
+
+
+async def test_a_watch_of_a_version_no_longer_served_is_kind_not_found(fleet: Fleet) -> None:
+    # Discovery still holds the version (it was served when last asked): the watch's own
+    # 404 from the mux must say "not served", naming the apiVersion, not "404 page not found".
+    async with running_cluster(fleet["cluster-1"]) as cluster:
+        group = f"{unique('g')}.test.mcruntime.dev"
+        await cluster.client.create(_two_versions(group))
+        v1 = mcr.Kind(f"{group}/v1", "Widget")
+
+        async def listed() -> bool:
+            try:
+                await cluster.client.list(v1)
+            except (mcr.KindNotFound, mcr.NotFound):
+                return False  # the CRD is not established yet
+            return True
+
+        await wait_until(listed, what="v1 Widgets served")
+        crd = await cluster.client.get(CRD, f"widgets.{group}")
+        for version in crd["spec"]["versions"]:
+            version["served"] = version["name"] != "v1"
+        await cluster.client.update(crd)
+
+        async def refused() -> bool:
+            try:
+                async for _event in cluster.client.watch(v1, timeout_seconds=1):
+                    pass
+            except mcr.KindNotFound as error:
+                assert str(error) == f"cluster {cluster.name!r} serves no Widget in {group}/v1"
+                return True
+            return False  # still served: the watch ended on its timeout
+
+        await wait_until(refused, what="the v1 watch refused as unserved")

@@ -164,11 +164,7 @@ class Client:
                     name=name,
                 )
             if status == 404 and not is_status(decoded):
-                # The server's mux, not the resource, answered: the group/version is not served
-                # (a version set to served: false, a CRD deleted). As NotFound, get_or_none would
-                # read an object that still exists as gone, and a cleanup would act on it.
-                self.discovery.stale(Kind(resource.api_version, resource.kind))
-                raise KindNotFound(self.cluster, resource.api_version, resource.kind)
+                raise self._unserved(resource)
             retry_after = headers.get("Retry-After")
             raise error_from_status(
                 status,
@@ -260,8 +256,7 @@ class Client:
             meta, items = list_page(page, self.cluster, resource.kind)
             item_kind = resource.kind
             for item in items:
-                # List items omit apiVersion and kind; put them back so each stands alone
-                # (metadata items name PartialObjectMetadata: name the listed kind instead).
+                # Items omit apiVersion and kind (metadata ones say PartialObjectMetadata): put ours.
                 if metadata_only:
                     item["apiVersion"], item["kind"] = resource.api_version, item_kind
                 item.setdefault("apiVersion", resource.api_version)
@@ -386,6 +381,14 @@ class Client:
             if (last := lines.rest()) is not None:
                 handle(decode(last, resource, metadata_only))
 
+    def _unserved(self, resource: Resource) -> KindNotFound:
+        """The mux's 404 (a version set to ``served: false``, a CRD deleted), not the object's.
+
+        As NotFound, get_or_none would read a live object as gone; discovery forgets the kind.
+        """
+        self.discovery.stale(Kind(resource.api_version, resource.kind))
+        return KindNotFound(self.cluster, resource.api_version, resource.kind)
+
     @asynccontextmanager
     async def _watch_stream(self, request: WatchRequest) -> AsyncIterator[tuple[WatchResponse, Resource]]:
         """The watch's response, status checked; a silent or dropped stream raises :class:`Unreachable`."""
@@ -403,6 +406,8 @@ class Client:
                     else None
                 )
                 self._note_permission(response.status, body, "watch", resource, request.namespace, None)
+                if response.status == 404 and not is_status(body):
+                    raise self._unserved(resource)  # the informer's warning names the apiVersion
                 if response.status >= 300:
                     raise error_from_status(response.status, body, cluster=self.cluster, kind=resource.kind)
                 yield response, resource
