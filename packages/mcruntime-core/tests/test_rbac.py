@@ -35,12 +35,21 @@ async def _reconcile(_request: mcr.Request) -> None:
     return None
 
 
-def _verbs(rbac: RBAC, role: Any, group: str, resource: str, namespace: str | None = None) -> list[str]:
-    """The verbs ``role`` grants on ``group``/``resource`` (one rule each, after merging)."""
+def _verbs(
+    rbac: RBAC,
+    role: Any,
+    group: str,
+    resource: str,
+    namespace: str | None = None,
+    names: list[str] | None = None,
+) -> list[str]:
+    """The verbs ``role`` grants on ``group``/``resource`` (one rule each, after merging), on every object or ``names``."""
     found = [
         rule["verbs"]
         for rule in rbac.rules(role, namespace)
-        if rule["apiGroups"] == [group] and resource in rule["resources"]
+        if rule["apiGroups"] == [group]
+        and resource in rule["resources"]
+        and rule.get("resourceNames") == names
     ]
     assert len(found) <= 1, f"{resource} is in several rules: {found}"
     return found[0] if found else []
@@ -198,6 +207,28 @@ def test_declared_permissions_merge_and_a_cluster_wide_grant_covers_a_namespaced
     rbac = mcr.rbac_for(manager, name="fanout", namespace="ops")
     assert _verbs(rbac, "hub", "", "configmaps") == ["get", "list"]
     assert _verbs(rbac, "hub", "", "configmaps", "ops") == ["create"]
+
+
+def test_a_named_grant_is_its_own_rule_unless_a_grant_on_every_object_covers_it() -> None:
+    manager = _fanout_manager()
+    manager.declare_rbac(
+        mcr.Permission(CONFIGMAP, ("get", "patch"), "hub", resource_names=("b", "a")),
+        mcr.Permission(CONFIGMAP, ("get",), "hub", namespace="ops", resource_names=("c",)),
+        mcr.Permission(CONFIGMAP, ("get",), "hub", namespace="ops"),
+        mcr.Permission(CONFIGMAP, ("update",), "hub", namespace="ops", resource_names=("c",)),
+    )
+    rbac = mcr.rbac_for(manager, name="fanout", namespace="ops")
+    assert _verbs(rbac, "hub", "", "configmaps", names=["a", "b"]) == ["get", "patch"]
+    assert _verbs(rbac, "hub", "", "configmaps", "ops") == ["get"]
+    assert _verbs(rbac, "hub", "", "configmaps", "ops", names=["c"]) == ["update"]  # get: covered
+    assert "hub cluster-wide get,patch configmaps named a,b (core)" in rbac.explain("hub")
+
+
+def test_resource_names_must_be_a_tuple_of_names() -> None:
+    with pytest.raises(TypeError, match="resource_names is a tuple of names"):
+        mcr.Permission(CONFIGMAP, ("get",), resource_names="one")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="resource_names must be non-empty names"):
+        mcr.Permission(CONFIGMAP, ("get",), resource_names=("",))
 
 
 def test_the_yaml_is_the_same_whatever_order_controllers_were_built_in() -> None:
@@ -388,6 +419,15 @@ def test_a_registering_webhook_server_may_install_its_configurations_in_every_cl
         configurations = _verbs(rbac, role, "admissionregistration.k8s.io", "validatingwebhookconfigurations")
         assert configurations == ["create", "get", "patch", "update"]
         assert _verbs(rbac, role, "admissionregistration.k8s.io", "mutatingwebhookconfigurations") == []
+        # An earlier version's defaulters, left behind: this one may empty that one object.
+        leftover = _verbs(
+            rbac,
+            role,
+            "admissionregistration.k8s.io",
+            "mutatingwebhookconfigurations",
+            names=["mcruntime-webhooks"],
+        )
+        assert leftover == ["get", "patch"]
         assert _verbs(rbac, role, "apiextensions.k8s.io", "customresourcedefinitions") == ["get", "patch"]
 
 

@@ -199,6 +199,43 @@ async def test_an_earlier_versions_mutating_configuration_is_emptied(fleet: Flee
         await _remove(plane, (MUTATING, configuration), (VALIDATING, configuration))
 
 
+async def test_under_its_generated_rbac_a_validator_only_manager_empties_an_earlier_defaulter(
+    fleet: Fleet,
+) -> None:
+    # Upgrading an operator that dropped its defaulter: the generated RBAC grants nothing on
+    # every mutating configuration, but get and patch on this one, so the leftover (which
+    # refuses every write it matches) is emptied, not left in place with a DEBUG line.
+    plane, group = fleet["cluster-2"], new_group()
+    kind = mcr.Kind(f"{group}/v1", "Test")
+    await install_crd(plane, kind_crd(group))
+    configuration = unique("mcruntime-test")
+    await _register_both(plane, kind, configuration)
+    manager, subject = _limited(
+        plane, webhook_options(configuration_name=configuration, remove_on_disengage=False)
+    )
+
+    async def allow(_req: mcr.AdmissionRequest) -> None:
+        return None
+
+    mcr.webhook_managed_by(manager).for_(kind).with_validator(allow).complete()
+    grants = await _grant(plane, _generated(manager, subject))
+    try:
+        registrar = manager.webhook.registrar
+        registrar.backoff = mcr.Backoff(base=0.05, cap=0.5)
+        async with running(manager), mcr.Cluster("check", config_of(plane)) as cluster:
+
+            async def emptied() -> bool:
+                return not (await cluster.client.get(MUTATING, configuration)).get("webhooks")
+
+            await wait_for(emptied)
+            await wait_for(lambda: registrar.applied.get(plane.name, 0) >= 1)
+            assert plane.name not in registrar.failing
+            engaged = await manager.get_cluster(plane.name)
+            assert engaged.health.missing_permissions == ()
+    finally:
+        await _remove(plane, (MUTATING, configuration), (VALIDATING, configuration), *grants)
+
+
 @pytest.mark.parametrize("may_read", [True, False], ids=["may-read", "may-not-read"])
 async def test_a_leftover_this_identity_may_not_patch_is_named_and_costs_no_health(
     fleet: Fleet, may_read: bool
@@ -216,9 +253,10 @@ async def test_a_leftover_this_identity_may_not_patch_is_named_and_costs_no_heal
         return None
 
     mcr.webhook_managed_by(manager).for_(kind).with_validator(allow).complete()
-    # Exactly the generated RBAC (nothing on mutating configurations), and with may_read a
-    # read of them too: enough to see the leftover, not to change it.
-    objects = _generated(manager, subject)
+    # The generated RBAC without its rules on single objects (nothing on mutating
+    # configurations), and with may_read a read of them: enough to see the leftover, not to
+    # change it.
+    objects = _generated(manager, subject, named=False)
     if may_read:
         reader = unique("reads-mutating")
         rules = [
@@ -313,10 +351,19 @@ def _limited(plane: ControlPlane, options: mcr.WebhookOptions) -> tuple[mcr.Mana
     return _manager(plane, options, config=config), Subject("User", user.name)
 
 
-def _generated(manager: mcr.Manager, subject: Subject) -> list[dict[str, Any]]:
-    """The cluster-wide part of the member RBAC generated for ``manager``, bound to ``subject``."""
+def _generated(manager: mcr.Manager, subject: Subject, *, named: bool = True) -> list[dict[str, Any]]:
+    """The cluster-wide part of the member RBAC generated for ``manager``, bound to ``subject``.
+
+    Without ``named``, the rules on single objects (``resourceNames``) are left out: narrower
+    RBAC than generated, as a hand-written or older policy would be.
+    """
     rbac = mcr.rbac_for(manager, name=unique("limited"), namespace="default", member_subject=subject)
-    return [obj for obj in rbac.objects("member") if obj["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    objects = [obj for obj in rbac.objects("member") if obj["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    if not named:
+        for obj in objects:
+            if obj["kind"] == "ClusterRole":
+                obj["rules"] = [rule for rule in obj["rules"] if "resourceNames" not in rule]
+    return objects
 
 
 async def _grant(plane: ControlPlane, objects: list[dict[str, Any]]) -> list[tuple[mcr.Kind, str]]:

@@ -59,7 +59,9 @@ class Permission:
     ``namespace`` makes it a Role in that namespace instead of a ClusterRole
     rule (leases in the leader-election namespace, Secrets a provider reads).
     ``resource`` overrides the REST plural derived from the kind, for CRDs
-    whose plural is not the English one. ``reason`` says, for people reading
+    whose plural is not the English one. ``resource_names`` narrows it to
+    those objects (RBAC's ``resourceNames``: it limits get, update, patch and
+    delete, never create, list or watch). ``reason`` says, for people reading
     the generated YAML, why the rule exists.
     """
 
@@ -70,6 +72,7 @@ class Permission:
     subresource: str | None = None
     resource: str | None = None
     reason: str = field(default="", compare=False)
+    resource_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         verbs: object = self.verbs  # a str passes as tuple[str, ...] for a caller without types
@@ -91,7 +94,13 @@ class Permission:
                 raise ValueError(f"Permission({self.kind}): {label} {value!r} is not a REST resource name")
         if self.namespace is not None and not self.namespace:
             raise ValueError(f"Permission({self.kind}): namespace must be a name or None, not empty")
+        names: object = self.resource_names
+        if isinstance(names, str):
+            raise TypeError(f"Permission({self.kind}): resource_names is a tuple of names, not {names!r}")
+        if any(not isinstance(name, str) or not name for name in self.resource_names):
+            raise ValueError(f"Permission({self.kind}): resource_names must be non-empty names")
         object.__setattr__(self, "verbs", tuple(sorted(set(self.verbs))))
+        object.__setattr__(self, "resource_names", tuple(sorted(set(self.resource_names))))
 
     @property
     def rest_name(self) -> str:

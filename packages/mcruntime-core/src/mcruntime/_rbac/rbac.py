@@ -141,7 +141,8 @@ class RBAC:
             group = permission.kind.group or "core"
             verbs = ",".join(permission.verbs)
             reason = f"  # {permission.reason}" if permission.reason else ""
-            lines.append(f"{permission.role} {scope} {verbs} {permission.rest_name} ({group}){reason}")
+            named = f" named {','.join(permission.resource_names)}" if permission.resource_names else ""
+            lines.append(f"{permission.role} {scope} {verbs} {permission.rest_name}{named} ({group}){reason}")
         return "\n".join(sorted(set(lines))) + ("\n" if lines else "")
 
     def to_yaml(self, role: Role | None = None) -> str:

@@ -15,22 +15,27 @@ from typing import Any
 from .._base.permissions import Permission
 
 PolicyRule = dict[str, Any]
-Grants = dict[tuple[str, str], set[str]]
-"""``(apiGroup, resource)`` -> verbs."""
+Grants = dict[tuple[str, str, tuple[str, ...]], set[str]]
+"""``(apiGroup, resource, resourceNames)`` -> verbs; no names: every object."""
 
 
 def grants_of(permissions: Iterable[Permission]) -> dict[str | None, Grants]:
-    """Verbs per (group, resource), by namespace (``None``: cluster-wide)."""
+    """Verbs per (group, resource, names), by namespace (``None``: cluster-wide)."""
     scopes: dict[str | None, Grants] = {}
     for permission in permissions:
         grants = scopes.setdefault(permission.namespace, {})
-        grants.setdefault((permission.kind.group, permission.rest_name), set()).update(permission.verbs)
+        key = (permission.kind.group, permission.rest_name, permission.resource_names)
+        grants.setdefault(key, set()).update(permission.verbs)
     cluster_wide = scopes.get(None, {})
     for namespace, grants in scopes.items():
-        if namespace is None:
-            continue
         for key in list(grants):
-            covered = cluster_wide.get(key, set())
+            group, resource, names = key
+            # What a grant on every object already gives: here, or cluster-wide.
+            covered = set(cluster_wide.get((group, resource, ()), set()))
+            if names:
+                covered |= grants.get((group, resource, ()), set())
+            elif namespace is None:
+                continue
             grants[key] = grants[key] - covered if "*" not in covered else set()
             if not grants[key]:
                 del grants[key]
@@ -38,14 +43,17 @@ def grants_of(permissions: Iterable[Permission]) -> dict[str | None, Grants]:
 
 
 def policy_rules(grants: Grants) -> list[PolicyRule]:
-    """One rule per (group, verbs), resources sorted; rules sorted by group, resources, verbs."""
-    by_verbs: dict[tuple[str, tuple[str, ...]], list[str]] = {}
-    for (group, resource), verbs in grants.items():
+    """One rule per (group, verbs, names), resources sorted; rules sorted by group, resources, verbs."""
+    by_verbs: dict[tuple[str, tuple[str, ...], tuple[str, ...]], list[str]] = {}
+    for (group, resource, names), verbs in grants.items():
         wanted = ("*",) if "*" in verbs else tuple(sorted(verbs))
-        by_verbs.setdefault((group, wanted), []).append(resource)
-    rules = [
-        {"apiGroups": [group], "resources": sorted(resources), "verbs": list(verbs)}
-        for (group, verbs), resources in by_verbs.items()
-    ]
-    rules.sort(key=lambda rule: (rule["apiGroups"], rule["resources"], rule["verbs"]))
+        by_verbs.setdefault((group, wanted, names), []).append(resource)
+    rules: list[PolicyRule] = []
+    for (group, allowed, names), resources in by_verbs.items():
+        rule: PolicyRule = {"apiGroups": [group], "resources": sorted(resources)}
+        if names:
+            rule["resourceNames"] = list(names)
+        rule["verbs"] = list(allowed)
+        rules.append(rule)
+    rules.sort(key=lambda r: (r["apiGroups"], r["resources"], r.get("resourceNames", []), r["verbs"]))
     return rules

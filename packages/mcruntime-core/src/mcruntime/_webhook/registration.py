@@ -327,7 +327,7 @@ class Registrar:
         harmless without them and is used again if handlers come back. Returns
         what stands in the way when it may not (shown in ``/readyz``).
         """
-        # RBAC generated for a manager grants nothing on a kind it has no handlers for. Asked
+        # The generated RBAC grants get and patch on this one name; narrower RBAC may not. Asked
         # first, so that a refused read is not recorded as a missing permission of the cluster.
         if not await _may(cluster, "get", kind, configuration):
             log.debug("cluster %r: may not read %s %r; not clearing it", name, kind.kind, configuration)

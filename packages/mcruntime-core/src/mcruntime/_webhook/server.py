@@ -199,11 +199,20 @@ class WebhookServer:
             wanted.append((MUTATING, verbs, "registers the mutating webhooks"))
         if self.conversions:
             wanted.append((CRD, ("get", "patch"), "sets the CRDs' conversion webhook"))
-        return [
+        found = [
             Permission(kind, kind_verbs, role=role, reason=reason)
             for role in ROLES
             for kind, kind_verbs, reason in wanted
         ]
+        # A configuration of a kind with no handlers now, left by an earlier version with
+        # failurePolicy Fail, refuses every write it matches: this one, by name, may empty it.
+        name = (self.options.configuration_name,)
+        for kind, hooks in ((VALIDATING, self.validators), (MUTATING, self.defaulters)):
+            if not hooks and (self.validators or self.defaulters or self.conversions):
+                why = f"empties the {kind.kind} an earlier version left, if any"
+                verbs = ("get", "patch")
+                found += [Permission(kind, verbs, r, reason=why, resource_names=name) for r in ROLES]
+        return found
 
     # --- addresses ------------------------------------------------------------------------
 
