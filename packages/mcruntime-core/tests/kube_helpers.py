@@ -116,10 +116,10 @@ def widget_crd(group: str) -> dict[str, Any]:
     }
 
 
-async def install_widget_crd(cluster: mcr.Cluster) -> mcr.Kind:
-    """Install a namespaced CRD of a group of its own (with a status subresource)
+async def install_widget_crd(cluster: mcr.Cluster, group: str | None = None) -> mcr.Kind:
+    """Install a namespaced CRD of a group of its own (or ``group``, with a status subresource)
     and wait until it is established; returns its Kind."""
-    group = f"{unique('g')}.test.mcruntime.dev"
+    group = group or f"{unique('g')}.test.mcruntime.dev"
     crd = widget_crd(group)
     kind = mcr.Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition")
     await cluster.client.create(crd)

@@ -37,6 +37,7 @@ from .._base.objects import JSON, metadata, object_key
 from .._client.client import Client, WatchEvent
 from .._client.health import HealthState
 from .._client.watching import WatchRequest
+from .presence import KindPresence
 
 log = logging.getLogger("mcruntime.informer")
 
@@ -213,6 +214,8 @@ class Informer:
         # of failure already logged at WARNING. One namespace's events do not clear another's.
         self._failing: dict[str | None, Exception] = {}
         self._warned: dict[str | None, type[Exception]] = {}
+        self.presence: KindPresence = KindPresence()
+        """Who accepts the kind's absence from this cluster, and whether it is absent now."""
 
     def __repr__(self) -> str:
         scope = f" namespaces={','.join(self.namespaces)}" if self.namespaces else ""
@@ -255,6 +258,28 @@ class Informer:
         succeeds or a watch event, bookmarks included.
         """
         return next(iter(self._failing.values()), None)
+
+    @property
+    def broken(self) -> Exception | None:
+        """:attr:`failing`, except a kind missing where every source holding it said it may be.
+
+        What health counts (``/readyz``, ``statuses()``, the failing gauge): a
+        CRD a fleet installs on some members only is no trouble where it is not.
+        """
+        error = self.failing
+        if isinstance(error, KindNotFound) and self.presence.may_be_absent:
+            return None
+        return error
+
+    async def wait_for_sync_or_absence(self, timeout: float | None = None) -> bool:
+        """Wait until synced, or until the cluster is found to serve no such kind; ``False`` on timeout."""
+        waits = [asyncio.ensure_future(event.wait()) for event in (self._synced, self.presence.absent)]
+        try:
+            _done, pending = await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        return len(pending) < len(waits)
 
     async def wait_for_sync(self, timeout: float | None = None) -> bool:
         """Wait until the first list is in the store; ``False`` if ``timeout`` passed first."""
@@ -428,11 +453,15 @@ class Informer:
         persistent = isinstance(error, (KindNotFound, NotFound)) or streak >= _PERSISTENT_AFTER
         if persistent:
             self._failing[scope] = error
+            self.presence.found(self._failing.values())
         health = self.client.transport.health
         refused = isinstance(error, (Forbidden, Unauthorized, Unreachable))
         named = refused or health.state is HealthState.UNHEALTHY
         if persistent and not named and type(error) is not self._warned.get(scope):
             self._warned[scope] = type(error)
+            if isinstance(error, KindNotFound) and self.presence.may_be_absent:
+                log.info("%r: %s; it may be, and is watched for until it is installed", self, error)
+                return
             log.warning(
                 "%r: listing or watching fails (attempt %d): %s; its store keeps what it last heard, "
                 "and it retries with backoff until this passes",
@@ -450,6 +479,8 @@ class Informer:
     def _working(self, scope: str | None) -> None:
         """A list succeeded or an event arrived for ``scope``: whatever was failing it has stopped."""
         error = self._failing.pop(scope, None)
+        if error is not None:
+            self.presence.found(self._failing.values())
         if self._warned.pop(scope, None) is not None:
             log.info("%r: listing and watching work again (it had failed with: %s)", self, error)
 

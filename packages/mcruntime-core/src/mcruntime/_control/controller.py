@@ -212,9 +212,8 @@ class Controller:
             engagement.cluster.tasks.spawn(self._await_sync(name, engagement, fresh), f"sync:{self.name}")
 
     async def _await_sync(self, name: str, engagement: _Engagement, attachments: list[Attachment]) -> None:
-        results = await asyncio.gather(
-            *(attachment.informer.wait_for_sync(self._cache_sync_timeout) for attachment in attachments)
-        )
+        timeout = self._cache_sync_timeout
+        results = await asyncio.gather(*(attachment.settle(timeout) for attachment in attachments))
         if all(results):
             engagement.synced = True
             engagement.sync_error = None
@@ -228,7 +227,7 @@ class Controller:
             engagement.sync_error,
             f" ({'; '.join(sorted(errors))})" if errors else "",
         )
-        await asyncio.gather(*(attachment.informer.wait_for_sync() for attachment in attachments))
+        await asyncio.gather(*(attachment.settle(None) for attachment in attachments))
         engagement.synced, engagement.sync_error = True, None  # late (a permission granted): ready after all
         log.info("controller %s: cluster %r synced late; its reconciles are ready", self.name, name)
 

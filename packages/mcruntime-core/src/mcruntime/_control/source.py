@@ -67,9 +67,18 @@ class Attachment:
     informer: Informer
     registration: HandlerRegistration
     wanted: Callable[[JSON], bool]
+    optional: bool = False
+    release: Callable[[], None] = lambda: None
 
     def detach(self) -> None:
         self.registration.remove()
+        self.release()
+
+    async def settle(self, timeout: float | None) -> bool:
+        """Wait for the informer's sync (or, for an optional kind, the cluster's lack of it)."""
+        if self.optional:
+            return await self.informer.wait_for_sync_or_absence(timeout)
+        return await self.informer.wait_for_sync(timeout)
 
 
 @dataclass
@@ -84,6 +93,12 @@ class KindSource:
     label_selector: str | Mapping[str, str] | None = None
     metadata_only: bool = False
     """Watch the kind's metadata view: events carry ``apiVersion``, ``kind`` and ``metadata`` only."""
+    optional: bool = False
+    """The kind may be missing from some clusters (a CRD installed on some members only).
+
+    Where it is, the controller counts as synced and health does not count it;
+    its objects arrive once it is installed.
+    """
 
     def attach(self, cluster_name: str, cluster: Cluster, sink: Sink) -> Attachment:
         """Register on the cluster's shared informer for the kind (started if needed); never blocks.
@@ -117,8 +132,9 @@ class KindSource:
             if wanted(obj):
                 sink(ObjectEvent("delete", cluster_name, obj))
 
+        release = informer.presence.hold(optional=self.optional)
         registration = informer.add_handler(ResourceEventHandler(on_add, on_update, on_delete))
-        return Attachment(informer, registration, wanted)
+        return Attachment(informer, registration, wanted, self.optional, release)
 
 
 @dataclass

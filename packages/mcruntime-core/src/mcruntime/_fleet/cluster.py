@@ -349,8 +349,9 @@ class Cluster:
         """Why this cluster, answering its probe, still cannot be worked on; ``None`` if nothing stops it.
 
         A loop that died, a permission missing or an informer failing (its kind
-        not served, say): the one verdict ``statuses()``, ``/readyz`` and
-        ``mcruntime_cluster_healthy`` all read, so that they agree.
+        not served, say, unless its sources said it may not be): the one verdict
+        ``statuses()``, ``/readyz`` and ``mcruntime_cluster_healthy`` all read, so
+        that they agree.
         """
         failing = self.failing_loops()
         if failing:
@@ -360,9 +361,9 @@ class Cluster:
             return forbidden(missing)
         stale = sorted(
             {
-                f"{informer.kind.kind} ({informer.kind.api_version}): {informer.failing}"
+                f"{informer.kind.kind} ({informer.kind.api_version}): {broken}"
                 for informer in self.cache.informers()
-                if informer.failing is not None
+                if (broken := informer.broken) is not None
             }
         )
         return f"cache failing: {'; '.join(stale)}" if stale else None

@@ -87,13 +87,17 @@ class Builder:
         namespace: str | None = None,
         label_selector: str | Mapping[str, str] | None = None,
         metadata_only: bool = False,
+        optional: bool = False,
     ) -> Builder:
         """The kind this controller reconciles: each event enqueues the object itself.
 
         ``namespace`` and ``label_selector`` filter the events this controller
         sees; what the cache holds is set by ``ClusterOptions.cache``.
         ``metadata_only`` watches the kind's metadata view; the reconciler then
-        reads it with ``cache.get(..., metadata_only=True)``.
+        reads it with ``cache.get(..., metadata_only=True)``. ``optional`` is for
+        a fleet that differs by design (a CRD on some members only): a cluster
+        that serves no such kind counts as synced and healthy, and its objects
+        arrive once the kind is installed there.
         """
         if self._for is not None:
             self._problems.append(
@@ -108,6 +112,7 @@ class Builder:
             namespace,
             label_selector,
             metadata_only,
+            optional,
         )
         return self
 
@@ -138,11 +143,13 @@ class Builder:
         namespace: str | None = None,
         label_selector: str | Mapping[str, str] | None = None,
         metadata_only: bool = False,
+        optional: bool = False,
     ) -> Builder:
         """Any other kind, with any handler: the way to map events across clusters.
 
         ``metadata_only`` watches the kind's metadata view (names, labels,
         annotations, owners), for kinds whose contents the controller never reads.
+        ``optional``: some clusters may serve no such kind, as in :meth:`for_`.
         """
         self._watches.append(
             KindSource(
@@ -153,6 +160,7 @@ class Builder:
                 namespace,
                 label_selector,
                 metadata_only,
+                optional,
             )
         )
         return self

@@ -386,7 +386,7 @@ class _LiveCollector(Collector):
                 lists, watches, seconds, stale = per_kind.get(kind, (0, 0, None, False))
                 if stats.sync_seconds is not None:
                     seconds = max(seconds or 0.0, stats.sync_seconds)
-                stale = stale or informer.failing is not None
+                stale = stale or informer.broken is not None  # an optional kind missing is not
                 per_kind[kind] = (lists + stats.relists, watches + stats.watch_restarts, seconds, stale)
             for kind, (lists, watches, seconds, stale) in sorted(per_kind.items()):
                 relists.add_metric([label, kind], lists)
