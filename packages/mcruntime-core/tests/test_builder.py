@@ -107,3 +107,18 @@ def test_default_cluster_selection_follows_the_manager() -> None:
 def test_a_manager_needs_something_to_run() -> None:
     with pytest.raises(ValueError, match="needs a provider, a local cluster, or both"):
         mcr.Manager()
+
+
+def test_optional_reaches_each_source_it_is_given_to() -> None:
+    controller = (
+        mcr.controller_managed_by(_manager())
+        .for_(CONFIGMAP, optional=True)
+        .owns(SECRET, optional=True)
+        .watches(mcr.Kind("v1", "Service"), mcr.enqueue_for_object())
+        .complete(_noop)
+    )
+    assert [(source.kind.kind, source.optional) for source in controller.sources] == [
+        ("ConfigMap", True),
+        ("Secret", True),
+        ("Service", False),
+    ]

@@ -51,6 +51,7 @@ class _Owns:
     predicates: tuple[Predicate, ...]
     clusters: ClusterSelection | None
     metadata_only: bool
+    optional: bool = False
 
 
 class Builder:
@@ -124,13 +125,15 @@ class Builder:
         predicates: tuple[Predicate, ...] | list[Predicate] = (),
         clusters: ClusterSelection | None = None,
         metadata_only: bool = False,
+        optional: bool = False,
     ) -> Builder:
         """Children of the ``for_`` kind: their events enqueue their owner (same cluster).
 
         Owner references are metadata, so ``metadata_only=True`` is enough to
-        map children to owners, at a fraction of the memory.
+        map children to owners, at a fraction of the memory. ``optional``: some
+        clusters may serve no such kind, as in :meth:`for_`.
         """
-        self._owns.append(_Owns(kind, only_controller, tuple(predicates), clusters, metadata_only))
+        self._owns.append(_Owns(kind, only_controller, tuple(predicates), clusters, metadata_only, optional))
         return self
 
     def watches(
@@ -319,6 +322,7 @@ class Builder:
                         owned.predicates,
                         owned.clusters or replace(self._for.clusters),
                         metadata_only=owned.metadata_only,
+                        optional=owned.optional,
                     )
                 )
         for source in self._watches:
