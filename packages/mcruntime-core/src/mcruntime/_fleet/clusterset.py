@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
 from .._base.errors import ClusterNotFound
@@ -94,6 +94,12 @@ class ClusterSet:
         if probe_timeout is not None:
             options = dataclasses.replace(options, health_probe_timeout=probe_timeout)
         self.options = options
+        self.options_for: Callable[[str], ClusterOptions] | None = None
+        """A cluster's own options, by name, instead of :attr:`options` (read when it is built).
+
+        For a fleet whose members differ: one member's cache scoped to the
+        namespace its identity may read, a slower member's longer timeouts.
+        """
         self._owner = owner
         self._entries: dict[str, _Entry] = {}
         self._locks: dict[str, _NameLock] = {}
@@ -155,7 +161,8 @@ class ClusterSet:
                 current.credential_rotations += 1
                 log.info("%s: cluster %r: credentials rotated in place", self._owner, name)
                 return True
-            cluster = Cluster(name, config, self.options)
+            options = self.options_for(name) if self.options_for is not None else self.options
+            cluster = Cluster(name, config, options)
             entry = _Entry(cluster, fingerprint, time.time())
             if current is not None:
                 entry.engagements = current.engagements + 1

@@ -63,9 +63,19 @@ class StaticProvider(ClusterSetProvider):
         *,
         options: ClusterOptions | None = None,
         probe_interval: float | None = None,
+        cluster_options: Mapping[str, ClusterOptions] | None = None,
     ) -> None:
+        """``cluster_options`` gives named clusters options of their own, used whole instead of ``options``.
+
+        A mixed fleet needs it: a member whose identity may read one namespace
+        only gets ``ClusterOptions(cache=CacheOptions(namespaces=[...]))``, and
+        the rest keep the shared options.
+        """
         super().__init__("static provider", options=options, probe_interval=probe_interval)
         self._initial = dict(clusters or {})
+        if cluster_options:
+            own = dict(cluster_options)
+            self.clusters.options_for = lambda name: own.get(name, self.clusters.options)
 
     async def run(self, aware: Aware) -> None:
         if self._initial:
