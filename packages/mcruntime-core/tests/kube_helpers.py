@@ -16,7 +16,7 @@ import aiohttp
 from kubernetes_asyncio import client, config
 
 import mcruntime as mcr
-from mcruntime.testing import ControlPlane, admin_config, running, wait_until
+from mcruntime.testing import ControlPlane, User, admin_config, running, wait_until
 
 # The harness lives in mcruntime.testing; these two names stay importable from here only
 # until tests written on other branches against the old helpers are merged and ported
@@ -66,6 +66,32 @@ async def running_cluster(
     config = admin_config(plane, trust=mcr.TrustPolicy.untrusted())
     async with mcr.Cluster(name or plane.name, config, options) as cluster:
         yield cluster
+
+
+async def configmap_reader(
+    admin: mcr.Cluster, plane: ControlPlane, namespace: str, name: str = "reader"
+) -> User:
+    """A token user who may get, list and watch ConfigMaps in ``namespace`` only (a Role and its binding)."""
+    rbac = "rbac.authorization.k8s.io"
+    await admin.client.create(
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "Role",
+            "metadata": {"name": "read-configmaps", "namespace": namespace},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}],
+        }
+    )
+    user = plane.add_token_user(name, cluster_admin=False, namespace=namespace)
+    await admin.client.create(
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": namespace},
+            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": "read-configmaps"},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        }
+    )
+    return user
 
 
 async def new_namespace(cluster: mcr.Cluster, prefix: str = "test") -> str:

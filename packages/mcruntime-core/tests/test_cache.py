@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from kube_helpers import CONFIGMAP, configmap, new_namespace, running_cluster
+from kube_helpers import CONFIGMAP, configmap, configmap_reader, new_namespace, running_cluster
 
 import mcruntime as mcr
 from mcruntime.cache import CacheSyncTimeout, field_getter
@@ -114,30 +114,7 @@ async def test_a_namespace_scoped_cache_needs_only_namespaced_rights(fleet: Flee
         mine, other = await new_namespace(admin, "mine"), await new_namespace(admin, "other")
         await admin.client.create(configmap("here", mine, v="1"))
         await admin.client.create(configmap("there", other, v="1"))
-        await admin.client.create(
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "Role",
-                "metadata": {"name": "read-configmaps", "namespace": mine},
-                "rules": [
-                    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}
-                ],
-            }
-        )
-        user = plane.add_token_user("reader", cluster_admin=False, namespace=mine)
-        await admin.client.create(
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "RoleBinding",
-                "metadata": {"name": "reader", "namespace": mine},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "Role",
-                    "name": "read-configmaps",
-                },
-                "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": mine}],
-            }
-        )
+        user = await configmap_reader(admin, plane, mine)
     config = mcr.kubeconfig_from_dict(plane.kubeconfig(user))
     scoped = mcr.ClusterOptions(cache_namespace=mine, cache_sync_timeout=10)
     async with mcr.Cluster("scoped", config, scoped) as cluster:

@@ -8,7 +8,7 @@ cluster-wide list is refused forever; the only way round was a
 
 from __future__ import annotations
 
-from kube_helpers import configmap, new_namespace, running_cluster
+from kube_helpers import configmap, configmap_reader, new_namespace, running_cluster
 
 import mcruntime as mcr
 from mcruntime.testing import Fleet, admin_config, running, wait_until
@@ -21,30 +21,7 @@ async def test_a_member_whose_identity_reads_one_namespace_gets_a_cache_scoped_t
     async with running_cluster(wide) as admin_wide, running_cluster(narrow) as admin_narrow:
         there = await new_namespace(admin_wide, "wide")
         mine = await new_namespace(admin_narrow, "mine")
-        await admin_narrow.client.create(
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "Role",
-                "metadata": {"name": "read-configmaps", "namespace": mine},
-                "rules": [
-                    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}
-                ],
-            }
-        )
-        user = narrow.add_token_user("reader", cluster_admin=False, namespace=mine)
-        await admin_narrow.client.create(
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "RoleBinding",
-                "metadata": {"name": "reader", "namespace": mine},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "Role",
-                    "name": "read-configmaps",
-                },
-                "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": mine}],
-            }
-        )
+        user = await configmap_reader(admin_narrow, narrow, mine)
         shared = mcr.ClusterOptions(cache_sync_timeout=30)
         provider = mcr.StaticProvider(
             {"wide": admin_config(wide), "narrow": mcr.kubeconfig_from_dict(narrow.kubeconfig(user))},

@@ -199,13 +199,10 @@ async def test_an_earlier_versions_mutating_configuration_is_emptied(fleet: Flee
         await _remove(plane, (MUTATING, configuration), (VALIDATING, configuration))
 
 
-async def test_under_its_generated_rbac_a_validator_only_manager_empties_an_earlier_defaulter(
-    fleet: Fleet,
-) -> None:
-    # Upgrading an operator that dropped its defaulter: the generated RBAC grants nothing on
-    # every mutating configuration, but get and patch on this one, so the leftover (which
-    # refuses every write it matches) is emptied, not left in place with a DEBUG line.
-    plane, group = fleet["cluster-2"], new_group()
+async def _upgraded_to_validator_only(plane: ControlPlane) -> tuple[str, mcr.Manager, Subject]:
+    """An earlier version's validator and defaulter registered; the next one, validating only, on a
+    token user with no permission yet: its configuration name, manager and subject."""
+    group = new_group()
     kind = mcr.Kind(f"{group}/v1", "Test")
     await install_crd(plane, kind_crd(group))
     configuration = unique("mcruntime-test")
@@ -218,6 +215,17 @@ async def test_under_its_generated_rbac_a_validator_only_manager_empties_an_earl
         return None
 
     mcr.webhook_managed_by(manager).for_(kind).with_validator(allow).complete()
+    return configuration, manager, subject
+
+
+async def test_under_its_generated_rbac_a_validator_only_manager_empties_an_earlier_defaulter(
+    fleet: Fleet,
+) -> None:
+    # Upgrading an operator that dropped its defaulter: the generated RBAC grants nothing on
+    # every mutating configuration, but get and patch on this one, so the leftover (which
+    # refuses every write it matches) is emptied, not left in place with a DEBUG line.
+    plane = fleet["cluster-2"]
+    configuration, manager, subject = await _upgraded_to_validator_only(plane)
     grants = await _grant(plane, _generated(manager, subject))
     try:
         registrar = manager.webhook.registrar
@@ -240,19 +248,8 @@ async def test_under_its_generated_rbac_a_validator_only_manager_empties_an_earl
 async def test_a_leftover_this_identity_may_not_patch_is_named_and_costs_no_health(
     fleet: Fleet, may_read: bool
 ) -> None:
-    plane, group = fleet["cluster-3"], new_group()
-    kind = mcr.Kind(f"{group}/v1", "Test")
-    await install_crd(plane, kind_crd(group))
-    configuration = unique("mcruntime-test")
-    await _register_both(plane, kind, configuration)
-    manager, subject = _limited(
-        plane, webhook_options(configuration_name=configuration, remove_on_disengage=False)
-    )
-
-    async def allow(_req: mcr.AdmissionRequest) -> None:
-        return None
-
-    mcr.webhook_managed_by(manager).for_(kind).with_validator(allow).complete()
+    plane = fleet["cluster-3"]
+    configuration, manager, subject = await _upgraded_to_validator_only(plane)
     # The generated RBAC without its rules on single objects (nothing on mutating
     # configurations), and with may_read a read of them: enough to see the leftover, not to
     # change it.
