@@ -103,3 +103,21 @@ async def test_a_controller_that_needs_the_kind_still_fails_where_it_is_missing(
         assert optional.synced("m") and not manager.controllers["needs"].synced("m")
         status = provider.statuses()["m"]
         assert status.phase is mcr.ClusterPhase.UNHEALTHY and "serves no Widget" in (status.error or "")
+
+
+async def test_a_namespace_view_honours_an_optional_kind_on_its_hosts_shared_informer(fleet: Fleet) -> None:
+    # A view's informer wraps the host's: the source's "may be missing" must reach the one
+    # that runs, or the view's cluster would fail for a kind its controller can live without.
+    plane = fleet["cluster-3"]
+    kind = mcr.Kind(f"{unique('g')}.test.mcruntime.dev/v1", "Widget")  # installed nowhere
+    options = mcr.ClusterOptions(backoff=mcr.Backoff(base=0.05, cap=0.5))
+    async with mcr.Cluster("host", admin_config(plane), options) as host:
+        namespace = await new_namespace(host)
+        async with mcr.NamespacedCluster(host, namespace) as tenant:
+            source = mcr.KindSource(kind, optional=True)
+            attachment = source.attach(tenant.name, tenant, lambda _event: None)
+            assert await attachment.settle(30)  # settled by the absence, not a timeout
+            assert isinstance(attachment.informer.failing, mcr.KindNotFound)
+            assert tenant.trouble() is None
+            attachment.detach()  # nobody says "may be missing" any more: the absence counts
+            assert (tenant.trouble() or "").startswith("cache failing: Widget")

@@ -101,6 +101,7 @@ class NamespaceInformer(Informer):
         self.shared = shared
         self.store = shared.store
         self.stats = shared.stats
+        self.presence = shared.presence  # an optional source of a view holds the shared informer
         self._own = client.namespace
         self._registrations: list[HandlerRegistration] = []
 
@@ -116,8 +117,15 @@ class NamespaceInformer(Informer):
     def failing(self) -> Exception | None:
         return self.shared.failing
 
+    @property
+    def broken(self) -> Exception | None:
+        return self.shared.broken
+
     async def wait_for_sync(self, timeout: float | None = None) -> bool:
         return await self.shared.wait_for_sync(timeout)
+
+    async def wait_for_sync_or_absence(self, timeout: float | None = None) -> bool:
+        return await self.shared.wait_for_sync_or_absence(timeout)
 
     def add_handler(self, handler: ResourceEventHandler) -> HandlerRegistration:
         registration = self.shared.add_handler(_ScopedHandler(handler, self._own))
