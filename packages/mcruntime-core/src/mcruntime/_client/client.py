@@ -382,10 +382,7 @@ class Client:
                 handle(decode(last, resource, metadata_only))
 
     def _unserved(self, resource: Resource) -> KindNotFound:
-        """The mux's 404 (a version set to ``served: false``, a CRD deleted), not the object's.
-
-        As NotFound, get_or_none would read a live object as gone; discovery forgets the kind.
-        """
+        """The mux's 404 (version unserved, CRD deleted): as NotFound, a live object would read as gone."""
         self.discovery.stale(Kind(resource.api_version, resource.kind))
         return KindNotFound(self.cluster, resource.api_version, resource.kind)
 
